@@ -1,0 +1,87 @@
+"""Redis key names and metadata format, in one place.
+
+The scheduler, the dupefilter, the exporter and the CLI all build key names
+here. A filter named ``NAME`` (by default ``<spider>:bloomfilter``) is:
+
+``NAME:meta``
+    a string holding the filter's parameters as JSON (:data:`FORMAT_VERSION`).
+``{NAME:P}:state``
+    hash of partition ``P``: slice plan, counters (items, bits_set, checked,
+    filtered, per-slice items and bits set).
+``{NAME:P}:s<S>:c<C>``
+    bit chunk ``C`` of slice ``S`` of partition ``P``.
+
+Everything of one partition, the scheduler's queue and leases included,
+carries the hash tag ``{NAME:P}``, so one Lua call touches one Redis Cluster
+slot.
+"""
+
+from __future__ import annotations
+
+FORMAT_VERSION = 1
+
+DEFAULT_FILTER_KEY = "%(spider)s:bloomfilter"
+DEFAULT_QUEUE_KEY = "%(spider)s:requests"
+DEFAULT_START_URLS_KEY = "%(spider)s:start_urls"
+DEFAULT_ITEMS_KEY = "%(spider)s:items"
+DEFAULT_STATS_KEY = "%(spider)s:stats"
+
+META_SUFFIX = ":meta"
+STATE_SUFFIX = ":state"
+
+
+def spider_key(pattern: str, spider_name: str) -> str:
+    """Expand a ``%(spider)s`` key pattern."""
+    key = pattern % {"spider": spider_name}
+    check_key(key)
+    return key
+
+
+def check_key(key: str) -> None:
+    """Reject key names that would break hash-tag routing."""
+    if not key:
+        raise ValueError("Redis key name is empty")
+    if "{" in key or "}" in key:
+        raise ValueError(
+            f"Redis key name {key!r} contains '{{' or '}}': bloomcrawl adds its own hash tags"
+        )
+
+
+def meta_key(name: str) -> str:
+    return name + META_SUFFIX
+
+
+def partition_tag(name: str, partition: int) -> str:
+    """The hash tag shared by every key of one partition."""
+    return "{%s:%d}" % (name, partition)
+
+
+def state_key(name: str, partition: int) -> str:
+    return partition_tag(name, partition) + STATE_SUFFIX
+
+
+def chunk_key(name: str, partition: int, slice_index: int, chunk: int) -> str:
+    return "%s:s%d:c%d" % (partition_tag(name, partition), slice_index, chunk)
+
+
+def chunk_pattern(name: str, partition: int) -> str:
+    """SCAN pattern matching every bit chunk of a partition."""
+    escaped = partition_tag(name, partition).replace("{", "\\{").replace("}", "\\}")
+    return escaped + ":s*:c*"
+
+
+def queue_key(queue: str, filter_name: str, partition: int) -> str:
+    """A partition of the request queue; it lives in the filter partition's slot."""
+    return "%s:%s:queue" % (queue, partition_tag(filter_name, partition))
+
+
+def lease_payloads_key(queue: str, filter_name: str, partition: int) -> str:
+    return "%s:%s:leases" % (queue, partition_tag(filter_name, partition))
+
+
+def lease_deadlines_key(queue: str, filter_name: str, partition: int) -> str:
+    return "%s:%s:deadlines" % (queue, partition_tag(filter_name, partition))
+
+
+def filter_name_from_meta(key: str) -> str:
+    return key[: -len(META_SUFFIX)]

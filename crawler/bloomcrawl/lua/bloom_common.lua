@@ -1,0 +1,163 @@
+-- bloomcrawl: shared part of the partition scripts (blocked, scalable Bloom filter).
+--
+-- One call touches one partition, so every key it names shares one hash tag
+-- (one Redis Cluster slot). KEYS[1] is the partition's state hash, ending in
+-- ":state"; bit chunks are "<tag>:s<slice>:c<chunk>" next to it.
+--
+-- Each item's k bits lie in one block of BLOCK_BYTES bytes: block index from
+-- fingerprint bytes 1-6, h2, h3 and h4 from bytes 7-12. One GETRANGE reads the
+-- block; a new item writes back only the span of bytes that changed.
+local state_key = KEYS[1]
+local prefix = string.sub(state_key, 1, -7)
+local byte, char, sub = string.byte, string.char, string.sub
+local floor = math.floor
+local MASK = {[0] = 128, 64, 32, 16, 8, 4, 2, 1}
+local TRI = {}
+for t = 0, 63 do TRI[t] = t * (t - 1) / 2 end
+
+local head = redis.call('HMGET', state_key, 'slices', 'block_bytes', 'chunk_blocks', 'max_slices')
+local nslices = tonumber(head[1])
+if not nslices then
+  return redis.error_reply('BLOOMCRAWL_NOFILTER no filter partition at ' .. state_key)
+end
+local BLOCK_BYTES = tonumber(head[2])
+local BLOCK_BITS = BLOCK_BYTES * 8
+local CHUNK_BLOCKS = tonumber(head[3])
+local MAX_SLICES = tonumber(head[4])
+
+-- per-slice parameters, index 1..nslices
+local s_cap, s_k, s_blocks, s_items, s_bits_set = {}, {}, {}, {}, {}
+local function load_slice(i)
+  local f = redis.call('HMGET', state_key, 'plan:' .. (i - 1), 'items:' .. (i - 1))
+  local plan = f[1]
+  local c, k, b = string.match(plan, '^(%d+) (%d+) (%d+)$')
+  s_cap[i], s_k[i], s_blocks[i] = tonumber(c), tonumber(k), tonumber(b)
+  s_items[i] = tonumber(f[2]) or 0
+  s_bits_set[i] = 0
+end
+for i = 1, nslices do load_slice(i) end
+
+local function mod(a, m)
+  local r = a - floor(a / m) * m
+  if r < 0 then r = r + m elseif r >= m then r = r - m end
+  return r
+end
+
+-- where item (h1) lives in slice i: key and byte offset of its block
+local chunk_keys = {}
+local function locate(i, h1)
+  local bidx = mod(h1, s_blocks[i])
+  local chunk = floor(bidx / CHUNK_BLOCKS)
+  local off = (bidx - chunk * CHUNK_BLOCKS) * BLOCK_BYTES
+  local id = chunk * 64 + i
+  local key = chunk_keys[id]
+  if not key then
+    key = prefix .. ':s' .. (i - 1) .. ':c' .. chunk
+    chunk_keys[id] = key
+  end
+  return key, off
+end
+
+-- The block is cut into k lanes of w = floor(BLOCK_BITS / k) bits; bit t of
+-- an item lies in lane t at (h2 + t*h3 + t(t-1)/2 * h4) mod w (triple
+-- hashing: w^3 distinct patterns per block), so positions come in order.
+
+-- true when all k bits of the item are set in slice i
+local function present(i, h1, h2, h3, h4)
+  local key, off = locate(i, h1)
+  local blk = redis.call('GETRANGE', key, off, off + BLOCK_BYTES - 1)
+  if #blk < BLOCK_BYTES then
+    if #blk == 0 then return false end
+    blk = blk .. string.rep('\0', BLOCK_BYTES - #blk)
+  end
+  local k = s_k[i]
+  local w = floor(BLOCK_BITS / k)
+  for t = 0, k - 1 do
+    local pos = t * w + (h2 + t * h3 + TRI[t] * h4) % w
+    local r8 = pos % 8
+    local m = MASK[r8]
+    if byte(blk, (pos - r8) / 8 + 1) % (m + m) < m then return false end
+  end
+  return true
+end
+
+-- check-and-set in slice i: returns the number of bits newly set (0: present)
+local function insert(i, h1, h2, h3, h4)
+  local key, off = locate(i, h1)
+  local blk = redis.call('GETRANGE', key, off, off + BLOCK_BYTES - 1)
+  if #blk < BLOCK_BYTES then blk = blk .. string.rep('\0', BLOCK_BYTES - #blk) end
+  local k = s_k[i]
+  local w = floor(BLOCK_BITS / k)
+  local parts, np = nil, 0
+  local n, lo, prev, cur_bi, cur_val = 0, 0, 0, 0, 0
+  for t = 0, k - 1 do
+    local pos = t * w + (h2 + t * h3 + TRI[t] * h4) % w
+    local r8 = pos % 8
+    local bi = (pos - r8) / 8 + 1
+    local m = MASK[r8]
+    local val
+    if bi == cur_bi then val = cur_val else val = byte(blk, bi) end
+    if val % (m + m) < m then
+      n = n + 1
+      if bi == cur_bi then
+        cur_val = cur_val + m
+      else
+        if cur_bi == 0 then
+          parts = {}; lo = bi
+        else
+          np = np + 1; parts[np] = char(cur_val)
+          if bi > cur_bi + 1 then np = np + 1; parts[np] = sub(blk, cur_bi + 1, bi - 1) end
+        end
+        cur_bi = bi; cur_val = val + m
+      end
+    end
+  end
+  if n == 0 then return 0 end
+  np = np + 1; parts[np] = char(cur_val)
+  local span = table.concat(parts)
+  redis.call('SETRANGE', key, off + lo - 1, span)
+  return n
+end
+
+local function hashes(blob, p)
+  local a1, a2, a3, a4, a5, a6, b1, b2, c1, c2, d1, d2 = byte(blob, p + 1, p + 12)
+  local h1 = ((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6
+  return h1, b1 * 256 + b2, c1 * 256 + c2, d1 * 256 + d2
+end
+
+-- add one item: true when it was new. Grows the filter when the newest slice is full.
+local function add_item(h1, h2, h3, h4)
+  if s_items[nslices] >= s_cap[nslices] and nslices < MAX_SLICES then
+    nslices = nslices + 1
+    load_slice(nslices)
+  end
+  local newest = nslices
+  for i = newest - 1, 1, -1 do
+    if present(i, h1, h2, h3, h4) then return false end
+  end
+  local n = insert(newest, h1, h2, h3, h4)
+  if n == 0 then return false end
+  s_bits_set[newest] = s_bits_set[newest] + n
+  s_items[newest] = s_items[newest] + 1
+  return true
+end
+
+local function contains_item(h1, h2, h3, h4)
+  for i = nslices, 1, -1 do
+    if present(i, h1, h2, h3, h4) then return true end
+  end
+  return false
+end
+
+-- write back the counters an add call changed
+local function save_counters(first_slices, checked, filtered)
+  for i = 1, nslices do
+    if s_bits_set[i] > 0 then
+      redis.call('HINCRBY', state_key, 'bits_set:' .. (i - 1), s_bits_set[i])
+      redis.call('HSET', state_key, 'items:' .. (i - 1), s_items[i])
+    end
+  end
+  if checked > 0 then redis.call('HINCRBY', state_key, 'checked', checked) end
+  if filtered > 0 then redis.call('HINCRBY', state_key, 'filtered', filtered) end
+  if nslices ~= first_slices then redis.call('HSET', state_key, 'slices', nslices) end
+end

@@ -1,0 +1,249 @@
+"""bloomcrawl.bloom against a real redis-server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing
+import random
+
+import pytest
+import redis
+
+from bloomcrawl import bloom, keys
+from bloomcrawl.bloom import (
+    BloomFilter,
+    FilterMismatchError,
+    InvalidFilterParameters,
+    RedisUnavailableError,
+)
+
+
+def fingerprints(n: int, salt: str = "") -> list[bytes]:
+    return [hashlib.sha1(("%s%d" % (salt, i)).encode()).digest() for i in range(n)]
+
+
+def bitcount_all(client: redis.Redis, name: str, partitions: int) -> int:
+    total = 0
+    for p in range(partitions):
+        for key in client.scan_iter(match=keys.chunk_pattern(name, p)):
+            total += client.bitcount(key)
+    return total
+
+
+def test_add_reports_new_then_seen(redis_client: redis.Redis) -> None:
+    bf = BloomFilter(redis_client, "t:bloomfilter", capacity=1000, error_rate=0.01)
+    fp = hashlib.sha1(b"https://example.com/").digest()
+    assert fp not in bf
+    assert bf.add(fp) is True
+    assert fp in bf
+    assert bf.add(fp) is False
+    info = bf.info()
+    assert info.items == 1
+    assert info.checked == 2
+    assert info.filtered == 1
+
+
+def test_add_many_matches_add_and_flags_duplicates_within_a_batch(
+    redis_client: redis.Redis,
+) -> None:
+    bf = BloomFilter(redis_client, "t:bloomfilter", capacity=10_000, error_rate=0.001)
+    fps = fingerprints(300)
+    answers = bf.add_many(fps[:200] + fps[100:300])
+    assert answers[:200] == [True] * 200
+    assert answers[200:300] == [False] * 100  # fps[100:200] again, same batch
+    assert answers[300:] == [True] * 100
+    assert bf.contains_many(fps) == [True] * 300
+    assert bf.info().items == 300
+
+
+def test_bits_set_counter_is_exact(redis_client: redis.Redis) -> None:
+    bf = BloomFilter(redis_client, "t:bloomfilter", capacity=5_000, error_rate=0.01,
+                     partitions=3)
+    for start in range(0, 20_000, 1000):  # four times capacity: several slices
+        bf.add_many(fingerprints(1000, salt="b%d" % start))
+    info = bf.info()
+    assert info.slices >= 2
+    assert info.bits_set == bitcount_all(redis_client, "t:bloomfilter", 3)
+    assert 0 < info.fill_ratio < 1
+    assert info.fill_ratio == pytest.approx(info.bits_set / info.bits)
+
+
+def _worker(url: str, barrier: multiprocessing.synchronize.Barrier, seed: int,
+            queue: multiprocessing.Queue[int]) -> None:
+    client = redis.Redis.from_url(url)
+    bf = BloomFilter(client, "race:bloomfilter", capacity=50_000, error_rate=0.001)
+    fps = fingerprints(20_000, salt="race")
+    random.Random(seed).shuffle(fps)
+    barrier.wait()
+    new = 0
+    if seed == 0:
+        new += sum(bf.add(fp) for fp in fps[:2000])  # one worker mixes single adds
+        fps = fps[2000:]
+    for i in range(0, len(fps), 250):
+        new += sum(bf.add_many(fps[i : i + 250]))
+    queue.put(new)
+
+
+def test_four_processes_racing_get_exactly_one_true_each(redis_server, redis_client) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    queue: multiprocessing.Queue[int] = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(redis_server.url, barrier, seed, queue))
+             for seed in range(4)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert all(r > 0 for r in results), results  # they really raced
+    assert sum(results) == 20_000, results
+
+
+def measure_false_positives(bf: BloomFilter, n: int = 100_000) -> float:
+    unseen = fingerprints(n, salt="unseen-")
+    hits = 0
+    for i in range(0, n, 2000):
+        hits += sum(bf.contains_many(unseen[i : i + 2000]))
+    return hits / n
+
+
+def fill(bf: BloomFilter, n: int, salt: str = "item-") -> int:
+    new = 0
+    for i in range(0, n, 2000):
+        new += sum(bf.add_many(fingerprints(min(2000, n - i), salt="%s%d-" % (salt, i))))
+    return new
+
+
+@pytest.mark.slow
+def test_filled_to_capacity_meets_error_rate_and_memory(redis_client: redis.Redis) -> None:
+    capacity, p = 200_000, 0.001
+    bf = BloomFilter(redis_client, "fp:bloomfilter", capacity=capacity, error_rate=p)
+    fill(bf, capacity)
+    info = bf.info()
+    assert info.slices == 1  # at capacity, it has not grown yet
+    rate = measure_false_positives(bf)
+    optimum = -math.log(p) / math.log(2) ** 2
+    bits_per_item = info.bits / capacity
+    assert rate <= 1.1 * p, rate
+    assert bits_per_item <= 1.15 * optimum, (bits_per_item, optimum)
+    # the estimate follows what was measured
+    assert info.estimated_false_positive_rate == pytest.approx(rate, rel=0.5)
+
+
+@pytest.mark.slow
+def test_three_times_capacity_still_meets_error_rate(redis_client: redis.Redis) -> None:
+    capacity, p = 60_000, 0.001
+    bf = BloomFilter(redis_client, "grow:bloomfilter", capacity=capacity, error_rate=p)
+    fill(bf, 3 * capacity)
+    info = bf.info()
+    assert info.slices >= 2
+    assert info.items >= 3 * capacity * 0.999
+    rate = measure_false_positives(bf)
+    assert rate <= 1.1 * p, rate
+    assert info.estimated_false_positive_rate <= p
+
+
+def test_seed_settings_give_fixed_bits_and_hashes(redis_client: redis.Redis) -> None:
+    bf = BloomFilter(redis_client, "seed:bloomfilter", bit_exponent=20, hashes=6)
+    info = bf.info()
+    assert info.hashes == 6
+    assert info.bits == 1 << 20
+    assert info.capacity == int((1 << 20) * math.log(2) / 6)
+    assert bf.add(b"x" * 20) and not bf.add(b"x" * 20)
+
+
+def test_reopening_with_other_parameters_names_the_difference(redis_client) -> None:
+    bf = BloomFilter(redis_client, "m:bloomfilter", capacity=10_000, error_rate=0.01)
+    bf.add_many(fingerprints(100))
+    before = {k: redis_client.dump(k) for k in redis_client.keys("*")}
+    with pytest.raises(FilterMismatchError) as err:
+        BloomFilter(redis_client, "m:bloomfilter", capacity=20_000, error_rate=0.001)
+    message = str(err.value)
+    assert "capacity: stored 10000, asked for 20000" in message
+    assert "error_rate: stored 0.01, asked for 0.001" in message
+    assert "m:bloomfilter" in message
+    with pytest.raises(FilterMismatchError, match="bit_exponent"):
+        BloomFilter(redis_client, "m:bloomfilter", bit_exponent=20, hashes=6)
+    after = {k: redis_client.dump(k) for k in redis_client.keys("*")}
+    assert before == after  # nothing stored was touched
+    again = BloomFilter(redis_client, "m:bloomfilter", capacity=10_000, error_rate=0.01)
+    assert again.contains_many(fingerprints(100)) == [True] * 100
+
+
+def test_unreadable_metadata_is_a_mismatch(redis_client: redis.Redis) -> None:
+    redis_client.hset(keys.meta_key("odd:bloomfilter"), "params", json.dumps({"capacity": "x"}))
+    with pytest.raises(FilterMismatchError, match="unreadable metadata"):
+        BloomFilter(redis_client, "odd:bloomfilter", capacity=10, error_rate=0.1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"capacity": 0}, "capacity must be > 0, got 0"),
+        ({"capacity": -5}, "capacity must be > 0"),
+        ({"capacity": 1.5}, "capacity must be an integer"),
+        ({"error_rate": 0}, r"error_rate must be in \(0, 1\), got 0"),
+        ({"error_rate": 1}, r"error_rate must be in \(0, 1\), got 1"),
+        ({"error_rate": 1.5}, r"error_rate must be in \(0, 1\)"),
+        ({"partitions": 0}, "partitions must be in 1..16384"),
+        ({"growth": 0.5}, "growth must be >= 1"),
+        ({"tightening": 1.0}, r"tightening must be in \(0, 1\)"),
+        ({"bit_exponent": 20}, "go together"),
+        ({"bit_exponent": 50, "hashes": 6}, "bit_exponent"),
+    ],
+)
+def test_invalid_parameters_fail_before_touching_redis(closed_port_url, kwargs, message) -> None:
+    # Nothing listens on the port: reaching Redis would raise RedisUnavailableError instead.
+    client = redis.Redis.from_url(closed_port_url)
+    with pytest.raises(InvalidFilterParameters, match=message):
+        BloomFilter(client, "bad:bloomfilter", **{"capacity": 100, "error_rate": 0.01, **kwargs})
+
+
+def test_key_with_braces_is_rejected(redis_client: redis.Redis) -> None:
+    with pytest.raises(ValueError, match="hash tags"):
+        BloomFilter(redis_client, "a{b}:bloomfilter", capacity=10, error_rate=0.1)
+
+
+def test_unreachable_redis_names_the_url(closed_port_url: str) -> None:
+    client = redis.Redis.from_url(closed_port_url, socket_connect_timeout=1)
+    with pytest.raises(RedisUnavailableError) as err:
+        BloomFilter(client, "down:bloomfilter", capacity=100, error_rate=0.01)
+    assert closed_port_url in str(err.value)
+
+
+def test_clear_removes_everything_and_filter_comes_back(redis_client: redis.Redis) -> None:
+    bf = BloomFilter(redis_client, "c:bloomfilter", capacity=1000, error_rate=0.01)
+    bf.add_many(fingerprints(50))
+    redis_client.set("unrelated", "1")
+    bf.clear()
+    assert redis_client.keys("*") == [b"unrelated"]
+    assert bf.add(fingerprints(1)[0]) is True  # recreated on first use
+
+
+def test_open_reads_stored_parameters(redis_client: redis.Redis) -> None:
+    BloomFilter(redis_client, "o:bloomfilter", capacity=1234, error_rate=0.02, partitions=2)
+    opened = BloomFilter.open(redis_client, "o:bloomfilter")
+    assert opened.params.capacity == 1234
+    assert opened.params.partitions == 2
+    with pytest.raises(bloom.BloomFilterError, match="no Bloom filter"):
+        BloomFilter.open(redis_client, "absent:bloomfilter")
+
+
+def test_fingerprints_of_other_lengths_are_accepted(redis_client: redis.Redis) -> None:
+    bf = BloomFilter(redis_client, "len:bloomfilter", capacity=100, error_rate=0.01)
+    assert bf.add(b"short") is True
+    assert bf.add(b"short") is False
+    assert bf.add("a" * 40) is True  # hex string of 20 bytes
+    assert bytes.fromhex("a" * 40) in bf
+
+
+def test_sizing_formula_matches_standard_filter_for_large_blocks() -> None:
+    # with one huge block the blocked formula is the classic one
+    c, k = 14.4, 10
+    classic = (1 - math.exp(-k / c)) ** k
+    assert bloom.blocked_false_positive_rate(c, k, 1 << 22) == pytest.approx(classic, rel=0.02)
+    k2, bits = bloom.size_slice(0.001)
+    assert bloom.blocked_false_positive_rate(bits, k2, bloom.BLOCK_BITS) <= 0.001
