@@ -85,3 +85,65 @@ def lease_deadlines_key(queue: str, filter_name: str, partition: int) -> str:
 
 def filter_name_from_meta(key: str) -> str:
     return key[: -len(META_SUFFIX)]
+
+
+# --- one spider's frontier ----------------------------------------------------
+#
+# The scheduler records, in the filter's meta hash, which spider uses the
+# filter and where its other keys are, so the exporter and the CLI find
+# everything from a SCAN for "*:meta" alone:
+#
+#   NAME:meta  fields  params (JSON), ready ("1"),
+#                      spider, queue (the queue key), queue_type
+#                      ("priority" | "fifo" | "lifo"), stats, start_urls, items
+#
+#   <queue>:{NAME:P}:queue      zset (priority: score = -priority) or list
+#   <queue>:{NAME:P}:leases     hash  token -> serialized request (JSON)
+#   <queue>:{NAME:P}:deadlines  zset  token -> lease deadline, ms of Redis TIME
+#   <spider>:stats              hash  pages, items, filtered, requeued, errors,
+#                                     bad_start_urls, unserializable (HINCRBY)
+#   <spider>:start_urls         list  URLs or JSON {"url", "meta", "priority"}
+#   <spider>:items              list  items as JSON (scrapy-redis RedisPipeline)
+
+STATS_FIELDS = (
+    "pages",
+    "items",
+    "filtered",
+    "requeued",
+    "errors",
+    "bad_start_urls",
+    "unserializable",
+)
+
+
+class FrontierKeys:
+    """Every key of one spider's frontier."""
+
+    def __init__(
+        self,
+        spider: str,
+        *,
+        filter_pattern: str = DEFAULT_FILTER_KEY,
+        queue_pattern: str = DEFAULT_QUEUE_KEY,
+        partitions: int = 1,
+    ) -> None:
+        self.spider = spider
+        self.filter = spider_key(filter_pattern, spider)
+        self.queue = spider_key(queue_pattern, spider)
+        self.stats = spider_key(DEFAULT_STATS_KEY, spider)
+        self.start_urls = spider_key(DEFAULT_START_URLS_KEY, spider)
+        self.items = spider_key(DEFAULT_ITEMS_KEY, spider)
+        self.meta = meta_key(self.filter)
+        self.partitions = partitions
+
+    def queue_part(self, partition: int) -> str:
+        return queue_key(self.queue, self.filter, partition)
+
+    def leases(self, partition: int) -> str:
+        return lease_payloads_key(self.queue, self.filter, partition)
+
+    def deadlines(self, partition: int) -> str:
+        return lease_deadlines_key(self.queue, self.filter, partition)
+
+    def state(self, partition: int) -> str:
+        return state_key(self.filter, partition)
