@@ -1,0 +1,450 @@
+"""One Prometheus exporter for the whole cluster: ``bloomcrawl-exporter``.
+
+Scrapyd runs every job in its own process, so per-process metrics ports
+would clash; this exporter reads the shared state instead: each scrape takes
+a fresh :mod:`bloomcrawl.inspect` snapshot of Redis (filters, queues, leases,
+shared crawl stats) and asks every scrapyd node's ``daemonstatus.json``.
+
+Every flag can also be set from the environment (``REDIS_URL``,
+``SCRAPYD_NODES``, ``SCRAPYD_SERVICE``, ``SCRAPYD_USERNAME``,
+``SCRAPYD_PASSWORD``, ``BLOOMCRAWL_EXPORTER_PORT``, ...; see ``--help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import FrameType
+
+import redis
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from bloomcrawl import __version__, inspect, keys
+from bloomcrawl.bloom import BloomInfo, RedisUnavailableError, describe_redis
+from bloomcrawl.connection import DEFAULT_REDIS_URL, SettingError, redis_from_url
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9410
+DEFAULT_BIND = "127.0.0.1"
+DEFAULT_REDIS_TIMEOUT = 2.0
+
+#: Shared crawl stats (``<spider>:stats``, :data:`bloomcrawl.keys.STATS_FIELDS`) -> counters.
+STATS_METRICS: dict[str, tuple[str, str]] = {
+    "pages": ("bloomcrawl_pages_total",
+              "Pages crawled (responses whose outcome is final), from the shared crawl stats."),
+    "items": ("bloomcrawl_items_total", "Items scraped, from the shared crawl stats."),
+    "filtered": ("bloomcrawl_requests_filtered_total",
+                 "Requests the scheduler dropped as already seen, from the shared crawl stats."),
+    "requeued": ("bloomcrawl_leases_requeued_total",
+                 "Expired leases put back into the queue (their worker died or stalled)."),
+    "errors": ("bloomcrawl_errors_total",
+               "Requests that ended in an error, from the shared crawl stats."),
+    "bad_start_urls": ("bloomcrawl_bad_start_urls_total",
+                       "Malformed start-URL entries skipped."),
+    "unserializable": ("bloomcrawl_unserializable_requests_total",
+                       "Requests that could not be serialized for the queue and were dropped."),
+}
+
+# name, help, value of a filter; all labelled by spider
+_FILTER_GAUGES: tuple[tuple[str, str, Callable[[BloomInfo], float]], ...] = (
+    ("bloomcrawl_filter_capacity", "Items the filter is sized for before it grows.",
+     lambda f: f.capacity),
+    ("bloomcrawl_filter_items", "Distinct items added to the filter.", lambda f: f.items),
+    ("bloomcrawl_filter_bits", "Bits of all the filter's slices (allocated or not).",
+     lambda f: f.bits),
+    ("bloomcrawl_filter_bits_set", "Bits set, counted exactly as they are set.",
+     lambda f: f.bits_set),
+    ("bloomcrawl_filter_fill_ratio", "Bits set / bits.", lambda f: f.fill_ratio),
+    ("bloomcrawl_filter_slices", "Slices of the fullest partition (1 until the filter grows).",
+     lambda f: f.slices),
+    ("bloomcrawl_filter_partitions", "Partitions (Redis Cluster slots) of filter and queue.",
+     lambda f: f.partitions),
+    ("bloomcrawl_filter_hashes", "Bits set per item in the first slice (k).",
+     lambda f: f.hashes),
+    ("bloomcrawl_filter_target_false_positive_ratio",
+     "False-positive rate the filter was created for.", lambda f: f.error_rate),
+    ("bloomcrawl_filter_estimated_false_positive_ratio",
+     "False-positive rate estimated from each slice's items and size.",
+     lambda f: f.estimated_false_positive_rate),
+    ("bloomcrawl_filter_memory_bytes", "Bytes of filter bits Redis holds (allocated chunks).",
+     lambda f: f.memory_bytes),
+)
+_FILTER_COUNTERS: tuple[tuple[str, str, Callable[[BloomInfo], float]], ...] = (
+    ("bloomcrawl_filter_checked_total", "Fingerprints checked against the filter.",
+     lambda f: f.checked),
+    ("bloomcrawl_filter_duplicates_total",
+     "Fingerprints the filter answered as already seen (duplicates filtered).",
+     lambda f: f.filtered),
+)
+_SPIDER_GAUGES: tuple[tuple[str, str, Callable[[inspect.SpiderState], int | None]], ...] = (
+    ("bloomcrawl_queue_requests", "Requests waiting in the queue.", lambda s: s.queue_length),
+    ("bloomcrawl_leased_requests", "Requests leased to a worker and not yet acked.",
+     lambda s: s.leased),
+    ("bloomcrawl_leases_expired", "Leases past their deadline, not yet requeued.",
+     lambda s: s.leases_expired),
+    ("bloomcrawl_start_urls", "Start-URL entries waiting to be read.", lambda s: s.start_urls),
+    ("bloomcrawl_stored_items", "Items waiting in the spider's Redis items list.",
+     lambda s: s.items_stored),
+)
+JOB_STATES = ("pending", "running", "finished")
+
+
+class _Outages:
+    """Log each part of the cluster going down once, and its recovery once."""
+
+    def __init__(self) -> None:
+        self._down: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def failed(self, part: str, reason: str) -> None:
+        with self._lock:
+            previous = self._down.get(part)
+            self._down[part] = reason
+        if previous is None:
+            logger.warning("%s: %s (reported as down until it answers again)", part, reason)
+        else:
+            logger.debug("%s still down: %s", part, reason)
+
+    def recovered(self, part: str) -> None:
+        with self._lock:
+            previous = self._down.pop(part, None)
+        if previous is not None:
+            logger.info("%s answers again", part)
+
+    def is_down(self, part: str) -> bool:
+        with self._lock:
+            return part in self._down
+
+
+@dataclass
+class ScrapydNodes:
+    """Where the scrapyd nodes are: a fixed list, every address of a DNS name, or both."""
+
+    urls: Sequence[str] = ()
+    service: str | None = None
+    port: int = inspect.DEFAULT_SCRAPYD_PORT
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    timeout: float = inspect.DEFAULT_SCRAPYD_TIMEOUT
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.urls) or bool(self.service)
+
+    def discover(self, outages: _Outages) -> list[str]:
+        """The node URLs now; a service name is resolved again on every call (scaling)."""
+        found = [inspect.normalise_node_url(u) for u in self.urls if u.strip()]
+        if self.service:
+            part = f"DNS name {self.service!r} of the scrapyd service"
+            try:
+                found += inspect.resolve_service(self.service, self.port)
+            except OSError as exc:
+                outages.failed(part, f"does not resolve ({exc}); no nodes from it")
+            else:
+                outages.recovered(part)
+        return list(dict.fromkeys(found))
+
+
+class ClusterCollector(Collector):
+    """Reads Redis and the scrapyd nodes on every scrape; keeps no metric objects between."""
+
+    def __init__(self, client: redis.Redis, *, scrapyd: ScrapydNodes | None = None) -> None:
+        self.client = client
+        self.scrapyd = scrapyd or ScrapydNodes()
+        self._outages = _Outages()
+        self._redis_part = f"Redis at {describe_redis(client)}"
+
+    def describe(self) -> Iterable[Metric]:
+        # registering must not scrape Redis
+        return ()
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        families: list[Metric] = []
+        if self.scrapyd.configured:
+            urls = self.scrapyd.discover(self._outages)
+            with ThreadPoolExecutor(max_workers=max(1, min(32, len(urls))),
+                                    thread_name_prefix="scrapyd-status") as pool:
+                futures = [pool.submit(inspect.scrapyd_node_status, url,
+                                       username=self.scrapyd.username,
+                                       password=self.scrapyd.password,
+                                       timeout=self.scrapyd.timeout) for url in urls]
+                families += self._redis_families()
+                families += self._node_families(futures)
+        else:
+            families += self._redis_families()
+        build_info = GaugeMetricFamily(
+            "bloomcrawl_exporter_build_info", "The exporter's version.", labels=["version"])
+        build_info.add_metric([__version__], 1)
+        families.append(build_info)
+        duration = GaugeMetricFamily(
+            "bloomcrawl_scrape_duration_seconds",
+            "Time this scrape took to read Redis and ask the scrapyd nodes.",
+            value=time.perf_counter() - started)
+        families.append(duration)
+        yield from families
+
+    # -- Redis -----------------------------------------------------------------
+
+    def _redis_families(self) -> list[Metric]:
+        up = GaugeMetricFamily("bloomcrawl_up", "1 when Redis answered this scrape, else 0.")
+        try:
+            snap = inspect.snapshot(self.client)
+        except (RedisUnavailableError, redis.RedisError) as exc:
+            self._outages.failed(self._redis_part, str(exc))
+            up.add_metric([], 0)
+            return [up]
+        self._outages.recovered(self._redis_part)
+        up.add_metric([], 1)
+        families: list[Metric] = [up]
+        families.append(GaugeMetricFamily(
+            "bloomcrawl_redis_memory_used_bytes", "Redis used_memory (INFO memory).",
+            value=snap.memory.used_bytes))
+        families.append(GaugeMetricFamily(
+            "bloomcrawl_redis_memory_max_bytes", "Redis maxmemory; 0 when unlimited.",
+            value=snap.memory.max_bytes))
+        families.append(GaugeMetricFamily(
+            "bloomcrawl_spiders", "Spiders (Bloom filters) found in Redis.",
+            value=len(snap.spiders)))
+        families += self._spider_families(snap.spiders)
+        return families
+
+    def _spider_families(self, spiders: list[inspect.SpiderState]) -> list[Metric]:
+        seen: set[str] = set()
+        unique = []
+        for state in spiders:
+            part = f"spider {state.spider!r} (filter {state.filter_name!r})"
+            if state.spider in seen:
+                self._outages.failed(part, "another filter already reports this spider; skipped")
+                continue
+            seen.add(state.spider)
+            unique.append(state)
+            if state.problems:
+                self._outages.failed(part, "; ".join(state.problems))
+            else:
+                self._outages.recovered(part)
+
+        info = GaugeMetricFamily(
+            "bloomcrawl_spider_info", "Each spider's filter and queue type.",
+            labels=["spider", "filter", "queue_type"])
+        for state in unique:
+            info.add_metric([state.spider, state.filter_name, state.queue_type or ""], 1)
+        out: list[Metric] = [info]
+        for name, doc, filter_value in _FILTER_GAUGES:
+            gauge = GaugeMetricFamily(name, doc, labels=["spider"])
+            for state in unique:
+                if state.filter is not None:
+                    gauge.add_metric([state.spider], filter_value(state.filter))
+            out.append(gauge)
+        for name, doc, filter_value in _FILTER_COUNTERS:
+            counter = CounterMetricFamily(name, doc, labels=["spider"])
+            for state in unique:
+                if state.filter is not None:
+                    counter.add_metric([state.spider], filter_value(state.filter))
+            out.append(counter)
+        for name, doc, spider_value in _SPIDER_GAUGES:
+            gauge = GaugeMetricFamily(name, doc, labels=["spider"])
+            for state in unique:
+                value = spider_value(state)
+                if value is not None:
+                    gauge.add_metric([state.spider], value)
+            out.append(gauge)
+        for stat in keys.STATS_FIELDS:
+            name, doc = STATS_METRICS.get(
+                stat, (f"bloomcrawl_{stat}_total", f"Shared crawl stat {stat!r}."))
+            counter = CounterMetricFamily(name, doc, labels=["spider"])
+            for state in unique:
+                counter.add_metric([state.spider], state.stats.get(stat, 0))
+            out.append(counter)
+        return out
+
+    # -- scrapyd ---------------------------------------------------------------
+
+    def _node_families(self, futures: list[Future[inspect.NodeStatus]]) -> list[Metric]:
+        nodes = GaugeMetricFamily(
+            "bloomcrawl_scrapyd_nodes", "scrapyd nodes configured or resolved from DNS.",
+            value=len(futures))
+        up = GaugeMetricFamily(
+            "bloomcrawl_scrapyd_node_up", "1 when the node's daemonstatus.json answered.",
+            labels=["node"])
+        jobs = GaugeMetricFamily(
+            "bloomcrawl_scrapyd_jobs", "Jobs on the node by state (scrapyd keeps the last"
+            " finished_to_keep finished jobs).", labels=["node", "state"])
+        for future in futures:
+            status = future.result()
+            part = f"scrapyd node {status.node}"
+            up.add_metric([status.node], 1 if status.up else 0)
+            if status.up:
+                self._outages.recovered(part)
+                for state in JOB_STATES:
+                    jobs.add_metric([status.node, state], getattr(status, state))
+            else:
+                self._outages.failed(part, status.error or "no answer")
+        return [nodes, up, jobs]
+
+
+def build_registry(collector: Collector) -> CollectorRegistry:
+    """A registry holding ``collector`` alone (no global state)."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(collector)
+    return registry
+
+
+def redis_client(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.Redis:
+    """A client that fails fast: one immediate reconnect, then the scrape reports Redis down."""
+    return redis_from_url(
+        url,
+        socket_connect_timeout=min(timeout, 1.0),
+        socket_timeout=timeout,
+        retry=Retry(NoBackoff(), 1),
+        health_check_interval=0,
+    )
+
+
+# --- command line -----------------------------------------------------------------
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def parse_args(
+    argv: Sequence[str] | None = None,
+) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """Flags over environment over defaults; errors exit with status 2."""
+    parser = argparse.ArgumentParser(
+        prog="bloomcrawl-exporter",
+        description="Prometheus exporter for a bloomcrawl cluster: Bloom filters, queues,"
+        " leases and crawl stats from Redis, and the scrapyd nodes' jobs.",
+        epilog="Each flag defaults to the environment variable named in its help.",
+    )
+
+    def env_float(name: str, default: float) -> float:
+        raw = _env(name)
+        try:
+            return float(raw) if raw is not None else default
+        except ValueError:
+            parser.error(f"{name}={raw!r} is not a number")
+
+    def env_int(name: str, default: int) -> int:
+        raw = _env(name)
+        try:
+            return int(raw) if raw is not None else default
+        except ValueError:
+            parser.error(f"{name}={raw!r} is not an integer")
+
+    parser.add_argument("--redis-url", default=_env("REDIS_URL", DEFAULT_REDIS_URL),
+                        help="Redis holding the frontier (REDIS_URL; default %(default)s)")
+    parser.add_argument("--port", type=int,
+                        default=env_int("BLOOMCRAWL_EXPORTER_PORT", DEFAULT_PORT),
+                        help="port to serve /metrics on (BLOOMCRAWL_EXPORTER_PORT;"
+                        " default %(default)s)")
+    parser.add_argument("--bind", default=_env("BLOOMCRAWL_EXPORTER_BIND", DEFAULT_BIND),
+                        help="address to listen on; 0.0.0.0 in a container"
+                        " (BLOOMCRAWL_EXPORTER_BIND; default %(default)s)")
+    parser.add_argument("--scrapyd-nodes", default=_env("SCRAPYD_NODES", ""),
+                        help="comma-separated scrapyd URLs, e.g. http://127.0.0.1:6800"
+                        " (SCRAPYD_NODES)")
+    parser.add_argument("--scrapyd-service", default=_env("SCRAPYD_SERVICE"),
+                        help="DNS name whose every address is a scrapyd node, e.g. the"
+                        " compose service 'worker' (SCRAPYD_SERVICE)")
+    parser.add_argument("--scrapyd-port", type=int,
+                        default=env_int("SCRAPYD_HTTP_PORT", inspect.DEFAULT_SCRAPYD_PORT),
+                        help="scrapyd port on the addresses of --scrapyd-service"
+                        " (SCRAPYD_HTTP_PORT; default %(default)s)")
+    parser.add_argument("--scrapyd-username", default=_env("SCRAPYD_USERNAME"),
+                        help="scrapyd basic-auth user (SCRAPYD_USERNAME)")
+    parser.add_argument("--scrapyd-password", default=_env("SCRAPYD_PASSWORD"),
+                        help="scrapyd basic-auth password; prefer the environment"
+                        " (SCRAPYD_PASSWORD)")
+    parser.add_argument("--scrapyd-timeout", type=float,
+                        default=env_float("BLOOMCRAWL_SCRAPYD_TIMEOUT",
+                                          inspect.DEFAULT_SCRAPYD_TIMEOUT),
+                        help="seconds to wait for a node (BLOOMCRAWL_SCRAPYD_TIMEOUT;"
+                        " default %(default)s)")
+    parser.add_argument("--redis-timeout", type=float,
+                        default=env_float("BLOOMCRAWL_REDIS_TIMEOUT", DEFAULT_REDIS_TIMEOUT),
+                        help="seconds to wait for Redis (BLOOMCRAWL_REDIS_TIMEOUT;"
+                        " default %(default)s)")
+    parser.add_argument("--log-level", default=_env("BLOOMCRAWL_LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="(BLOOMCRAWL_LOG_LEVEL; default %(default)s)")
+    parser.add_argument("--once", action="store_true",
+                        help="write the metrics to standard output once and exit")
+    args = parser.parse_args(argv)
+    if not 0 < args.port < 65536:
+        parser.error(f"--port must be in 1..65535, got {args.port}")
+    if not 0 < args.scrapyd_port < 65536:
+        parser.error(f"--scrapyd-port must be in 1..65535, got {args.scrapyd_port}")
+    if args.scrapyd_timeout <= 0 or args.redis_timeout <= 0:
+        parser.error("timeouts must be > 0")
+    args.scrapyd_nodes = [u.strip() for u in args.scrapyd_nodes.split(",") if u.strip()]
+    return parser, args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, args = parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        client = redis_client(args.redis_url, args.redis_timeout)
+    except SettingError as exc:
+        parser.error(str(exc))
+    nodes = ScrapydNodes(
+        urls=args.scrapyd_nodes,
+        service=args.scrapyd_service,
+        port=args.scrapyd_port,
+        username=args.scrapyd_username,
+        password=args.scrapyd_password,
+        timeout=args.scrapyd_timeout,
+    )
+    registry = build_registry(ClusterCollector(client, scrapyd=nodes))
+    if args.once:
+        sys.stdout.write(generate_latest(registry).decode())
+        client.close()
+        return 0
+
+    try:
+        server, thread = start_http_server(args.port, addr=args.bind, registry=registry)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%d: %s", args.bind, args.port, exc)
+        client.close()
+        return 1
+    logger.info(
+        "serving http://%s:%d/metrics for Redis at %s; scrapyd nodes: %s",
+        args.bind, args.port, describe_redis(client),
+        ", ".join([*nodes.urls, *([f"every address of {nodes.service}:{nodes.port}"]
+                                  if nodes.service else [])]) or "none",
+    )
+    stop = threading.Event()
+
+    def shut_down(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, shut_down)
+    signal.signal(signal.SIGINT, shut_down)
+    stop.wait()
+    logger.info("shutting down")
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+    client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

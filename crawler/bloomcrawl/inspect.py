@@ -1,0 +1,423 @@
+"""A read-only snapshot of the cluster: the frontiers in Redis and the scrapyd nodes.
+
+The exporter and the ``bloomcrawl status`` command both read the cluster
+through this module. Everything here only reads: spiders are found by
+``SCAN MATCH *:meta`` (never ``KEYS``), each filter's fill comes from its exact
+counters (never ``BITCOUNT``), and every Redis command issued is O(1) or
+O(partitions x slices), so a snapshot never blocks Redis, however large the
+filter. Key names come from :mod:`bloomcrawl.keys`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+
+from bloomcrawl import keys
+from bloomcrawl.bloom import (
+    BloomFilter,
+    BloomFilterError,
+    BloomInfo,
+    FilterParams,
+    redis_errors,
+)
+
+logger = logging.getLogger(__name__)
+
+META_PATTERN = "*" + keys.META_SUFFIX
+SCAN_COUNT = 1000
+#: Upper bound on SCAN calls in one snapshot (about ten million keys).
+MAX_SCAN_CALLS = 10_000
+DEFAULT_SCRAPYD_PORT = 6800
+DEFAULT_SCRAPYD_TIMEOUT = 2.0
+QUEUE_TYPES = ("priority", "fifo", "lifo")
+
+_FILTER_PREFIX, _FILTER_SUFFIX = keys.DEFAULT_FILTER_KEY.split("%(spider)s")
+# scrapyd nodes are on the cluster's own network: never through an HTTP proxy
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass
+class SpiderState:
+    """One spider's frontier: its Bloom filter, queue, leases and shared stats.
+
+    Fields that need the scheduler's entries in the meta hash (``queue`` and
+    friends) are ``None`` for a filter used by the dupefilter alone.
+    """
+
+    spider: str
+    filter_name: str
+    meta_key: str
+    queue_key: str | None = None
+    queue_type: str | None = None
+    stats_key: str | None = None
+    filter: BloomInfo | None = None
+    queue_length: int | None = None
+    leased: int | None = None
+    leases_expired: int | None = None
+    start_urls: int | None = None
+    items_stored: int | None = None
+    stats: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def requeued(self) -> int:
+        """Expired leases put back into the queue, from the shared stats."""
+        return self.stats.get("requeued", 0)
+
+
+@dataclass
+class RedisMemory:
+    """``INFO memory`` figures, in bytes; ``max_bytes`` is 0 when no maxmemory is set."""
+
+    used_bytes: int
+    max_bytes: int
+    peak_bytes: int
+
+
+@dataclass
+class RedisSnapshot:
+    """What one pass over Redis found."""
+
+    spiders: list[SpiderState]
+    memory: RedisMemory
+    redis_time_ms: int
+
+
+@dataclass
+class NodeStatus:
+    """A scrapyd node's ``daemonstatus.json``; counts are 0 when it is not ``up``."""
+
+    url: str
+    node: str
+    up: bool
+    pending: int = 0
+    running: int = 0
+    finished: int = 0
+    node_name: str | None = None
+    error: str | None = None
+    duration_seconds: float = 0.0
+
+
+# --- Redis ---------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def spider_from_filter_name(name: str) -> str:
+    """The spider a filter belongs to when its meta hash does not say.
+
+    ``site:bloomfilter`` (the default key pattern) gives ``site``; any other
+    name is returned unchanged.
+    """
+    if _FILTER_PREFIX and not name.startswith(_FILTER_PREFIX):
+        return name
+    if _FILTER_SUFFIX and not name.endswith(_FILTER_SUFFIX):
+        return name
+    core = name[len(_FILTER_PREFIX) : len(name) - len(_FILTER_SUFFIX)]
+    return core or name
+
+
+def find_meta_keys(client: redis.Redis) -> list[str]:
+    """Names of every filter meta hash, by ``SCAN`` (sorted, duplicates removed)."""
+    found: set[str] = set()
+    cursor = 0
+    with redis_errors(client):
+        for _ in range(MAX_SCAN_CALLS):
+            cursor, batch = client.scan(cursor, match=META_PATTERN, count=SCAN_COUNT)
+            for raw in batch:
+                name = _text(raw)
+                # partition keys carry hash tags; a filter name never does
+                if "{" not in name and "}" not in name:
+                    found.add(name)
+            if int(cursor) == 0:
+                break
+        else:
+            logger.warning(
+                "SCAN for %r stopped after %d calls; some spiders may be missing",
+                META_PATTERN, MAX_SCAN_CALLS,
+            )
+    return sorted(found)
+
+
+def redis_time_ms(client: redis.Redis) -> int:
+    """Redis's clock in milliseconds (lease deadlines use it)."""
+    with redis_errors(client):
+        seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def redis_memory(client: redis.Redis) -> RedisMemory:
+    """``used_memory``, ``maxmemory`` and ``used_memory_peak`` from ``INFO memory``."""
+    with redis_errors(client):
+        info = client.info("memory")
+    return RedisMemory(
+        used_bytes=_int(info.get("used_memory")),
+        max_bytes=_int(info.get("maxmemory")),
+        peak_bytes=_int(info.get("used_memory_peak")),
+    )
+
+
+def _read_meta(client: redis.Redis, meta_keys: Sequence[str]) -> list[dict[str, str] | None]:
+    """Each meta hash as text, ``None`` where it is gone or is not a hash."""
+    if not meta_keys:
+        return []
+    with redis_errors(client):
+        pipe = client.pipeline(transaction=False)
+        for key in meta_keys:
+            pipe.hgetall(key)
+        replies = pipe.execute(raise_on_error=False)
+    out: list[dict[str, str] | None] = []
+    for reply in replies:
+        if isinstance(reply, dict) and reply:
+            out.append({_text(k): _text(v) for k, v in reply.items()})
+        else:
+            out.append(None)
+    return out
+
+
+def _frontier_keys(filter_name: str, meta: dict[str, str], spider: str,
+                   partitions: int) -> keys.FrontierKeys:
+    queue = meta.get("queue") or keys.spider_key(keys.DEFAULT_QUEUE_KEY, spider)
+    frontier = keys.FrontierKeys(
+        spider,
+        filter_pattern=filter_name.replace("%", "%%"),
+        queue_pattern=queue.replace("%", "%%"),
+        partitions=partitions,
+    )
+    frontier.stats = meta.get("stats") or frontier.stats
+    frontier.start_urls = meta.get("start_urls") or frontier.start_urls
+    frontier.items = meta.get("items") or frontier.items
+    return frontier
+
+
+def _state_from_meta(
+    client: redis.Redis, meta_key: str, meta: dict[str, str], now_ms: int
+) -> SpiderState:
+    filter_name = keys.filter_name_from_meta(meta_key)
+    spider = meta.get("spider") or spider_from_filter_name(filter_name)
+    state = SpiderState(spider=spider, filter_name=filter_name, meta_key=meta_key)
+    params: FilterParams | None = None
+    try:
+        params = FilterParams.from_json(meta["params"])
+    except (KeyError, ValueError, TypeError) as exc:
+        state.problems.append(f"unreadable filter parameters: {exc}")
+    if params is not None and meta.get("ready") == "1":
+        try:
+            state.filter = BloomFilter.open(client, filter_name).info()
+        except BloomFilterError as exc:
+            if isinstance(exc, ConnectionError):
+                raise
+            state.problems.append(str(exc))
+        except redis.ResponseError as exc:
+            state.problems.append(f"filter counters unreadable: {exc}")
+    elif params is not None:
+        state.problems.append("filter is being created")
+
+    partitions = params.partitions if params is not None else 1
+    try:
+        frontier = _frontier_keys(filter_name, meta, spider, partitions)
+    except (ValueError, KeyError, TypeError) as exc:
+        state.problems.append(f"bad key names in {meta_key}: {exc}")
+        return state
+    state.stats_key = frontier.stats
+    state.queue_type = meta.get("queue_type")
+    has_queue = "queue" in meta and params is not None
+    if has_queue:
+        state.queue_key = frontier.queue
+        if state.queue_type not in QUEUE_TYPES:
+            state.problems.append(f"unknown queue_type {state.queue_type!r}")
+
+    with redis_errors(client):
+        pipe = client.pipeline(transaction=False)
+        pipe.hgetall(frontier.stats)
+        pipe.llen(frontier.start_urls)
+        pipe.llen(frontier.items)
+        counted = has_queue and state.queue_type in QUEUE_TYPES
+        if counted:
+            for p in range(partitions):
+                if state.queue_type == "priority":
+                    pipe.zcard(frontier.queue_part(p))
+                else:
+                    pipe.llen(frontier.queue_part(p))
+                pipe.hlen(frontier.leases(p))
+                pipe.zcount(frontier.deadlines(p), "-inf", now_ms)
+        replies = pipe.execute(raise_on_error=False)
+
+    stats_reply, start_urls, items = replies[:3]
+    if isinstance(stats_reply, dict):
+        raw = {_text(k): v for k, v in stats_reply.items()}
+        state.stats = {name: _int(raw.get(name)) for name in keys.STATS_FIELDS}
+    else:
+        state.stats = dict.fromkeys(keys.STATS_FIELDS, 0)
+        state.problems.append(f"stats {frontier.stats} unreadable: {stats_reply}")
+    state.start_urls = start_urls if isinstance(start_urls, int) else None
+    state.items_stored = items if isinstance(items, int) else None
+    if counted:
+        rest = replies[3:]
+        sums = [0, 0, 0]
+        broken = False
+        for i, reply in enumerate(rest):
+            if isinstance(reply, int):
+                sums[i % 3] += reply
+            else:
+                broken = True
+                state.problems.append(f"queue keys of {spider} unreadable: {reply}")
+        if not broken:
+            state.queue_length, state.leased, state.leases_expired = sums
+    return state
+
+
+def spider_states(client: redis.Redis, meta_keys: Iterable[str]) -> list[SpiderState]:
+    """The state of each filter named by its meta key; vanished ones are left out."""
+    names = list(meta_keys)
+    metas = _read_meta(client, names)
+    now_ms = redis_time_ms(client) if names else 0
+    out = []
+    for meta_key, meta in zip(names, metas, strict=True):
+        if meta is None or "params" not in meta:
+            continue  # deleted meanwhile, or some other application's key
+        out.append(_state_from_meta(client, meta_key, meta, now_ms))
+    return out
+
+
+def spider_state(client: redis.Redis, meta_key: str) -> SpiderState | None:
+    """One spider's state from its filter's meta key; ``None`` when there is no such filter."""
+    found = spider_states(client, [meta_key])
+    return found[0] if found else None
+
+
+def find_spiders(client: redis.Redis) -> list[SpiderState]:
+    """Every spider with a Bloom filter in this Redis, sorted by filter name.
+
+    Raises :class:`bloomcrawl.bloom.RedisUnavailableError` when Redis cannot
+    be reached.
+    """
+    return spider_states(client, find_meta_keys(client))
+
+
+def snapshot(client: redis.Redis) -> RedisSnapshot:
+    """Memory, clock and every spider's state, in one pass."""
+    memory = redis_memory(client)
+    spiders = find_spiders(client)
+    return RedisSnapshot(spiders=spiders, memory=memory, redis_time_ms=redis_time_ms(client))
+
+
+# --- scrapyd -------------------------------------------------------------------
+
+
+def normalise_node_url(url: str) -> str:
+    """``host:port`` or ``http://host:port/`` -> ``http://host:port`` (no trailing slash)."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    return url.rstrip("/")
+
+
+def node_label(url: str) -> str:
+    """``host:port`` of a node URL: a bounded label value (never a path or a job id)."""
+    parts = urlsplit(normalise_node_url(url))
+    host = parts.hostname or "unknown"
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is None:
+        port = 443 if parts.scheme == "https" else 80
+    return f"{host}:{port}"
+
+
+def resolve_service(name: str, port: int = DEFAULT_SCRAPYD_PORT) -> list[str]:
+    """``http://IP:port`` for every IPv4 address of ``name`` (each replica of a compose service).
+
+    Raises :class:`OSError` when the name does not resolve.
+    """
+    infos = socket.getaddrinfo(name, port, family=socket.AF_INET, type=socket.SOCK_STREAM)
+    addresses = sorted({str(info[4][0]) for info in infos},
+                       key=lambda a: tuple(int(x) for x in a.split(".")))
+    return [f"http://{address}:{port}" for address in addresses]
+
+
+def scrapyd_node_status(
+    url: str,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    timeout: float = DEFAULT_SCRAPYD_TIMEOUT,
+) -> NodeStatus:
+    """Ask one node's ``daemonstatus.json``; any failure gives ``up=False`` and the reason."""
+    base = normalise_node_url(url)
+    status = NodeStatus(url=base, node=node_label(base), up=False)
+    request = urllib.request.Request(base + "/daemonstatus.json",
+                                     headers={"Accept": "application/json"})
+    if username:
+        token = base64.b64encode(f"{username}:{password or ''}".encode()).decode()
+        request.add_header("Authorization", "Basic " + token)
+    started = time.monotonic()
+    try:
+        with _OPENER.open(request, timeout=timeout) as response:
+            body = json.loads(response.read(65536))
+    except urllib.error.HTTPError as exc:
+        status.error = f"HTTP {exc.code} {exc.reason}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        status.error = str(reason) or type(exc).__name__
+    else:
+        if isinstance(body, dict) and body.get("status", "ok") == "ok":
+            status.up = True
+            status.pending = _int(body.get("pending"))
+            status.running = _int(body.get("running"))
+            status.finished = _int(body.get("finished"))
+            name = body.get("node_name")
+            status.node_name = str(name) if name is not None else None
+        else:
+            status.error = f"unexpected answer: {body!r:.200}"
+    status.duration_seconds = time.monotonic() - started
+    return status
+
+
+def scrapyd_nodes(
+    urls: Sequence[str],
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    timeout: float = DEFAULT_SCRAPYD_TIMEOUT,
+) -> list[NodeStatus]:
+    """Every node's status, asked concurrently, in the order of ``urls``.
+
+    Takes about ``timeout`` at most, however many nodes are down.
+    """
+    unique = list(dict.fromkeys(normalise_node_url(u) for u in urls if u.strip()))
+    if not unique:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(unique)),
+                            thread_name_prefix="scrapyd-status") as pool:
+        futures = [
+            pool.submit(scrapyd_node_status, u, username=username, password=password,
+                        timeout=timeout)
+            for u in unique
+        ]
+        return [f.result() for f in futures]

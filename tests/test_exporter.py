@@ -1,0 +1,444 @@
+"""The exporter and bloomcrawl.inspect against a real redis-server and a real scrapyd."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+from bloomcrawl import exporter, inspect, keys
+from bloomcrawl.bloom import BloomFilter
+from bloomcrawl.exporter import ClusterCollector, ScrapydNodes, build_registry
+from bloomcrawl.exporter import redis_client as exporter_client
+from cluster_fixtures import (
+    ScrapydNode,
+    fingerprints,
+    populate_frontier,
+    scrapyd_node_fixture,  # noqa: F401  (the scrapyd_node fixture)
+)
+from conftest import RedisServer, free_port
+from prometheus_client import CollectorRegistry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FILTER_METRICS = {
+    "bloomcrawl_filter_capacity": lambda f: f.capacity,
+    "bloomcrawl_filter_items": lambda f: f.items,
+    "bloomcrawl_filter_bits": lambda f: f.bits,
+    "bloomcrawl_filter_bits_set": lambda f: f.bits_set,
+    "bloomcrawl_filter_fill_ratio": lambda f: f.fill_ratio,
+    "bloomcrawl_filter_slices": lambda f: f.slices,
+    "bloomcrawl_filter_partitions": lambda f: f.partitions,
+    "bloomcrawl_filter_hashes": lambda f: f.hashes,
+    "bloomcrawl_filter_target_false_positive_ratio": lambda f: f.error_rate,
+    "bloomcrawl_filter_estimated_false_positive_ratio": lambda f: f.estimated_false_positive_rate,
+    "bloomcrawl_filter_memory_bytes": lambda f: f.memory_bytes,
+    "bloomcrawl_filter_checked_total": lambda f: f.checked,
+    "bloomcrawl_filter_duplicates_total": lambda f: f.filtered,
+}
+STATS_SAMPLES = {
+    "pages": "bloomcrawl_pages_total",
+    "items": "bloomcrawl_items_total",
+    "filtered": "bloomcrawl_requests_filtered_total",
+    "requeued": "bloomcrawl_leases_requeued_total",
+    "errors": "bloomcrawl_errors_total",
+    "bad_start_urls": "bloomcrawl_bad_start_urls_total",
+    "unserializable": "bloomcrawl_unserializable_requests_total",
+}
+
+
+def collector(client_url: str, **nodes: object) -> tuple[ClusterCollector, CollectorRegistry]:
+    col = ClusterCollector(exporter_client(client_url),
+                           scrapyd=ScrapydNodes(**nodes) if nodes else None)  # type: ignore[arg-type]
+    return col, build_registry(col)
+
+
+def sample_names(registry: CollectorRegistry) -> set[str]:
+    return {s.name for family in registry.collect() for s in family.samples}
+
+
+# --- Redis -------------------------------------------------------------------------
+
+
+def test_every_spider_metric_has_the_value_in_redis(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    front = populate_frontier(redis_client, "site")
+    info = front.bloom.info()
+    assert (info.items, info.checked, info.filtered, info.capacity) == (300, 400, 100, 10_000)
+    _, registry = collector(redis_server.url)
+    get = registry.get_sample_value
+    labels = {"spider": "site"}
+
+    for name, value in FILTER_METRICS.items():
+        assert get(name, labels) == pytest.approx(value(info)), name
+    assert get("bloomcrawl_filter_fill_ratio", labels) == pytest.approx(info.bits_set / info.bits)
+    assert 0 < get("bloomcrawl_filter_fill_ratio", labels) < 1
+    assert get("bloomcrawl_filter_memory_bytes", labels) > 0
+    assert get("bloomcrawl_queue_requests", labels) == front.queue_length == 7
+    assert get("bloomcrawl_leased_requests", labels) == front.leased == 3
+    assert get("bloomcrawl_leases_expired", labels) == front.leases_expired == 1
+    assert get("bloomcrawl_start_urls", labels) == 2
+    assert get("bloomcrawl_stored_items", labels) == 5
+    for field, name in STATS_SAMPLES.items():
+        assert get(name, labels) == front.stats[field], name
+    assert get("bloomcrawl_spider_info",
+               {"spider": "site", "filter": "site:bloomfilter", "queue_type": "priority"}) == 1
+    assert get("bloomcrawl_up") == 1
+    assert get("bloomcrawl_spiders") == 1
+    used = redis_client.info("memory")["used_memory"]
+    assert get("bloomcrawl_redis_memory_used_bytes") == pytest.approx(used, rel=0.2)
+    assert get("bloomcrawl_redis_memory_max_bytes") == 0
+    assert 0 < get("bloomcrawl_scrape_duration_seconds") < 1
+    assert get("bloomcrawl_exporter_build_info", {"version": exporter.__version__}) == 1
+    # no scrapyd configured: no node metrics at all
+    assert get("bloomcrawl_scrapyd_nodes") is None
+
+
+def test_values_follow_redis_between_scrapes(redis_server: RedisServer,
+                                             redis_client: redis.Redis) -> None:
+    front = populate_frontier(redis_client, "site", partitions=2)
+    _, registry = collector(redis_server.url)
+    labels = {"spider": "site"}
+    assert registry.get_sample_value("bloomcrawl_filter_items", labels) == 300
+    front.bloom.add_many(fingerprints(50, salt="more") + fingerprints(10, salt="site"))
+    redis_client.hincrby(front.frontier.stats, "pages", 8)
+    redis_client.zadd(front.frontier.queue_part(1), {"late": 0})
+    assert registry.get_sample_value("bloomcrawl_filter_items", labels) == 350
+    assert registry.get_sample_value("bloomcrawl_filter_duplicates_total", labels) == 110
+    assert registry.get_sample_value("bloomcrawl_pages_total", labels) == 50
+    assert registry.get_sample_value("bloomcrawl_queue_requests", labels) == 8
+
+
+@pytest.mark.parametrize("queue_type", ["fifo", "lifo"])
+def test_list_queues_are_counted(redis_server: RedisServer, redis_client: redis.Redis,
+                                 queue_type: str) -> None:
+    populate_frontier(redis_client, "listy", queue_type=queue_type, partitions=3)
+    _, registry = collector(redis_server.url)
+    assert registry.get_sample_value("bloomcrawl_queue_requests", {"spider": "listy"}) == 7
+    assert registry.get_sample_value("bloomcrawl_leased_requests", {"spider": "listy"}) == 3
+
+
+def test_several_spiders_and_a_dupefilter_only_filter(redis_server: RedisServer,
+                                                      redis_client: redis.Redis) -> None:
+    populate_frontier(redis_client, "alpha")
+    populate_frontier(redis_client, "beta", partitions=1)
+    # the dupefilter alone records no spider or queue in the meta hash
+    plain = BloomFilter(redis_client, "gamma:bloomfilter", capacity=1000, error_rate=0.01)
+    plain.add_many(fingerprints(20))
+    # keys that look like a meta hash but are not a filter's
+    redis_client.set("unrelated:meta", "x")
+    redis_client.hset("other:meta", "owner", "someone else")
+    _, registry = collector(redis_server.url)
+    get = registry.get_sample_value
+    assert get("bloomcrawl_spiders") == 3
+    assert get("bloomcrawl_filter_items", {"spider": "alpha"}) == 300
+    assert get("bloomcrawl_filter_partitions", {"spider": "beta"}) == 1
+    assert get("bloomcrawl_filter_items", {"spider": "gamma"}) == 20
+    assert get("bloomcrawl_pages_total", {"spider": "gamma"}) == 0
+    assert get("bloomcrawl_queue_requests", {"spider": "gamma"}) is None
+    assert get("bloomcrawl_spider_info",
+               {"spider": "gamma", "filter": "gamma:bloomfilter", "queue_type": ""}) == 1
+
+
+def test_inspect_finds_spiders_with_scan_and_only_reads(redis_client: redis.Redis) -> None:
+    populate_frontier(redis_client, "site")
+    redis_client.config_resetstat()
+    spiders = inspect.find_spiders(redis_client)
+    assert [s.spider for s in spiders] == ["site"]
+    state = spiders[0]
+    assert state.filter is not None and state.filter.items == 300
+    assert (state.queue_length, state.leased, state.leases_expired) == (7, 3, 1)
+    assert state.requeued == 3
+    assert state.queue_key == "site:requests" and state.queue_type == "priority"
+    assert set(state.stats) == set(keys.STATS_FIELDS)
+    assert state.problems == []
+    assert inspect.spider_state(redis_client, "nope:bloomfilter:meta") is None
+    snap = inspect.snapshot(redis_client)
+    assert snap.memory.used_bytes > 0 and [s.spider for s in snap.spiders] == ["site"]
+
+    used = {k.removeprefix("cmdstat_").split("|")[0]
+            for k in redis_client.info("commandstats")}
+    reads = {"scan", "hgetall", "hget", "time", "info", "strlen", "llen", "zcard", "hlen",
+             "zcount", "config"}
+    connection = {"client", "hello", "ping", "select", "auth"}
+    assert used - reads - connection == set(), "the snapshot must only read"
+    assert "keys" not in used and "bitcount" not in used
+
+
+def test_a_filter_being_created_is_reported_without_filter_figures(
+    redis_client: redis.Redis,
+) -> None:
+    front = populate_frontier(redis_client, "site")
+    redis_client.hdel(front.frontier.meta, "ready")
+    state = inspect.spider_state(redis_client, front.frontier.meta)
+    assert state is not None and state.filter is None
+    assert state.queue_length == 7
+    assert state.problems == ["filter is being created"]
+    assert redis_client.hget(front.frontier.meta, "ready") is None, "the snapshot wrote"
+
+
+def test_unreadable_parameters_do_not_break_the_scrape(redis_server: RedisServer,
+                                                      redis_client: redis.Redis,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    populate_frontier(redis_client, "good")
+    redis_client.hset("bad:bloomfilter:meta", mapping={"params": "{not json", "ready": "1"})
+    _, registry = collector(redis_server.url)
+    with caplog.at_level(logging.WARNING, logger="bloomcrawl.exporter"):
+        assert registry.get_sample_value("bloomcrawl_up") == 1
+        assert registry.get_sample_value("bloomcrawl_filter_items", {"spider": "good"}) == 300
+        assert registry.get_sample_value("bloomcrawl_filter_items", {"spider": "bad"}) is None
+        registry.get_sample_value("bloomcrawl_up")
+    warnings = [r for r in caplog.records if "'bad'" in r.getMessage()]
+    assert len(warnings) == 1, "logged once, not on every scrape"
+    assert "unreadable filter parameters" in warnings[0].getMessage()
+
+
+def test_redis_down_reports_up_0_logs_once_and_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        populate_frontier(server.client(), "site")
+        _, registry = collector(server.url)
+        assert registry.get_sample_value("bloomcrawl_up") == 1
+
+        server.stop()
+        with caplog.at_level(logging.DEBUG, logger="bloomcrawl.exporter"):
+            for _ in range(3):
+                started = time.monotonic()
+                assert registry.get_sample_value("bloomcrawl_up") == 0
+                assert time.monotonic() - started < 2
+                assert registry.get_sample_value("bloomcrawl_filter_items",
+                                                 {"spider": "site"}) is None
+                assert registry.get_sample_value("bloomcrawl_scrape_duration_seconds") > 0
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        assert f"127.0.0.1:{server.port}" in warnings[0].getMessage()
+
+        caplog.clear()
+        server.start()  # same port, empty data
+        with caplog.at_level(logging.INFO, logger="bloomcrawl.exporter"):
+            assert registry.get_sample_value("bloomcrawl_up") == 1
+            assert registry.get_sample_value("bloomcrawl_spiders") == 0
+            populate_frontier(server.client(), "site")
+            assert registry.get_sample_value("bloomcrawl_filter_items", {"spider": "site"}) == 300
+        assert [r.getMessage() for r in caplog.records] == [
+            f"Redis at redis://127.0.0.1:{server.port}/0 answers again"]
+    finally:
+        server.stop()
+
+
+def test_nothing_listening_on_the_redis_port(closed_port_url: str) -> None:
+    _, registry = collector(closed_port_url)
+    started = time.monotonic()
+    assert registry.get_sample_value("bloomcrawl_up") == 0
+    assert time.monotonic() - started < 2
+
+
+# --- scrapyd ------------------------------------------------------------------------
+
+
+def test_scrapyd_nodes_real_and_closed(scrapyd_node: ScrapydNode, redis_server: RedisServer,
+                                       redis_client: redis.Redis,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    closed = f"127.0.0.1:{free_port()}"
+    real = f"127.0.0.1:{scrapyd_node.port}"
+    _, registry = collector(redis_server.url, urls=[scrapyd_node.url + "/", closed],
+                            username=scrapyd_node.username, password=scrapyd_node.password,
+                            timeout=2.0)
+    get = registry.get_sample_value
+    try:
+        scrapyd_node.schedule(seconds=60)
+        scrapyd_node.schedule(seconds=60)
+        status = scrapyd_node.wait_for(running=1, pending=1)
+        with caplog.at_level(logging.WARNING, logger="bloomcrawl.exporter"):
+            started = time.monotonic()
+            assert get("bloomcrawl_scrapyd_nodes") == 2
+            assert time.monotonic() - started < 3
+            assert get("bloomcrawl_scrapyd_node_up", {"node": real}) == 1
+            assert get("bloomcrawl_scrapyd_node_up", {"node": closed}) == 0
+            assert get("bloomcrawl_scrapyd_jobs", {"node": real, "state": "running"}) == 1
+            assert get("bloomcrawl_scrapyd_jobs", {"node": real, "state": "pending"}) == 1
+            assert get("bloomcrawl_scrapyd_jobs",
+                       {"node": real, "state": "finished"}) == status["finished"]
+            assert get("bloomcrawl_scrapyd_jobs", {"node": closed, "state": "running"}) is None
+            assert get("bloomcrawl_up") == 1  # Redis is fine; only a node is down
+        down = [r.getMessage() for r in caplog.records if closed in r.getMessage()]
+        assert len(down) == 1, down
+    finally:
+        scrapyd_node.cancel_all()
+        scrapyd_node.wait_for(running=0, pending=0)
+
+
+def test_scrapyd_wrong_password_is_down(scrapyd_node: ScrapydNode,
+                                        redis_server: RedisServer) -> None:
+    _, registry = collector(redis_server.url, urls=[scrapyd_node.url],
+                            username=scrapyd_node.username, password="wrong")
+    label = {"node": f"127.0.0.1:{scrapyd_node.port}"}
+    assert registry.get_sample_value("bloomcrawl_scrapyd_node_up", label) == 0
+    status = inspect.scrapyd_node_status(scrapyd_node.url, username="x", password="y")
+    assert not status.up and status.error is not None and "401" in status.error
+
+
+def test_scrapyd_service_name_resolves_to_every_node(
+    scrapyd_node: ScrapydNode, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, registry = collector(redis_server.url, service="localhost", port=scrapyd_node.port,
+                            username=scrapyd_node.username, password=scrapyd_node.password)
+    label = {"node": f"127.0.0.1:{scrapyd_node.port}"}
+    assert registry.get_sample_value("bloomcrawl_scrapyd_node_up", label) == 1
+    assert registry.get_sample_value("bloomcrawl_scrapyd_nodes") == 1
+
+    def no_such_name(*args: object, **kwargs: object) -> None:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
+    assert registry.get_sample_value("bloomcrawl_scrapyd_nodes") == 0
+    assert registry.get_sample_value("bloomcrawl_up") == 1
+
+
+def test_node_labels_are_host_and_port() -> None:
+    assert inspect.node_label("http://10.0.0.5:6800/") == "10.0.0.5:6800"
+    assert inspect.node_label("worker:6800") == "worker:6800"
+    assert inspect.node_label("http://worker") == "worker:80"
+    assert inspect.normalise_node_url("127.0.0.1:6800/") == "http://127.0.0.1:6800"
+
+
+# --- naming ---------------------------------------------------------------------------
+
+
+def test_metric_names_follow_prometheus_conventions(
+    scrapyd_node: ScrapydNode, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    populate_frontier(redis_client, "site")
+    _, registry = collector(redis_server.url, urls=[scrapyd_node.url],
+                            username=scrapyd_node.username, password=scrapyd_node.password)
+    families = list(registry.collect())
+    assert families
+    for family in families:
+        assert family.name.startswith("bloomcrawl_"), family.name
+        if family.type == "counter":
+            assert all(s.name.endswith("_total") for s in family.samples), family.name
+        if "_ratio" in family.name:
+            assert family.name.endswith("_ratio")
+            assert all(0 <= s.value <= 1 for s in family.samples)
+        assert not re.search(r"_(milliseconds|kilobytes|megabytes|percent)$", family.name)
+        for sample in family.samples:
+            for value in sample.labels.values():
+                assert "://" not in value and "/" not in value, (family.name, value)
+                assert not re.fullmatch(r"[0-9a-f]{32}", value), "a job id as a label value"
+
+
+def test_every_stats_field_is_exported() -> None:
+    assert set(exporter.STATS_METRICS) == set(keys.STATS_FIELDS)
+    assert exporter.STATS_METRICS.keys() == STATS_SAMPLES.keys()
+    for field, (name, _) in exporter.STATS_METRICS.items():
+        assert name == STATS_SAMPLES[field]
+
+
+def test_registering_does_not_touch_redis(closed_port_url: str) -> None:
+    started = time.monotonic()
+    build_registry(ClusterCollector(exporter_client(closed_port_url)))
+    assert time.monotonic() - started < 0.1
+
+
+# --- command line ----------------------------------------------------------------------
+
+
+def exporter_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SCRAPYD_", "BLOOMCRAWL_", "REDIS_"))}
+    env["PYTHONPATH"] = str(ROOT / "crawler")
+    env.update(extra)
+    return env
+
+
+def test_once_reads_flags_from_the_environment(scrapyd_node: ScrapydNode,
+                                               redis_server: RedisServer,
+                                               redis_client: redis.Redis) -> None:
+    populate_frontier(redis_client, "site")
+    env = exporter_env(REDIS_URL=redis_server.url, SCRAPYD_NODES=scrapyd_node.url,
+                       SCRAPYD_USERNAME=scrapyd_node.username,
+                       SCRAPYD_PASSWORD=scrapyd_node.password)
+    out = subprocess.run([sys.executable, "-m", "bloomcrawl.exporter", "--once"], env=env,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "bloomcrawl_up 1.0" in out
+    assert 'bloomcrawl_filter_items{spider="site"} 300.0' in out
+    assert f'bloomcrawl_scrapyd_node_up{{node="127.0.0.1:{scrapyd_node.port}"}} 1.0' in out
+    assert scrapyd_node.password not in out
+
+
+def test_bad_settings_exit_with_a_message() -> None:
+    for argv, message in [
+        (["--redis-url", "http://nope"], "scheme must be redis://"),
+        (["--port", "0"], "--port must be in 1..65535"),
+    ]:
+        done = subprocess.run([sys.executable, "-m", "bloomcrawl.exporter", *argv, "--once"],
+                              env=exporter_env(), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+    done = subprocess.run([sys.executable, "-m", "bloomcrawl.exporter", "--once"],
+                          env=exporter_env(BLOOMCRAWL_EXPORTER_PORT="x"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "BLOOMCRAWL_EXPORTER_PORT='x'" in done.stderr
+
+
+def test_entry_point_serves_metrics_and_stops_on_sigterm(redis_server: RedisServer,
+                                                          redis_client: redis.Redis) -> None:
+    populate_frontier(redis_client, "site")
+    port = free_port()
+    binary = Path(sys.executable).parent / "bloomcrawl-exporter"
+    cmd = [str(binary)] if binary.exists() else [sys.executable, "-m", "bloomcrawl.exporter"]
+    proc = subprocess.Popen(
+        [*cmd, "--redis-url", redis_server.url],
+        env=exporter_env(BLOOMCRAWL_EXPORTER_PORT=str(port),
+                         BLOOMCRAWL_EXPORTER_BIND="127.0.0.1"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        body = fetch_metrics(f"http://127.0.0.1:{port}/metrics", proc)
+        assert 'bloomcrawl_filter_items{spider="site"} 300.0' in body
+        assert "bloomcrawl_scrape_duration_seconds" in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 0, out
+    assert f"serving http://127.0.0.1:{port}/metrics" in out
+
+
+def fetch_metrics(url: str, proc: subprocess.Popen[str], timeout: float = 30) -> str:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with opener.open(url, timeout=5) as response:
+                return str(response.read().decode())
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_collect_is_fresh_on_every_scrape(redis_server: RedisServer,
+                                          redis_client: redis.Redis) -> None:
+    """Two registries over one Redis agree, and no metric object outlives a scrape."""
+    populate_frontier(redis_client, "site")
+    col, registry = collector(redis_server.url)
+    first = list(col.collect())
+    second = list(col.collect())
+    assert not {id(f) for f in first} & {id(f) for f in second}
+    other = CollectorRegistry()
+    other.register(ClusterCollector(redis_client))
+    name = "bloomcrawl_filter_items"
+    assert other.get_sample_value(name, {"spider": "site"}) == registry.get_sample_value(
+        name, {"spider": "site"})
