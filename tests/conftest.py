@@ -142,3 +142,6 @@ def env_no_state(tmp_path: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "crawler"), str(ROOT / "tests")])
     env.pop("SCRAPY_SETTINGS_MODULE", None)
     return env
+
+
+from demo_fixtures import demo_site  # noqa: E402,F401
