@@ -214,6 +214,11 @@ class Scheduler:
     # -- life cycle -----------------------------------------------------
 
     def open(self, spider: Spider) -> None:
+        self.open_frontier(spider)
+        self._start_background()
+
+    def open_frontier(self, spider: Spider) -> None:
+        """Open the filter and the queue, record the layout, reap expired leases."""
         self.spider = spider
         settings = self.crawler.settings
         self.bloom = bloom_from_settings(self.server, settings, spider.name)
@@ -230,6 +235,14 @@ class Scheduler:
         if self.flush_on_start:
             self.flush()
         self.reap()
+        assert self.frontier is not None
+        logger.info(
+            "bloomcrawl frontier %s (%s, %d partitions, lease %.0f s) at %s",
+            self.frontier.queue, self.queue_type, self.frontier.partitions,
+            self.lease_timeout, describe_redis(self.server), extra={"spider": spider})
+
+    def _start_background(self) -> None:
+        """Signals, lease renewal, reaping and polling (needs a running reactor)."""
         signals_ = self.crawler.signals
         signals_.connect(self._on_idle, signal=signals.spider_idle)
         signals_.connect(self._on_finished, signal=request_finished)
@@ -241,10 +254,6 @@ class Scheduler:
             loop.start(interval, now=False)
             self._loops.append(loop)
         self._schedule_poll(0)
-        logger.info(
-            "bloomcrawl frontier %s (%s, %d partitions, lease %.0f s) at %s",
-            self.frontier.queue, self.queue_type, self.frontier.partitions,
-            self.lease_timeout, describe_redis(self.server), extra={"spider": spider})
 
     def _record_layout(self) -> None:
         """Tell the exporter and CLI where this spider's keys are; refuse a queue-type change."""

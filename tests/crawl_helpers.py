@@ -1,0 +1,95 @@
+"""Run real ``scrapy crawl site`` worker processes against a test Redis and demo site."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CRAWLER = ROOT / "crawler"
+
+BASE_SETTINGS = {
+    "REMOTE_CONTROL_ENABLED": "False",
+    "TELNETCONSOLE_ENABLED": "False",
+    "LOG_LEVEL": "INFO",
+    "MAX_IDLE_TIME_BEFORE_CLOSE": "3",
+    "BLOOMFILTER_CAPACITY": "200000",
+    "ROBOTSTXT_OBEY": "False",
+}
+
+
+class Worker:
+    """One ``scrapy crawl`` process; its log goes to a file."""
+
+    def __init__(self, name: str, redis_url: str, workdir: Path, settings: dict[str, Any],
+                 spider: str = "site", env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.log = workdir / ("%s.log" % name)
+        workdir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "scrapy", "crawl", spider, "-s", "REDIS_URL=" + redis_url]
+        for key, value in {**BASE_SETTINGS, **settings}.items():
+            cmd += ["-s", "%s=%s" % (key, value)]
+        full_env = dict(env or os.environ)
+        full_env["HOME"] = str(workdir / "home")
+        full_env["PYTHONPATH"] = os.pathsep.join([str(CRAWLER), str(ROOT / "tests")])
+        full_env.pop("SCRAPY_SETTINGS_MODULE", None)
+        self._logfile = self.log.open("wb")
+        self.proc = subprocess.Popen(cmd, cwd=CRAWLER, env=full_env, stdout=self._logfile,
+                                     stderr=subprocess.STDOUT)
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout)
+        self._logfile.close()
+        return code
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._logfile.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        if not self._logfile.closed:
+            self._logfile.close()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stats(self) -> dict[str, Any]:
+        """The stats Scrapy dumps at the end of the log."""
+        match = re.search(r"Dumping Scrapy stats:\n(\{.*?\})\n", self.text(), re.S)
+        if not match:
+            return {}
+        text = re.sub(r"datetime\.datetime\([^)]*\)", "None", match.group(1))
+        stats: dict[str, Any] = ast.literal_eval(text)
+        return stats
+
+
+def run_workers(workers: list[Worker], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    try:
+        for w in workers:
+            w.wait(max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for w in workers:
+            w.stop()
+        logs = "\n".join("--- %s\n%s" % (w.name, w.text()[-3000:]) for w in workers)
+        raise AssertionError("workers did not finish in %.0f s\n%s" % (timeout, logs)) from None
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False

@@ -1,0 +1,115 @@
+"""Real crawls: several ``scrapy crawl site`` processes, one real redis-server, the demo site."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import redis
+from conftest import RedisServer
+from crawl_helpers import Worker, run_workers, wait_until
+
+from bloomcrawl import keys
+
+pytestmark = pytest.mark.slow
+
+
+def frontier_is_empty(client: redis.Redis, spider: str = "site", partitions: int = 4) -> bool:
+    f = keys.FrontierKeys(spider, partitions=partitions)
+    sizes = [client.zcard(f.queue_part(p)) + client.zcard(f.deadlines(p)) + client.hlen(f.leases(p))
+             for p in range(partitions)]
+    return sum(sizes) == 0
+
+
+def test_three_workers_crawl_every_page_exactly_once(redis_server, redis_client, demo_site,
+                                                     tmp_path: Path) -> None:
+    redis_client.rpush("site:start_urls", demo_site.url)
+    workers = [Worker("w%d" % i, redis_server.url, tmp_path, {}) for i in range(3)]
+    run_workers(workers, timeout=300)
+    stats = demo_site.stats()
+    assert stats["missing"] == 0, stats
+    assert stats["duplicates"] == 0, stats
+    assert demo_site.hits() == [1] * len(demo_site.hits())
+    per_worker = [w.stats().get("response_received_count", 0) for w in workers]
+    assert sum(per_worker) == len(demo_site.hits())
+    assert all(n > 0 for n in per_worker), per_worker  # each did part of the work
+    assert redis_client.llen("site:items") == len(demo_site.hits())
+    item = json.loads(redis_client.lindex("site:items", 0))
+    assert set(item) == {"url", "status", "title", "depth", "fetched_at"}
+    shared = {k.decode(): int(v) for k, v in redis_client.hgetall("site:stats").items()}
+    assert shared["pages"] == len(demo_site.hits())
+    assert shared["items"] == len(demo_site.hits())
+    assert shared["filtered"] > len(demo_site.hits())  # the site links to each page many times
+    assert frontier_is_empty(redis_client)
+    for w in workers:
+        assert w.proc.returncode == 0
+        assert "Traceback" not in w.text(), w.text()[-3000:]
+
+
+def test_sigkilled_worker_loses_nothing(redis_server, redis_client, demo_site,
+                                        tmp_path: Path) -> None:
+    concurrent = 8
+    settings = {
+        "SCHEDULER_LEASE_TIMEOUT": "3",
+        "SCHEDULER_REAP_INTERVAL": "1",
+        "CONCURRENT_REQUESTS": str(concurrent),
+        "MAX_IDLE_TIME_BEFORE_CLOSE": "5",
+    }
+    redis_client.rpush("site:start_urls", demo_site.url)
+    workers = [Worker("w%d" % i, redis_server.url, tmp_path, settings) for i in range(3)]
+    total = len(demo_site.hits())
+    assert wait_until(lambda: sum(1 for h in demo_site.hits() if h) >= total // 3, 180)
+    workers[0].kill()
+    run_workers(workers[1:], timeout=300)
+    hits = demo_site.hits()
+    assert min(hits) >= 1, [i for i, h in enumerate(hits) if h == 0][:20]  # nothing lost
+    twice = sum(h - 1 for h in hits if h > 1)
+    assert twice <= concurrent + 1, twice  # at most the killed worker's in-flight requests
+    shared = {k.decode(): int(v) for k, v in redis_client.hgetall("site:stats").items()}
+    assert shared.get("requeued", 0) >= twice
+    assert frontier_is_empty(redis_client)
+
+
+def test_redis_restart_mid_crawl(demo_site, tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis", appendonly=True)
+    server.start()
+    try:
+        client = server.client()
+        client.rpush("site:start_urls", demo_site.url)
+        workers = [Worker("w%d" % i, server.url, tmp_path, {"MAX_IDLE_TIME_BEFORE_CLOSE": "5"})
+                   for i in range(2)]
+        total = len(demo_site.hits())
+        assert wait_until(lambda: sum(1 for h in demo_site.hits() if h) >= total // 3, 180)
+        server.restart()
+        run_workers(workers, timeout=300)
+        stats = demo_site.stats()
+        assert stats["missing"] == 0, stats
+        assert stats["duplicates"] == 0, stats
+        assert frontier_is_empty(server.client())
+        logs = "".join(w.text() for w in workers)
+        assert "unreachable" in logs  # they did see the outage
+        assert "is back after" in logs
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("demo_site", [{"pages": 300}], indirect=True)
+def test_bad_start_urls_and_unserializable_requests_are_counted(
+    redis_server, redis_client, demo_site, tmp_path: Path
+) -> None:
+    spider = "site_with_bad_request"
+    redis_client.rpush(spider + ":start_urls", "not a url", '{"url": 5}', '{"oops',
+                       demo_site.url, "ftp://example.invalid/")
+    worker = Worker("w", redis_server.url, tmp_path, {"SPIDER_MODULES": "testspiders"},
+                    spider=spider)
+    run_workers([worker], timeout=120)
+    assert worker.proc.returncode == 0
+    stats = demo_site.stats()
+    assert stats["missing"] == 0 and stats["duplicates"] == 0, stats
+    shared = {k.decode(): int(v) for k, v in redis_client.hgetall(spider + ":stats").items()}
+    assert shared["bad_start_urls"] == 4
+    assert shared["unserializable"] == 1
+    log = worker.text()
+    assert "meta['handle'] is not JSON-serializable" in log
+    assert "bad start URL entry b'not a url'" in log
