@@ -3,8 +3,7 @@
 # official image instead; both run the same command line.
 ARG BASE_IMAGE=bloomcrawl-offline/debian:bookworm
 FROM ${BASE_IMAGE}
-RUN mkdir -p /prometheus && chown prometheus:prometheus /prometheus \
-    && ln -sf /usr/bin/prometheus /bin/prometheus
+RUN mkdir -p /prometheus && chown prometheus:prometheus /prometheus
 USER prometheus
 WORKDIR /prometheus
 EXPOSE 9090

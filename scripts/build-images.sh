@@ -8,7 +8,8 @@
 # debootstrap from the Debian mirror apt uses, imports it as a base image,
 # builds the redis and prometheus images on it (Debian's packages), builds a
 # wheelhouse on the host with an interpreter matching the image's Python, and
-# records the image names and pip's offline options in ENV_FILE so that
+# records the image names and pip's offline options (WORKER_BASE_IMAGE,
+# REDIS_IMAGE, PROMETHEUS_IMAGE, WORKER_PIP_*) in ENV_FILE so that
 # docker-compose builds and runs the offline images.
 # Either way it then builds the worker image (`docker-compose build worker`).
 set -eu
@@ -116,13 +117,13 @@ PY
 }
 
 mkdir -p "$CACHE" "$WHEELS"
-default_base=$(sed -n 's/^ *BASE_IMAGE: *"\${BASE_IMAGE:-\(.*\)}"$/\1/p' docker-compose.yml | head -n 1)
+default_base=$(sed -n 's/^ *BASE_IMAGE: *"\${WORKER_BASE_IMAGE:-\(.*\)}"$/\1/p' docker-compose.yml | head -n 1)
 default_redis=$(sed -n 's/^ *image: *"\${REDIS_IMAGE:-\(.*\)}"$/\1/p' docker-compose.yml | head -n 1)
 default_prometheus=$(sed -n 's/^ *image: *"\${PROMETHEUS_IMAGE:-\(.*\)}"$/\1/p' docker-compose.yml | head -n 1)
 
-if [ "$(env_value BASE_IMAGE)" = "$OFFLINE_BASE" ]; then
+if [ "$(env_value WORKER_BASE_IMAGE)" = "$OFFLINE_BASE" ]; then
     offline=1
-elif [ -n "$(env_value BASE_IMAGE)" ]; then
+elif [ -n "$(env_value WORKER_BASE_IMAGE)" ]; then
     offline=0  # the user chose a base image: use it as it is
 elif pull "$default_base" && pull "$default_redis" && pull "$default_prometheus"; then
     offline=0
@@ -138,11 +139,11 @@ if [ "$offline" = 1 ]; then
     have_image "$OFFLINE_PROMETHEUS" || docker build -q -t "$OFFLINE_PROMETHEUS" \
         --build-arg BASE_IMAGE="$OFFLINE_BASE" -f deploy/prometheus.Dockerfile deploy >/dev/null
     build_wheelhouse
-    set_env_value BASE_IMAGE "$OFFLINE_BASE"
+    set_env_value WORKER_BASE_IMAGE "$OFFLINE_BASE"
     set_env_value REDIS_IMAGE "$OFFLINE_REDIS"
     set_env_value PROMETHEUS_IMAGE "$OFFLINE_PROMETHEUS"
-    set_env_value PIP_NO_INDEX 1
-    set_env_value PIP_FIND_LINKS /wheels
+    set_env_value WORKER_PIP_NO_INDEX 1
+    set_env_value WORKER_PIP_FIND_LINKS /wheels
 fi
 
 echo "building the worker image"
