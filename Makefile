@@ -7,6 +7,14 @@ PYTEST_ARGS ?=
 
 .PHONY: help venv system-deps test lint bench
 
+# the cluster (see README.md "The cluster"); the bloomcrawl command does the work
+BLOOMCRAWL := $(VENV)/bin/bloomcrawl
+WORKERS ?= 3
+SPIDER ?= site
+URL ?=
+SERVICE ?=
+.PHONY: up down scale deploy crawl demo status logs e2e
+
 help:
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
 
@@ -30,3 +38,30 @@ lint: venv ## ruff and mypy
 
 bench: venv system-deps ## benchmarks: side-by-side ratios against the seeds' recipe and RedisBloom
 	$(PY) bench/dedup.py
+
+up: venv ## start the cluster with WORKERS=N workers (docker-compose; local processes without Docker)
+	$(BLOOMCRAWL) up --workers $(WORKERS)
+
+down: venv ## stop the cluster and delete its data (KEEP_DATA=1 keeps it)
+	$(BLOOMCRAWL) down $(if $(KEEP_DATA),--keep-data)
+
+scale: venv ## run WORKERS=N workers; `make deploy` then reaches the new ones
+	$(BLOOMCRAWL) scale $(WORKERS)
+
+deploy: venv ## deploy the Scrapy project to every worker; fails if any one fails
+	$(BLOOMCRAWL) deploy
+
+crawl: venv ## crawl URL=... with SPIDER=site on every worker
+	$(BLOOMCRAWL) crawl --spider $(SPIDER) $(URL)
+
+demo: venv ## up, deploy, crawl the demo site, print progress until done, then a summary
+	$(BLOOMCRAWL) demo --workers $(WORKERS)
+
+status: venv ## nodes, jobs, queue, leases, filter fill and estimated false-positive rate
+	$(BLOOMCRAWL) status
+
+logs: venv ## recent logs of the cluster (SERVICE=worker for one service)
+	$(BLOOMCRAWL) logs $(SERVICE)
+
+e2e: venv ## the cluster in real containers: up, deploy, crawls, a killed worker, Prometheus, down
+	tests/e2e/run.sh
