@@ -1,0 +1,358 @@
+"""Prometheus config, alert rules and the Grafana dashboard, checked by the real tools.
+
+promtool checks the config and the rules and runs their unit tests; then a
+real Prometheus (the Debian package's binary) scrapes the real exporter while
+a real ``scrapy crawl site`` crawls the demo site, and every query of every
+dashboard panel and every metric every alert reads returns data from it.
+promtool and prometheus are required: ``make test`` installs them, and these
+tests fail rather than skip without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from bloomcrawl.demo import serve_in_thread
+from cluster_fixtures import ScrapydNode, scrapyd_node_fixture  # noqa: F401  (fixture)
+from conftest import RedisServer, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+MONITORING = ROOT / "monitoring"
+PROMETHEUS_DIR = MONITORING / "prometheus"
+PROMETHEUS_CONFIG = PROMETHEUS_DIR / "prometheus.yml"
+ALERTS = PROMETHEUS_DIR / "alerts.yml"
+RULE_TESTS = sorted((PROMETHEUS_DIR / "tests").glob("*.yml"))
+GRAFANA = MONITORING / "grafana"
+DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
+DATASOURCES = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"
+DASHBOARD_PROVIDER = GRAFANA / "provisioning" / "dashboards" / "bloomcrawl.yml"
+CRAWL_PAGES = 1500
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed; `make test` installs it (Debian package"
+                    " prometheus)")
+    return path
+
+
+def run(cmd: list[str], cwd: Path = ROOT) -> str:
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def alert_names() -> list[str]:
+    return re.findall(r"^\s*- alert:\s*(\S+)", ALERTS.read_text(), re.M)
+
+
+def dashboard_targets(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, expr) of every query of every panel, rows included."""
+    out = []
+    panels = list(dashboard["panels"])
+    while panels:
+        panel = panels.pop(0)
+        panels += panel.get("panels", [])
+        for target in panel.get("targets", []):
+            out.append((panel["title"], target["expr"]))
+    return out
+
+
+def as_prometheus_query(expr: str) -> str:
+    """A panel query with Grafana's variables set as the dashboard's defaults would."""
+    return (expr.replace("$__rate_interval", "1m")
+            .replace("$__interval", "15s")
+            .replace("$spider", ".*"))
+
+
+# --- promtool -------------------------------------------------------------------------
+
+
+def test_promtool_check_config() -> None:
+    out = run([tool("promtool"), "check", "config", str(PROMETHEUS_CONFIG)])
+    assert "SUCCESS" in out and "1 rule files found" in out
+
+
+def test_promtool_check_rules() -> None:
+    out = run([tool("promtool"), "check", "rules", str(ALERTS)])
+    assert f"SUCCESS: {len(alert_names())} rules found" in out
+
+
+def test_promtool_test_rules() -> None:
+    assert RULE_TESTS
+    out = run([tool("promtool"), "test", "rules", *[str(p) for p in RULE_TESTS]],
+              cwd=PROMETHEUS_DIR)
+    assert "SUCCESS" in out and "FAILED" not in out
+
+
+def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
+    names = alert_names()
+    assert len(names) == len(set(names)) >= 6
+    text = "\n".join(p.read_text() for p in RULE_TESTS)
+    # each "alertname: X" case up to the next case
+    cases = re.findall(r"alertname:\s*(\S+)(.*?)(?=\n\s*- eval_time:|\n\s*- name:|\Z)", text, re.S)
+    fires = {name for name, body in cases if "exp_labels" in body}
+    quiet = {name for name, body in cases if re.search(r"exp_alerts:\s*\[\]", body)}
+    assert set(names) - fires == set(), "alerts without a firing test"
+    assert set(names) - quiet == set(), "alerts without a test where they stay quiet"
+    assert {name for name, _ in cases} <= set(names), "tests of alerts that do not exist"
+    for required in ("BloomcrawlFilterNearCapacity", "BloomcrawlFalsePositiveRateAboveTarget",
+                     "BloomcrawlQueueNotDraining", "BloomcrawlWorkerDown",
+                     "BloomcrawlRedisDown", "BloomcrawlExporterDown"):
+        assert required in names
+
+
+def test_prometheus_scrapes_the_exporter_service_and_itself() -> None:
+    text = PROMETHEUS_CONFIG.read_text()
+    assert re.search(r'job_name:\s*bloomcrawl\s*\n\s*static_configs:\s*\n\s*- targets:\s*'
+                     r'\["exporter:9410"\]', text)
+    assert re.search(r'job_name:\s*prometheus\s*\n\s*static_configs:\s*\n\s*- targets:\s*'
+                     r'\["localhost:9090"\]', text)
+
+
+# --- Grafana ---------------------------------------------------------------------------
+
+
+def test_dashboard_is_provisionable_as_is() -> None:
+    datasource_uid = re.search(r"^\s*uid:\s*(\S+)", DATASOURCES.read_text(), re.M)
+    assert datasource_uid is not None
+    provider = DASHBOARD_PROVIDER.read_text()
+    assert re.search(r"^\s*path:\s*/var/lib/grafana/dashboards\s*$", provider, re.M)
+    assert [p.name for p in DASHBOARDS] == ["bloomcrawl-overview.json"]
+    for path in DASHBOARDS:
+        raw = path.read_text()
+        assert "${DS_" not in raw and "__inputs" not in raw and "__requires" not in raw
+        dashboard = json.loads(raw)
+        assert dashboard["uid"] == "bloomcrawl-overview"
+        assert dashboard["title"] == "bloomcrawl overview"
+        assert dashboard.get("id") is None
+        datasources = re.findall(r'"datasource":\s*\{[^}]*"uid":\s*"([^"]+)"', raw)
+        assert datasources and set(datasources) == {datasource_uid.group(1)}
+        ids = [p["id"] for p in dashboard["panels"]]
+        assert len(ids) == len(set(ids))
+        for panel in dashboard["panels"]:
+            assert panel["targets"], panel["title"]
+            grid = panel["gridPos"]
+            assert grid["x"] + grid["w"] <= 24, panel["title"]
+        titles = " | ".join(p["title"] for p in dashboard["panels"]).lower()
+        for wanted in ("fill", "false-positive", "duplicates filtered per second",
+                       "pages per second", "queue and leases", "nodes up", "redis memory"):
+            assert wanted in titles, wanted
+
+
+# --- a real Prometheus, the real exporter, a real crawl -----------------------------------
+
+
+class Prometheus:
+    """A prometheus process this test owns, with the project's config retargeted."""
+
+    def __init__(self, workdir: Path, exporter_port: int) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = PROMETHEUS_CONFIG.read_text()
+        replacements = {
+            '"exporter:9410"': f'"127.0.0.1:{exporter_port}"',
+            '"localhost:9090"': f'"127.0.0.1:{self.port}"',
+            "scrape_interval: 15s": "scrape_interval: 1s",
+            "scrape_timeout: 10s": "scrape_timeout: 1s",
+            "evaluation_interval: 15s": "evaluation_interval: 1s",
+            "  - alerts.yml": f"  - {ALERTS}",
+        }
+        for old, new in replacements.items():
+            assert config.count(old) == 1, f"{old!r} not once in {PROMETHEUS_CONFIG}"
+            config = config.replace(old, new)
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "prometheus.yml").write_text(config)
+        self.log = (workdir / "prometheus.log").open("wb")
+        self.proc = subprocess.Popen(
+            [tool("prometheus"), f"--config.file={workdir / 'prometheus.yml'}",
+             f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir,
+        )
+        self.logfile = workdir / "prometheus.log"
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with _OPENER.open(self.url + "/-/ready", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("prometheus did not start:\n"
+                                     + self.logfile.read_text(errors="replace")[-3000:])
+            time.sleep(0.2)
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"{self.url}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        with _OPENER.open(url, timeout=10) as response:
+            body = json.loads(response.read())
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        data = self.api("query", query=expr)
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def wait_for(self, expr: str, timeout: float = 60) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.query(expr)
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no data for {expr!r} within {timeout} s")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+
+def start_process(cmd: list[str], log: Path, *, cwd: Path, env: dict[str, str]
+                  ) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@pytest.fixture
+def monitored_crawl(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis,
+    scrapyd_node: ScrapydNode,
+) -> Iterator[tuple[Prometheus, subprocess.Popen[bytes], str]]:
+    """Demo site + ``scrapy crawl site`` + exporter + Prometheus, all on 127.0.0.1."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SCRAPYD_", "BLOOMCRAWL_", "REDIS_"))}
+    env["HOME"] = str(tmp_path / "home")
+    env["PYTHONPATH"] = str(ROOT / "crawler")
+    env.pop("SCRAPY_SETTINGS_MODULE", None)
+    closed_node = f"127.0.0.1:{free_port()}"
+    exporter_port = free_port()
+    site = serve_in_thread(pages=CRAWL_PAGES, delay_ms=10)
+    processes: list[subprocess.Popen[bytes]] = []
+    prometheus: Prometheus | None = None
+    try:
+        processes.append(start_process(
+            [sys.executable, "-m", "bloomcrawl.exporter", "--port", str(exporter_port),
+             "--bind", "127.0.0.1", "--redis-url", redis_server.url,
+             "--scrapyd-nodes", f"{scrapyd_node.url},{closed_node}"],
+            tmp_path / "exporter.log", cwd=tmp_path,
+            env={**env, "SCRAPYD_USERNAME": scrapyd_node.username,
+                 "SCRAPYD_PASSWORD": scrapyd_node.password}))
+        prometheus = Prometheus(tmp_path / "prometheus", exporter_port)
+        prometheus.wait_ready()
+        prometheus.wait_for('up{job="bloomcrawl"} == 1')
+
+        redis_client.rpush("site:start_urls", site.url)
+        settings = {
+            "REDIS_URL": redis_server.url, "MAX_IDLE_TIME_BEFORE_CLOSE": "4",
+            "REMOTE_CONTROL_ENABLED": "False", "TELNETCONSOLE_ENABLED": "False",
+            "ROBOTSTXT_OBEY": "False", "BLOOMFILTER_CAPACITY": "3000",
+            "CONCURRENT_REQUESTS": "2", "LOG_LEVEL": "INFO",
+        }
+        cmd = [sys.executable, "-m", "scrapy", "crawl", "site"]
+        for name, value in settings.items():
+            cmd += ["-s", f"{name}={value}"]
+        worker = start_process(cmd, tmp_path / "worker.log", cwd=ROOT / "crawler", env=env)
+        processes.append(worker)
+        yield prometheus, worker, closed_node
+    finally:
+        for proc in reversed(processes):
+            stop_process(proc)
+        if prometheus is not None:
+            prometheus.stop()
+        site.stop()
+
+
+def test_every_panel_and_alert_query_returns_data_from_a_real_crawl(
+    monitored_crawl: tuple[Prometheus, subprocess.Popen[bytes], str],
+) -> None:
+    prometheus, worker, closed_node = monitored_crawl
+    # the crawl is under way, seen through the exporter by Prometheus
+    prometheus.wait_for('bloomcrawl_pages_total{spider="site"} > 0', timeout=90)
+    prometheus.wait_for('bloomcrawl_queue_requests{spider="site"} > 0', timeout=30)
+    prometheus.wait_for('bloomcrawl_filter_duplicates_total{spider="site"} > 0')
+    prometheus.wait_for('count_over_time(bloomcrawl_pages_total{spider="site"}[1m]) >= 5')
+    assert worker.poll() is None, "the crawl ended before Prometheus saw it running"
+    assert prometheus.query('rate(bloomcrawl_pages_total{spider="site"}[1m]) > 0')
+
+    # every query of every panel
+    for path in DASHBOARDS:
+        dashboard = json.loads(path.read_text())
+        for title, expr in dashboard_targets(dashboard):
+            query = as_prometheus_query(expr)
+            assert "$" not in query, (title, query)
+            assert prometheus.query(query), f"panel {title!r}: no data for {query!r}"
+        for variable in dashboard["templating"]["list"]:
+            match = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", variable["definition"])
+            assert match, variable["definition"]
+            values = prometheus.api(f"label/{match.group(2)}/values",
+                                    **{"match[]": match.group(1)})
+            assert "site" in values
+
+    # every alert: loaded from the project's rule file, evaluated without error, and every
+    # series it reads has data (its threshold may legitimately leave the result empty)
+    rules = {r["name"]: r for g in prometheus.api("rules")["groups"] for r in g["rules"]}
+    assert set(rules) == set(alert_names())
+    deadline = time.monotonic() + 30
+    while any(r["lastEvaluation"].startswith("0001") for r in rules.values()):
+        assert time.monotonic() < deadline, "rules never evaluated"
+        time.sleep(0.5)
+        rules = {r["name"]: r for g in prometheus.api("rules")["groups"] for r in g["rules"]}
+    for name, rule in rules.items():
+        assert rule["health"] == "ok", (name, rule.get("lastError"))
+        prometheus.query(rule["query"])  # a valid query
+        selectors = re.findall(r"\b((?:bloomcrawl_\w+|up)(?:\{[^}]*\})?)", rule["query"])
+        assert selectors, name
+        for selector in selectors:
+            assert prometheus.query(selector), f"alert {name}: no data for {selector!r}"
+    # the closed port is a worker down, seen by the rule on real data
+    worker_down = prometheus.query(rules["BloomcrawlWorkerDown"]["query"])
+    assert [r["metric"]["node"] for r in worker_down] == [closed_node]
+    alerts = prometheus.api("alerts")["alerts"]
+    assert any(a["labels"]["alertname"] == "BloomcrawlWorkerDown"
+               and a["labels"]["node"] == closed_node for a in alerts)
+
+    # the crawl completes and Prometheus's last word agrees with it
+    assert worker.wait(120) == 0
+    prometheus.wait_for(f'bloomcrawl_pages_total{{spider="site"}} == {CRAWL_PAGES}')
+    prometheus.wait_for('bloomcrawl_queue_requests{spider="site"} == 0')
+    prometheus.wait_for('bloomcrawl_leased_requests{spider="site"} == 0')
