@@ -29,13 +29,16 @@ class Worker:
     """One ``scrapy crawl`` process; its log goes to a file."""
 
     def __init__(self, name: str, redis_url: str, workdir: Path, settings: dict[str, Any],
-                 spider: str = "site", env: dict[str, str] | None = None) -> None:
+                 spider: str = "site", env: dict[str, str] | None = None,
+                 args: dict[str, str] | None = None) -> None:
         self.name = name
         self.log = workdir / ("%s.log" % name)
         workdir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "scrapy", "crawl", spider, "-s", "REDIS_URL=" + redis_url]
         for key, value in {**BASE_SETTINGS, **settings}.items():
             cmd += ["-s", "%s=%s" % (key, value)]
+        for key, value in (args or {}).items():
+            cmd += ["-a", "%s=%s" % (key, value)]
         full_env = dict(env or os.environ)
         full_env["HOME"] = str(workdir / "home")
         full_env["PYTHONPATH"] = os.pathsep.join([str(CRAWLER), str(ROOT / "tests")])

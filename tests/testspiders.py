@@ -18,3 +18,27 @@ class SiteWithBadRequest(SiteSpider):
         yield from super().parse(response, **kwargs)
         if response.meta.get("depth", 0) == 0:
             yield scrapy.Request(response.urljoin("/never"), meta={"handle": object()})
+
+
+class LinkSpider(scrapy.Spider):
+    """Follows every link from ``start_url``; for the dupefilter under other schedulers."""
+
+    name = "links"
+
+    def __init__(self, *args: Any, start_url: str = "", max_links: str = "0",
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.start_url = start_url
+        self.max_links = int(max_links)
+
+    async def start(self) -> Any:
+        yield scrapy.Request(self.start_url, dont_filter=True)
+
+    def parse(self, response: scrapy.http.Response, **kwargs: Any) -> Any:
+        from scrapy.linkextractors import LinkExtractor
+
+        links = LinkExtractor().extract_links(response)
+        if self.max_links:
+            links = links[: self.max_links]
+        for link in links:
+            yield response.follow(link.url)

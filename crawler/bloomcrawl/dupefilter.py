@@ -31,13 +31,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def bloom_from_settings(server: Any, settings: BaseSettings, spider_name: str) -> bloom.BloomFilter:
-    """Open (or create) the spider's filter as the BLOOMFILTER_* settings say."""
-    pattern = settings.get("BLOOMFILTER_KEY") or keys.DEFAULT_FILTER_KEY
-    try:
-        key = keys.spider_key(pattern, spider_name)
-    except (KeyError, ValueError, TypeError) as exc:
-        raise SettingError("BLOOMFILTER_KEY %r: %s" % (pattern, exc)) from exc
+def filter_options(settings: BaseSettings) -> dict[str, Any]:
+    """The BLOOMFILTER_* settings, checked; raises before anything touches Redis."""
     capacity = get_int(settings, "BLOOMFILTER_CAPACITY", bloom.DEFAULT_CAPACITY, minimum=1)
     error_rate = get_float(settings, "BLOOMFILTER_ERROR_RATE", bloom.DEFAULT_ERROR_RATE, 0, 1)
     bit_exponent = get_optional_int(settings, "BLOOMFILTER_BIT")
@@ -46,17 +41,40 @@ def bloom_from_settings(server: Any, settings: BaseSettings, spider_name: str) -
         # the seeds' recipe defaults the other one; so do we
         bit_exponent = 30 if bit_exponent is None else bit_exponent
         hashes = 6 if hashes is None else hashes
-    return bloom.BloomFilter(
-        server,
-        key,
-        capacity=capacity,
-        error_rate=error_rate,
-        partitions=get_int(settings, "BLOOMFILTER_PARTITIONS", bloom.DEFAULT_PARTITIONS, 1),
-        growth=get_float(settings, "BLOOMFILTER_GROWTH", bloom.DEFAULT_GROWTH, 1, None),
-        tightening=get_float(settings, "BLOOMFILTER_TIGHTENING", bloom.DEFAULT_TIGHTENING, 0, 1),
-        bit_exponent=bit_exponent,
-        hashes=hashes,
-    )
+    options: dict[str, Any] = {
+        "capacity": capacity,
+        "error_rate": error_rate,
+        "partitions": get_int(settings, "BLOOMFILTER_PARTITIONS", bloom.DEFAULT_PARTITIONS, 1),
+        "growth": get_float(settings, "BLOOMFILTER_GROWTH", bloom.DEFAULT_GROWTH, 1, None),
+        "tightening": get_float(settings, "BLOOMFILTER_TIGHTENING", bloom.DEFAULT_TIGHTENING,
+                                0, 1),
+        "bit_exponent": bit_exponent,
+        "hashes": hashes,
+    }
+    try:
+        if bit_exponent is not None and hashes is not None:
+            bloom.FilterParams.fixed(bit_exponent, hashes, partitions=options["partitions"],
+                                     growth=options["growth"], tightening=options["tightening"])
+        else:
+            bloom.FilterParams(capacity=capacity, error_rate=error_rate,
+                               partitions=options["partitions"], growth=options["growth"],
+                               tightening=options["tightening"])
+    except bloom.InvalidFilterParameters as exc:
+        raise SettingError("BLOOMFILTER_* settings: %s" % exc) from exc
+    return options
+
+
+def filter_key(settings: BaseSettings, spider_name: str) -> str:
+    pattern = settings.get("BLOOMFILTER_KEY") or keys.DEFAULT_FILTER_KEY
+    try:
+        return keys.spider_key(pattern, spider_name)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise SettingError("BLOOMFILTER_KEY %r: %s" % (pattern, exc)) from exc
+
+
+def bloom_from_settings(server: Any, settings: BaseSettings, spider_name: str) -> bloom.BloomFilter:
+    """Open (or create) the spider's filter as the BLOOMFILTER_* settings say."""
+    return bloom.BloomFilter(server, filter_key(settings, spider_name), **filter_options(settings))
 
 
 class RedisBloomDupeFilter(BaseDupeFilter):
@@ -82,6 +100,8 @@ class RedisBloomDupeFilter(BaseDupeFilter):
     def from_crawler(cls, crawler: Crawler) -> RedisBloomDupeFilter:
         settings = crawler.settings
         name = crawler.spider.name if crawler.spider is not None else settings.get("BOT_NAME")
+        filter_options(settings)
+        filter_key(settings, name)
         server = redis_from_settings(settings)
         return cls(
             bloom_from_settings(server, settings, name),

@@ -41,7 +41,7 @@ from bloomcrawl.connection import (
     get_int,
     redis_from_settings,
 )
-from bloomcrawl.dupefilter import bloom_from_settings
+from bloomcrawl.dupefilter import bloom_from_settings, filter_key, filter_options
 from bloomcrawl.serialization import (
     LEASE_META_KEY,
     UnserializableRequest,
@@ -194,15 +194,12 @@ class Scheduler:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
         settings = crawler.settings
-        server = redis_from_settings(settings)
+        # every setting is checked before anything touches Redis
         queue_pattern = settings.get("SCHEDULER_QUEUE_KEY") or keys.DEFAULT_QUEUE_KEY
-        queue_type = queue_type_from_settings(
-            settings.get("SCHEDULER_QUEUE_CLASS") or "priority")
-        return cls(
-            server,
-            crawler,
+        options = dict(
             queue_pattern=queue_pattern,
-            queue_type=queue_type,
+            queue_type=queue_type_from_settings(
+                settings.get("SCHEDULER_QUEUE_CLASS") or "priority"),
             persist=settings.getbool("SCHEDULER_PERSIST", True),
             flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START", False),
             lease_timeout=get_float(settings, "SCHEDULER_LEASE_TIMEOUT", 30.0, 0, None),
@@ -210,6 +207,14 @@ class Scheduler:
             max_idle=get_float(settings, "MAX_IDLE_TIME_BEFORE_CLOSE", 0.0, -1e-9, None),
             prefetch=get_int(settings, "SCHEDULER_PREFETCH", 1, minimum=1),
         )
+        filter_options(settings)
+        if crawler.spider is not None:
+            filter_key(settings, crawler.spider.name)
+            try:
+                keys.spider_key(queue_pattern, crawler.spider.name)
+            except (KeyError, ValueError, TypeError) as exc:
+                raise SettingError("SCHEDULER_QUEUE_KEY %r: %s" % (queue_pattern, exc)) from exc
+        return cls(redis_from_settings(settings), crawler, **options)  # type: ignore[arg-type]
 
     # -- life cycle -----------------------------------------------------
 

@@ -17,7 +17,6 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 SCHEDULER = "bloomcrawl.scheduler.Scheduler"
 DUPEFILTER_CLASS = "bloomcrawl.dupefilter.RedisBloomDupeFilter"
 SCHEDULER_PERSIST = True
-SCHEDULER_QUEUE_CLASS = "priority"
 SCHEDULER_LEASE_TIMEOUT = 30
 MAX_IDLE_TIME_BEFORE_CLOSE = int(os.environ.get("MAX_IDLE_TIME_BEFORE_CLOSE", "0"))
 
