@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crawl_helpers import Worker, run_workers
 from scrapy import Request, Spider
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
@@ -14,6 +13,8 @@ from scrapy.utils.test import get_crawler
 from bloomcrawl.bloom import RedisUnavailableError
 from bloomcrawl.connection import SettingError
 from bloomcrawl.dupefilter import RedisBloomDupeFilter
+
+from crawl_helpers import Worker, run_workers
 
 
 class QueryBlindFingerprinter:
@@ -76,7 +77,8 @@ def test_invalid_settings_fail_before_touching_redis(closed_port_url, settings, 
 
 
 def test_unreachable_redis_names_the_url(closed_port_url) -> None:
-    with pytest.raises(RedisUnavailableError, match="cannot reach Redis at redis://127.0.0.1"):
+    with pytest.raises(RedisUnavailableError,
+                       match=r"cannot reach Redis at redis://127\.0\.0\.1"):
         make_dupefilter(closed_port_url)
 
 

@@ -13,8 +13,9 @@ Layout (key names in :mod:`bloomcrawl.keys`):
   ``error_rate`` however many slices are added.
 * Within a slice, all k bits of an item lie in one block of
   :data:`BLOCK_BITS` bits (a blocked Bloom filter), one bit in each of k
-  lanes of the block: one read and at most one write per item instead of k. Slices are sized with the blocked filter's own
-  false-positive formula, so the target holds despite the blocking.
+  lanes of the block: one read and at most one write per item instead of k.
+  Slices are sized with the blocked filter's own false-positive formula, so
+  the target holds despite the blocking.
 * Slices are stored in chunks of at most ``chunk_bytes`` (well below Redis's
   512 MiB string limit). ``bits_set`` is counted exactly by the same call.
 """
@@ -341,9 +342,11 @@ class LuaScript:
             return client.evalsha(self.sha, len(keys_), *keys_, *args)
 
     def queue(self, pipe: Pipeline, keys_: Sequence[str], args: Sequence[Any]) -> None:
-        pipe.execute_command("EVALSHA", self.sha, len(keys_), *keys_, *args)
+        pipe.execute_command("EVALSHA", self.sha, len(keys_), *keys_, *args)  # type: ignore[no-untyped-call]
 
-    def run_many(self, client: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+    def run_many(
+        self, client: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
         """Run several calls in one pipeline (one network round trip)."""
         if len(calls) == 1:
             return [self(client, *calls[0])]
@@ -396,7 +399,7 @@ class BloomFilter:
             if bit_exponent is None or hashes is None:
                 raise InvalidFilterParameters(
                     "BLOOMFILTER_BIT and BLOOMFILTER_HASH_NUMBER go together: set both or neither")
-            params = FilterParams.fixed(bit_exponent, hashes, **common)  # type: ignore[arg-type]
+            params = FilterParams.fixed(bit_exponent, hashes, **common)
         else:
             params = FilterParams(capacity=capacity, error_rate=error_rate,
                                   **common)  # type: ignore[arg-type]

@@ -57,7 +57,7 @@ except ImportError:  # Scrapy < 2.14
     from twisted.internet.task import LoopingCall as create_looping_call  # type: ignore[assignment]
 
     def call_later(delay: float, func: Any, *args: Any) -> Any:  # type: ignore[misc]
-        return _reactor.callLater(delay, func, *args)  # type: ignore[attr-defined]
+        return _reactor.callLater(delay, func, *args)  # type: ignore[arg-type]
 
 
 if TYPE_CHECKING:
@@ -264,12 +264,12 @@ class Scheduler:
         """Tell the exporter and CLI where this spider's keys are; refuse a queue-type change."""
         assert self.frontier is not None
         f = self.frontier
-        stored = self.server.hget(f.meta, "queue_type")
-        if stored is not None and stored.decode() != self.queue_type and self._queue_size() > 0:
+        raw: bytes | None = self.server.hget(f.meta, "queue_type")  # type: ignore[assignment]
+        stored = raw.decode() if raw is not None else None
+        if stored is not None and stored != self.queue_type and self._queue_size() > 0:
             raise SettingError(
                 "SCHEDULER_QUEUE_CLASS: the queue %r holds a %s queue, asked for %s; finish or"
-                " flush it first (SCHEDULER_FLUSH_ON_START)"
-                % (f.queue, stored.decode(), self.queue_type))
+                " flush it first (SCHEDULER_FLUSH_ON_START)" % (f.queue, stored, self.queue_type))
         self.server.hset(f.meta, mapping={
             "spider": f.spider, "queue": f.queue, "queue_type": self.queue_type,
             "stats": f.stats, "start_urls": f.start_urls, "items": f.items,
@@ -586,7 +586,8 @@ class Scheduler:
 
     def _read_start_urls(self, most: int = 100) -> bool:
         f = self._frontier()
-        entries = self.server.lpop(f.start_urls, most)
+        entries: list[bytes] | None = self.server.lpop(  # type: ignore[assignment]
+            f.start_urls, most)
         if not entries:
             return False
         for raw in entries:
