@@ -317,6 +317,11 @@ def redis_client(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.Redi
 # --- command line -----------------------------------------------------------------
 
 
+def _warm_up(collector: ClusterCollector) -> None:
+    for _ in collector.collect():
+        pass
+
+
 def _env(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name)
     return value if value not in (None, "") else default
@@ -412,12 +417,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         password=args.scrapyd_password,
         timeout=args.scrapyd_timeout,
     )
-    registry = build_registry(ClusterCollector(client, scrapyd=nodes))
+    collector = ClusterCollector(client, scrapyd=nodes)
+    registry = build_registry(collector)
     if args.once:
         sys.stdout.write(generate_latest(registry).decode())
         client.close()
         return 0
 
+    # A filter's slice plan takes a few hundred ms to compute the first time (then it
+    # is cached): one collect before listening keeps that out of the first scrape.
+    _warm_up(collector)
     try:
         server, thread = start_http_server(args.port, addr=args.bind, registry=registry)
     except OSError as exc:
