@@ -134,9 +134,9 @@ fi
 
 if [ "$offline" = 1 ]; then
     build_offline_base
-    have_image "$OFFLINE_REDIS" || docker build -q -t "$OFFLINE_REDIS" \
+    have_image "$OFFLINE_REDIS" || docker build -q --force-rm -t "$OFFLINE_REDIS" \
         --build-arg BASE_IMAGE="$OFFLINE_BASE" -f deploy/redis.Dockerfile deploy >/dev/null
-    have_image "$OFFLINE_PROMETHEUS" || docker build -q -t "$OFFLINE_PROMETHEUS" \
+    have_image "$OFFLINE_PROMETHEUS" || docker build -q --force-rm -t "$OFFLINE_PROMETHEUS" \
         --build-arg BASE_IMAGE="$OFFLINE_BASE" -f deploy/prometheus.Dockerfile deploy >/dev/null
     build_wheelhouse
     set_env_value WORKER_BASE_IMAGE "$OFFLINE_BASE"
@@ -147,4 +147,4 @@ if [ "$offline" = 1 ]; then
 fi
 
 echo "building the worker image"
-docker-compose --env-file "$ENV_FILE" build -q worker
+docker-compose --env-file "$ENV_FILE" build -q --force-rm worker

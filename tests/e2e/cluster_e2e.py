@@ -1,0 +1,385 @@
+"""The cluster end to end, in real containers: what `make e2e` runs (via run.sh).
+
+1. ``make up WORKERS=3``; every container healthy; ``make deploy`` reaches the
+   three workers, and a deploy including an unreachable node fails.
+2. ``make demo``: the 2,000-page demo site is crawled, every page exactly once
+   (the site counts its hits), and each of the three workers did some of it.
+3. A second crawl from scratch; one worker container is killed mid-crawl: still
+   every page crawled (its leases expire and go back to the queue).
+4. ``make scale WORKERS=4`` then ``make deploy`` reaches the new worker too.
+5. Prometheus has scraped the exporter's metrics.
+6. ``make down`` leaves no container, network or volume of the project.
+
+The cluster runs as its own compose project with its own .env, state
+directory and free ports, so a developer's cluster is left alone. Prints one
+line per check and ends with "N passed, M failed".
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "crawler"))
+
+from bloomcrawl import cli  # noqa: E402
+
+PROJECT = "bloomcrawl-e2e"
+WORK = ROOT / ".run" / "e2e"
+ENV_FILE = WORK / ".env"
+STATE_DIR = WORK / "state"
+PAGES = 2000
+WORKERS = 3
+BUDGET = 14 * 60  # the whole test, cold, on 2 cores
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+STARTED = time.monotonic()
+
+results: list[tuple[str, bool, str]] = []
+
+
+def log(message: str) -> None:
+    sys.stdout.write("[e2e %4.0fs] %s\n" % (time.monotonic() - STARTED, message))
+    sys.stdout.flush()
+
+
+def check(name: str, func: Callable[[], str | None]) -> bool:
+    """Run one check; record and print its outcome."""
+    started = time.monotonic()
+    try:
+        detail = func() or ""
+        ok = True
+    except Exception as exc:  # a failed check, whatever raised
+        detail = "%s: %s" % (type(exc).__name__, exc)
+        if not isinstance(exc, AssertionError):
+            detail += "\n" + traceback.format_exc(limit=3)
+        ok = False
+    took = time.monotonic() - started
+    results.append((name, ok, detail))
+    log("%s %s (%.0fs)%s" % ("PASS" if ok else "FAIL", name, took,
+                             ": " + detail if detail else ""))
+    return ok
+
+
+def skip(name: str, reason: str) -> None:
+    results.append((name, False, "not run: " + reason))
+    log("FAIL %s: not run: %s" % (name, reason))
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        BLOOMCRAWL_ENV_FILE=str(ENV_FILE),
+        BLOOMCRAWL_STATE_DIR=str(STATE_DIR),
+        BLOOMCRAWL_ROOT=str(ROOT),
+    )
+    return env
+
+
+def make(*targets: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """A make target, its output echoed; raises when it fails."""
+    remaining = BUDGET - (time.monotonic() - STARTED)
+    timeout = max(30.0, min(timeout, remaining))
+    log("$ make %s" % " ".join(targets))
+    proc = subprocess.run(["make", "--no-print-directory", *targets], cwd=ROOT,
+                          env=environment(), text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=timeout)
+    for line in proc.stdout.splitlines():
+        if "DEPRECATED: The legacy builder" in line or "buildx" in line or not line.strip():
+            continue
+        sys.stdout.write("    " + line + "\n")
+    sys.stdout.flush()
+    if proc.returncode != 0:
+        raise AssertionError("make %s exited %d" % (" ".join(targets), proc.returncode))
+    return proc
+
+
+def bloomcrawl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(ROOT / ".venv" / "bin" / "bloomcrawl"), *args], cwd=ROOT,
+                          env=environment(), text=True, capture_output=True, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_range(size: int) -> int:
+    """The first port of ``size`` consecutive free ports."""
+    for base in range(16800, 30000, 100):
+        if all(cli.port_is_free(base + i) for i in range(size)):
+            return base
+    raise RuntimeError("no %d consecutive free ports" % size)
+
+
+def env_values() -> dict[str, str]:
+    return cli.read_env_file(ENV_FILE)
+
+
+def docker_json(*args: str) -> Any:
+    out = subprocess.run(["docker", *args], text=True, capture_output=True, check=True,
+                         timeout=60).stdout
+    return json.loads(out)
+
+
+def project_resources() -> dict[str, list[str]]:
+    label = "label=com.docker.compose.project=%s" % PROJECT
+    found = {}
+    for kind, cmd in (("containers", ["ps", "-a"]), ("networks", ["network", "ls"]),
+                      ("volumes", ["volume", "ls"])):
+        out = subprocess.run(["docker", *cmd, "-q", "--filter", label], text=True,
+                             capture_output=True, check=True, timeout=60).stdout
+        found[kind] = out.split()
+    return found
+
+
+def compose_down_leftovers() -> None:
+    """A previous run that died may have left its cluster: remove it first."""
+    if ENV_FILE.exists() and any(project_resources().values()):
+        log("removing the cluster a previous run left")
+        make("down", timeout=180)
+
+
+def write_env_file() -> None:
+    WORK.mkdir(parents=True, exist_ok=True)
+    base = free_range(20)
+    values = {
+        "COMPOSE_PROJECT_NAME": PROJECT,
+        "REDIS_PORT": str(free_port()),
+        "EXPORTER_PORT": str(free_port()),
+        "PROMETHEUS_PORT": str(free_port()),
+        "GRAFANA_PORT": str(free_port()),
+        "DEMO_PORT": str(free_port()),
+        "WORKER_PORTS": "%d-%d" % (base, base + 19),
+        "DEMO_PAGES": str(PAGES),
+    }
+    ENV_FILE.write_text("# the e2e test's cluster (tests/e2e/cluster_e2e.py)\n" + "".join(
+        "%s=%s\n" % item for item in values.items()))
+
+
+def target() -> cli.Target:
+    paths = cli.Paths(ROOT, ENV_FILE, STATE_DIR)
+    return cli.resolve_target(_namespace(), paths, need_nodes=True)
+
+
+def _namespace() -> Any:
+    import argparse
+    return argparse.Namespace(nodes=None, scrapyd_service=None, username=None, redis_url=None)
+
+
+def demo_url(path: str) -> str:
+    return "http://127.0.0.1:%s/%s" % (env_values()["DEMO_PORT"], path)
+
+
+def demo_stats() -> dict[str, Any]:
+    with OPENER.open(demo_url("__stats"), timeout=10) as response:
+        data: dict[str, Any] = json.loads(response.read())
+    return data
+
+
+def latest_finished_jobs(t: cli.Target) -> dict[str, dict[str, Any]]:
+    """Each node's most recently finished job of the site spider."""
+    latest = {}
+    for node in t.nodes:
+        jobs = node.request("listjobs.json?project=bloomcrawl")["finished"]
+        jobs = [j for j in jobs if j.get("spider") == "site"]
+        if jobs:
+            latest[node.url] = max(jobs, key=lambda j: j.get("end_time") or "")
+    return latest
+
+
+def responses_in_log(node: cli.Node, log_url: str) -> int:
+    request = urllib.request.Request(node.url + log_url)
+    token = base64.b64encode(("%s:%s" % (node.username, node.password)).encode()).decode()
+    request.add_header("Authorization", "Basic " + token)
+    with OPENER.open(request, timeout=30) as response:
+        text = response.read().decode(errors="replace")
+    counts = re.findall(r"'response_received_count': (\d+)", text)
+    return int(counts[-1]) if counts else 0
+
+
+# --- the checks -------------------------------------------------------------------
+
+
+def check_up() -> str:
+    started = time.monotonic()
+    make("up", "WORKERS=%d" % WORKERS, timeout=900)
+    took = time.monotonic() - started
+    nodes = target().nodes
+    assert len(nodes) == WORKERS, "expected %d workers, found %s" % (WORKERS, nodes)
+    for c in cli.Compose(cli.Paths(ROOT, ENV_FILE, STATE_DIR)).containers():
+        health = (c["State"].get("Health") or {}).get("Status")
+        assert health in (None, "healthy"), "%s is %s" % (c["Name"], health)
+        for binding in (c["NetworkSettings"].get("Ports") or {}).values():
+            for b in binding or []:
+                assert b["HostIp"] == "127.0.0.1", "%s publishes on %s" % (c["Name"], b)
+    return "%d workers healthy, every port on 127.0.0.1; make up took %.0fs" % (len(nodes), took)
+
+
+def check_deploy() -> str:
+    make("deploy", timeout=180)
+    t = target()
+    for node in t.nodes:
+        projects = node.request("listprojects.json")["projects"]
+        assert "bloomcrawl" in projects, "%s has %s" % (node.url, projects)
+        spiders = node.request("listspiders.json?project=bloomcrawl")["spiders"]
+        assert "site" in spiders, "%s lists %s" % (node.url, spiders)
+    nodes = ",".join([n.url for n in t.nodes] + ["http://127.0.0.1:%d" % free_port()])
+    bad = bloomcrawl("deploy", "--nodes", nodes)
+    assert bad.returncode == 1, "a deploy with an unreachable node exited %d" % bad.returncode
+    return "project and spider on all %d workers; an unreachable node fails the deploy" % len(
+        t.nodes)
+
+
+def check_demo_crawl() -> str:
+    make("demo", "WORKERS=%d" % WORKERS, timeout=600)
+    stats = demo_stats()
+    assert stats["pages"] == PAGES, stats["pages"]
+    assert stats["missing"] == 0, "%d pages never crawled" % stats["missing"]
+    assert stats["duplicates"] == 0, "%d extra fetches: %s" % (
+        stats["duplicates"], {p: n for p, n in stats["hits"].items() if n > 1})
+    t = target()
+    jobs = latest_finished_jobs(t)
+    per_node = {}
+    for node in t.nodes:
+        job = jobs.get(node.url)
+        assert job, "%s finished no site job" % node.url
+        per_node[node.url] = responses_in_log(node, job["log_url"])
+    assert all(n > 0 for n in per_node.values()), "a worker did nothing: %s" % per_node
+    return "all %d pages exactly once; responses per worker: %s" % (
+        PAGES, ", ".join(str(n) for n in per_node.values()))
+
+
+def check_killed_worker() -> str:
+    t = target()
+    client = t.redis()
+    cli.clear_spider(client, "site")
+    OPENER.open(urllib.request.Request(demo_url("__reset"), data=b"", method="POST"),
+                timeout=10).close()
+    jobs = cli.schedule_on(t.nodes, "bloomcrawl", "site",
+                           [("MAX_IDLE_TIME_BEFORE_CLOSE", "10")], [("allowed_domains", "demo")])
+    cli.seed(client, "site", ["http://demo:8000/"])
+    compose = cli.Compose(cli.Paths(ROOT, ENV_FILE, STATE_DIR))
+    victim = next(c for c in compose.containers("worker")
+                  if c["Config"]["Labels"].get("com.docker.compose.container-number") == "2")
+    port = victim["NetworkSettings"]["Ports"]["6800/tcp"][0]["HostPort"]
+    victim_url = "http://127.0.0.1:%s" % port
+    deadline = time.monotonic() + 120
+    pages = 0
+    while pages < PAGES // 5:
+        assert time.monotonic() < deadline, "the crawl did not start (%d pages)" % pages
+        pages = int(client.hget("site:stats", "pages") or 0)
+        time.sleep(0.1)
+    subprocess.run(["docker", "kill", victim["Id"]], check=True, capture_output=True,
+                   timeout=60)
+    log("killed %s (%s) at %d pages" % (victim["Name"].lstrip("/"), victim_url, pages))
+    survivors = {url: job for url, job in jobs.items() if url != victim_url}
+    assert len(survivors) == WORKERS - 1, (jobs, victim_url)
+    alive = cli.Target(t.redis_url, [n for n in t.nodes if n.url in survivors], None, None)
+    deadline = time.monotonic() + 300
+    while True:
+        states = cli.job_states(alive, "bloomcrawl", survivors)
+        if all(s == "finished" for s in states.values()):
+            break
+        assert time.monotonic() < deadline, "jobs not finished after 300s: %s" % states
+        time.sleep(2)
+    stats = demo_stats()
+    requeued = int(client.hget("site:stats", "requeued") or 0)
+    assert stats["missing"] == 0, "%d pages never crawled after the kill" % stats["missing"]
+    return "every page crawled; %d fetched again (in flight on the killed worker), %d leases" \
+           " requeued" % (stats["duplicates"], requeued)
+
+
+def check_scale() -> str:
+    make("scale", "WORKERS=%d" % (WORKERS + 1), timeout=300)
+    out = make("deploy", timeout=180).stdout
+    expected = "to %d of %d node(s)" % (WORKERS + 1, WORKERS + 1)
+    assert expected in out, "deploy after scaling: %r" % out[-300:]
+    return "make deploy reached all %d workers after make scale" % (WORKERS + 1)
+
+
+def prometheus_query(query: str) -> list[dict[str, Any]]:
+    url = "http://127.0.0.1:%s/api/v1/query?%s" % (
+        env_values()["PROMETHEUS_PORT"], urllib.parse.urlencode({"query": query}))
+    with OPENER.open(url, timeout=10) as response:
+        answer = json.loads(response.read())
+    assert answer["status"] == "success", answer
+    result: list[dict[str, Any]] = answer["data"]["result"]
+    return result
+
+
+def check_prometheus() -> str:
+    queries = {
+        "up": 'up{job="bloomcrawl"}',
+        "pages": 'bloomcrawl_pages_total{spider="site"}',
+        "nodes": "bloomcrawl_scrapyd_nodes",
+        "filter": 'bloomcrawl_filter_items{spider="site"}',
+    }
+    deadline = time.monotonic() + 120
+    while True:
+        values = {}
+        for name, query in queries.items():
+            result = prometheus_query(query)
+            if result:
+                values[name] = float(result[0]["value"][1])
+        if (len(values) == len(queries) and values["up"] == 1
+                and values["pages"] >= PAGES and values["filter"] >= PAGES):
+            break
+        assert time.monotonic() < deadline, "after 120s Prometheus has %s" % values
+        time.sleep(3)
+    return "exporter up; pages_total %d, filter items %d, scrapyd nodes %d" % (
+        values["pages"], values["filter"], values["nodes"])
+
+
+def check_down() -> str:
+    make("down", timeout=180)
+    left = project_resources()
+    assert not any(left.values()), "left behind: %s" % left
+    return "no container, network or volume of %s left" % PROJECT
+
+
+def main() -> int:
+    log("e2e: compose project %s, state in %s" % (PROJECT, WORK))
+    compose_down_leftovers()
+    write_env_file()
+    up = False
+    try:
+        up = check("make up WORKERS=3: every container healthy", check_up)
+        deployed = up and check("make deploy reaches every worker, fails on any failure",
+                                check_deploy)
+        if deployed:
+            check("2,000-page crawl: every page exactly once, every worker worked",
+                  check_demo_crawl)
+            check("a worker killed mid-crawl: every page still crawled", check_killed_worker)
+            check("make scale WORKERS=4, then make deploy reaches the new worker", check_scale)
+        else:
+            for name in ("2,000-page crawl", "a worker killed mid-crawl", "make scale"):
+                skip(name, "no deployed cluster")
+        if up:
+            check("Prometheus has the exporter's metrics", check_prometheus)
+        else:
+            skip("Prometheus has the exporter's metrics", "no cluster")
+    finally:
+        check("make down leaves no container, network or volume", check_down)
+    passed = sum(1 for _, ok, _ in results if ok)
+    failed = len(results) - passed
+    log("took %.0fs" % (time.monotonic() - STARTED))
+    sys.stdout.write("%d passed, %d failed\n" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
