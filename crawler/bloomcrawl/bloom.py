@@ -27,6 +27,7 @@ import json
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -49,6 +50,11 @@ DEFAULT_TIGHTENING = 0.4
 DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024
 MAX_SLICES = 24
 MAX_CHUNK_BYTES = 256 * 1024 * 1024
+#: "bitmap": plain Redis strings and Lua, any Redis; "redisbloom": the bf module's
+#: BF.MADD inside the same atomic scripts; "auto" picks redisbloom when loaded
+BACKENDS = ("bitmap", "redisbloom")
+#: RedisBloom's scalable filter halves the error of each new sub-filter
+REDISBLOOM_TIGHTENING = 0.5
 
 
 class BloomFilterError(Exception):
@@ -173,10 +179,24 @@ class FilterParams:
     hashes: int | None = None
     block_bits: int = BLOCK_BITS
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    backend: str = "bitmap"
     version: int = keys.FORMAT_VERSION
 
     def __post_init__(self) -> None:
         problems = []
+        if self.backend not in BACKENDS:
+            problems.append("backend must be one of %s, got %r" % (", ".join(BACKENDS),
+                                                                   self.backend))
+        elif self.backend == "redisbloom":
+            if self.bit_exponent is not None:
+                problems.append("the redisbloom backend sizes from capacity and error rate:"
+                                " BLOOMFILTER_BIT/HASH_NUMBER need the bitmap backend")
+            if float(self.growth) != int(self.growth):
+                problems.append("the redisbloom backend needs an integer growth, got %r"
+                                % (self.growth,))
+            if self.tightening != REDISBLOOM_TIGHTENING:
+                problems.append("the redisbloom backend tightens by %s, got tightening=%r"
+                                % (REDISBLOOM_TIGHTENING, self.tightening))
         if isinstance(self.capacity, bool) or not isinstance(self.capacity, int):
             problems.append("capacity must be an integer, got %r" % (self.capacity,))
         elif self.capacity <= 0:
@@ -302,8 +322,12 @@ def _load_lua(*names: str) -> str:
     return "\n".join((base / name).read_text() for name in names)
 
 
-ADD_LUA = _load_lua("bloom_common.lua", "bloom_add.lua")
-CONTAINS_LUA = _load_lua("bloom_common.lua", "bloom_contains.lua")
+BACKEND_LUA = {"bitmap": "bloom_common.lua", "redisbloom": "redisbloom_common.lua"}
+
+
+def backend_script(backend: str, body: str) -> str:
+    """The source of a partition script: the backend's prelude, then the body."""
+    return _load_lua(BACKEND_LUA[backend], body)
 
 
 def normalise_fingerprint(fp: bytes | str) -> bytes:
@@ -366,8 +390,21 @@ class LuaScript:
         raise AssertionError("unreachable")
 
 
-_ADD = LuaScript(ADD_LUA)
-_CONTAINS = LuaScript(CONTAINS_LUA)
+_ADD = {b: LuaScript(backend_script(b, "bloom_add.lua")) for b in BACKENDS}
+_CONTAINS = {b: LuaScript(backend_script(b, "bloom_contains.lua")) for b in BACKENDS}
+
+
+def has_redisbloom(server: Any) -> bool:
+    """True when the server has the bf module loaded."""
+    try:
+        modules = server.module_list()
+    except redis.ResponseError:
+        return False
+    for module in modules:
+        name = module.get(b"name", module.get("name"))
+        if name in (b"bf", "bf"):
+            return True
+    return False
 
 
 class BloomFilter:
@@ -391,10 +428,17 @@ class BloomFilter:
         bit_exponent: int | None = None,
         hashes: int | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        backend: str = "bitmap",
     ) -> None:
         keys.check_key(key)
+        if backend not in (*BACKENDS, "auto"):
+            raise InvalidFilterParameters(
+                "backend must be bitmap, redisbloom or auto, got %r" % (backend,))
+        concrete = "bitmap" if backend == "auto" else backend
+        if concrete == "redisbloom":
+            tightening = REDISBLOOM_TIGHTENING
         common = dict(partitions=partitions, growth=growth, tightening=tightening,
-                      chunk_bytes=chunk_bytes)
+                      chunk_bytes=chunk_bytes, backend=concrete)
         if bit_exponent is not None or hashes is not None:
             if bit_exponent is None or hashes is None:
                 raise InvalidFilterParameters(
@@ -405,7 +449,31 @@ class BloomFilter:
                                   **common)  # type: ignore[arg-type]
         self.server = server
         self.key = key
+        if backend == "auto":
+            params = self._resolve_auto(params)
         self.params = self._open(params)
+
+    def _resolve_auto(self, params: FilterParams) -> FilterParams:
+        """auto: an existing filter keeps its backend; a new one uses RedisBloom if loaded."""
+        with redis_errors(self.server):
+            raw = self.server.hget(keys.meta_key(self.key), "params")
+            if raw is not None:
+                try:
+                    stored = json.loads(raw).get("backend", "bitmap")
+                except (ValueError, AttributeError):
+                    return params
+            else:
+                stored = "redisbloom" if has_redisbloom(self.server) else "bitmap"
+        if stored == params.backend:
+            return params
+        changes: dict[str, Any] = {"backend": stored}
+        if stored == "redisbloom":
+            changes["tightening"] = REDISBLOOM_TIGHTENING
+            if params.bit_exponent is not None or float(params.growth) != int(params.growth):
+                return params  # cannot: stay on the bitmap backend
+        else:
+            changes["tightening"] = DEFAULT_TIGHTENING
+        return dataclasses.replace(params, **changes)
 
     @classmethod
     def open(cls, server: redis.Redis, key: str) -> BloomFilter:
@@ -464,13 +532,28 @@ class BloomFilter:
         with redis_errors(self.server):
             if self.server.hget(keys.meta_key(self.key), "ready") == b"1":
                 return
+            if params.backend == "redisbloom" and not has_redisbloom(self.server):
+                raise BloomFilterError(
+                    "Bloom filter %r uses the redisbloom backend, but Redis at %s has no bf"
+                    " module loaded" % (self.key, describe_redis(self.server)))
             pipe = self.server.pipeline(transaction=False)
             for p in range(params.partitions):
                 state = keys.state_key(self.key, p)
                 for name, value in fields.items():
                     pipe.hsetnx(state, name, value)
-            pipe.hset(keys.meta_key(self.key), "ready", 1)
             pipe.execute()
+            if params.backend == "redisbloom":
+                first = plan[0]
+                for p in range(params.partitions):
+                    try:
+                        self.server.execute_command(
+                            "BF.RESERVE", keys.redisbloom_key(self.key, p),
+                            repr(first.error_rate), first.capacity,
+                            "EXPANSION", int(params.growth))
+                    except redis.ResponseError as exc:
+                        if "exists" not in str(exc).lower():
+                            raise
+            self.server.hset(keys.meta_key(self.key), "ready", 1)
 
     # -- operations -----------------------------------------------------
 
@@ -480,10 +563,12 @@ class BloomFilter:
         p = partition_of(fp, self.params.partitions)
         with redis_errors(self.server):
             try:
-                result = _ADD(self.server, [keys.state_key(self.key, p)], [fp])
+                result = _ADD[self.params.backend](
+                    self.server, [keys.state_key(self.key, p)], [fp])
             except redis.ResponseError as exc:
                 self._recreate_if_cleared(exc)
-                result = _ADD(self.server, [keys.state_key(self.key, p)], [fp])
+                result = _ADD[self.params.backend](
+                    self.server, [keys.state_key(self.key, p)], [fp])
         return bool(result == b"1")
 
     def _recreate_if_cleared(self, exc: redis.ResponseError) -> None:
@@ -494,13 +579,13 @@ class BloomFilter:
 
     def add_many(self, fps: Sequence[bytes | str]) -> list[bool]:
         """Add fingerprints; one atomic call per partition touched, in one round trip."""
-        return self._batched(_ADD, fps)
+        return self._batched(_ADD[self.params.backend], fps)
 
     def __contains__(self, fp: bytes | str) -> bool:
         return self.contains_many([fp])[0]
 
     def contains_many(self, fps: Sequence[bytes | str]) -> list[bool]:
-        return self._batched(_CONTAINS, fps)
+        return self._batched(_CONTAINS[self.params.backend], fps)
 
     def _batched(self, script: LuaScript, fps: Sequence[bytes | str]) -> list[bool]:
         if not fps:
@@ -533,6 +618,8 @@ class BloomFilter:
 
     def info(self) -> BloomInfo:
         """Size and fill from the exact counters (no BITCOUNT), summed over partitions."""
+        if self.params.backend == "redisbloom":
+            return self._redisbloom_info()
         params = self.params
         plan = params.plan()
         chunk_blocks = params.chunk_bytes // (params.block_bits // 8)
@@ -586,6 +673,44 @@ class BloomFilter:
             partition_slices=slices_per_partition,
         )
 
+    def _redisbloom_info(self) -> BloomInfo:
+        """BF.INFO per partition; bits set and false-positive rate are estimates here."""
+        params = self.params
+        first = params.plan()[0]
+        k = max(1, math.ceil(math.log(2) * -math.log(first.error_rate) / math.log(2) ** 2))
+        with redis_errors(self.server):
+            pipe = self.server.pipeline(transaction=False)
+            for p in range(params.partitions):
+                pipe.hgetall(keys.state_key(self.key, p))
+                pipe.execute_command("BF.INFO", keys.redisbloom_key(self.key, p))
+            replies = pipe.execute()
+        bits = bits_set = items = checked = filtered = memory = capacity = 0
+        fp_sum = 0.0
+        slices = []
+        for state, raw in zip(replies[::2], replies[1::2], strict=True):
+            pairs = raw.items() if isinstance(raw, dict) else zip(raw[::2], raw[1::2], strict=True)
+            fields = {(name.decode() if isinstance(name, bytes) else name): value
+                      for name, value in pairs}
+            size = int(fields["Size"])
+            n = int(fields["Number of items inserted"])
+            m = size * 8
+            part_set = round(m * (1 - math.exp(-k * n / m))) if m else 0
+            bits += m
+            bits_set += part_set
+            items += n
+            memory += size
+            capacity += int(fields["Capacity"])
+            slices.append(int(fields["Number of filters"]))
+            fp_sum += (part_set / m) ** k if m else 0.0
+            checked += int(state.get(b"checked", 0))
+            filtered += int(state.get(b"filtered", 0))
+        return BloomInfo(
+            capacity=params.capacity, error_rate=params.error_rate, hashes=k, bits=bits,
+            bits_set=bits_set, fill_ratio=bits_set / bits if bits else 0.0, items=items,
+            estimated_false_positive_rate=fp_sum / params.partitions, slices=max(slices),
+            memory_bytes=memory, partitions=params.partitions, checked=checked,
+            filtered=filtered, slice_capacity=capacity, partition_slices=slices)
+
     def clear(self) -> None:
         """Delete the filter's bits, counters and metadata."""
         with redis_errors(self.server):
@@ -594,7 +719,7 @@ class BloomFilter:
                 batch = list(self.server.scan_iter(match=pattern, count=1000))
                 if batch:
                     self.server.unlink(*batch)
-                self.server.unlink(keys.state_key(self.key, p))
+                self.server.unlink(keys.state_key(self.key, p), keys.redisbloom_key(self.key, p))
             self.server.unlink(keys.meta_key(self.key))
 
     def __repr__(self) -> str:

@@ -50,15 +50,23 @@ def filter_options(settings: BaseSettings) -> dict[str, Any]:
                                 0, 1),
         "bit_exponent": bit_exponent,
         "hashes": hashes,
+        "backend": settings.get("BLOOMFILTER_BACKEND") or "auto",
     }
+    if options["backend"] not in (*bloom.BACKENDS, "auto"):
+        raise SettingError("BLOOMFILTER_BACKEND must be bitmap, redisbloom or auto, got %r"
+                           % (options["backend"],))
+    checked_backend = options["backend"] if options["backend"] != "auto" else "bitmap"
+    tightening = (bloom.REDISBLOOM_TIGHTENING if checked_backend == "redisbloom"
+                  else options["tightening"])
     try:
         if bit_exponent is not None and hashes is not None:
             bloom.FilterParams.fixed(bit_exponent, hashes, partitions=options["partitions"],
-                                     growth=options["growth"], tightening=options["tightening"])
+                                     growth=options["growth"], tightening=tightening,
+                                     backend=checked_backend)
         else:
             bloom.FilterParams(capacity=capacity, error_rate=error_rate,
                                partitions=options["partitions"], growth=options["growth"],
-                               tightening=options["tightening"])
+                               tightening=tightening, backend=checked_backend)
     except bloom.InvalidFilterParameters as exc:
         raise SettingError("BLOOMFILTER_* settings: %s" % exc) from exc
     return options

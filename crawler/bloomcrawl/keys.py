@@ -9,7 +9,9 @@ here. A filter named ``NAME`` (by default ``<spider>:bloomfilter``) is:
     hash of partition ``P``: slice plan, counters (items, bits_set, checked,
     filtered, per-slice items and bits set).
 ``{NAME:P}:s<S>:c<C>``
-    bit chunk ``C`` of slice ``S`` of partition ``P``.
+    bit chunk ``C`` of slice ``S`` of partition ``P`` (bitmap backend).
+``{NAME:P}:rb``
+    the partition's RedisBloom filter (redisbloom backend).
 
 Everything of one partition, the scheduler's queue and leases included,
 carries the hash tag ``{NAME:P}``, so one Lua call touches one Redis Cluster
@@ -62,6 +64,11 @@ def state_key(name: str, partition: int) -> str:
 
 def chunk_key(name: str, partition: int, slice_index: int, chunk: int) -> str:
     return "%s:s%d:c%d" % (partition_tag(name, partition), slice_index, chunk)
+
+
+def redisbloom_key(name: str, partition: int) -> str:
+    """The partition's RedisBloom scalable filter (redisbloom backend)."""
+    return partition_tag(name, partition) + ":rb"
 
 
 def chunk_pattern(name: str, partition: int) -> str:

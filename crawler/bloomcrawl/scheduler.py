@@ -34,7 +34,14 @@ from scrapy import Request, signals
 from scrapy.exceptions import DontCloseSpider
 
 from bloomcrawl import keys
-from bloomcrawl.bloom import LuaScript, _load_lua, describe_redis, normalise_fingerprint
+from bloomcrawl.bloom import (
+    BACKENDS,
+    LuaScript,
+    _load_lua,
+    backend_script,
+    describe_redis,
+    normalise_fingerprint,
+)
 from bloomcrawl.connection import (
     SettingError,
     get_float,
@@ -87,7 +94,7 @@ QUEUE_TYPES = {
     "scrapy_redis_bloomfilter.queue.LifoQueue": "lifo",
 }
 
-_ENQUEUE = LuaScript(_load_lua("bloom_common.lua", "frontier_enqueue.lua"))
+_ENQUEUE = {b: LuaScript(backend_script(b, "frontier_enqueue.lua")) for b in BACKENDS}
 _LEASE = LuaScript(_load_lua("frontier_lease.lua"))
 _ACK = LuaScript(_load_lua("frontier_ack.lua"))
 _RENEW = LuaScript(_load_lua("frontier_renew.lua"))
@@ -171,6 +178,7 @@ class Scheduler:
         self.prefetch = prefetch
         self.spider: Spider | None = None
         self.bloom: BloomFilter | None = None
+        self._enqueue_script = _ENQUEUE["bitmap"]
         self.frontier: keys.FrontierKeys | None = None
         self._worker_id = "%s-%d-%s" % (os.uname().nodename[:24], os.getpid(), uuid.uuid4().hex[:6])
         self._lease_seq = 0
@@ -236,6 +244,7 @@ class Scheduler:
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise SettingError("SCHEDULER_QUEUE_KEY %r: %s" % (self.queue_pattern, exc)) from exc
+        self._enqueue_script = _ENQUEUE[self.bloom.params.backend]
         self._record_layout()
         if self.flush_on_start:
             self.flush()
@@ -503,7 +512,7 @@ class Scheduler:
                                self.queue_type]
             for e in entries:
                 args += [repr(e[2]), e[3]]
-            calls.append((_ENQUEUE, [f.state(p), f.queue_part(p)], args))
+            calls.append((self._enqueue_script, [f.state(p), f.queue_part(p)], args))
         for p, tokens in acks.items():
             calls.append((_ACK, [f.leases(p), f.deadlines(p)], tokens))
         results = self._run_scripts(calls, counts)

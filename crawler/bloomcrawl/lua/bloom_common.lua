@@ -1,4 +1,5 @@
--- bloomcrawl: shared part of the partition scripts (blocked, scalable Bloom filter).
+-- bloomcrawl: the bitmap backend of the partition scripts (blocked, scalable Bloom filter).
+-- Defines decide(blob, flags) and check(blob), the interface the script bodies use.
 --
 -- One call touches one partition, so every key it names shares one hash tag
 -- (one Redis Cluster slot). KEYS[1] is the partition's state hash, ending in
@@ -160,4 +161,35 @@ local function save_counters(first_slices, checked, filtered)
   if checked > 0 then redis.call('HINCRBY', state_key, 'checked', checked) end
   if filtered > 0 then redis.call('HINCRBY', state_key, 'filtered', filtered) end
   if nslices ~= first_slices then redis.call('HSET', state_key, 'slices', nslices) end
+end
+
+-- Check-and-set each fingerprint of blob (20 bytes each); flags (optional) has one
+-- character per fingerprint, '1' meaning dont_filter: kept without touching the filter.
+-- Returns a table of booleans: true = new (or dont_filter), false = seen.
+local function decide(blob, flags)
+  local count = #blob / 20
+  local first_slices = nslices
+  local out, checked, filtered = {}, 0, 0
+  for j = 0, count - 1 do
+    if flags and byte(flags, j + 1) == 49 then
+      out[j + 1] = true
+    else
+      checked = checked + 1
+      local h1, h2, h3, h4 = hashes(blob, j * 20)
+      local new = add_item(h1, h2, h3, h4)
+      out[j + 1] = new
+      if not new then filtered = filtered + 1 end
+    end
+  end
+  save_counters(first_slices, checked, filtered)
+  return out
+end
+
+local function check(blob)
+  local out = {}
+  for j = 0, #blob / 20 - 1 do
+    local h1, h2, h3, h4 = hashes(blob, j * 20)
+    out[j + 1] = contains_item(h1, h2, h3, h4)
+  end
+  return out
 end

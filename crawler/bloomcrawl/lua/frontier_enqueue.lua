@@ -7,19 +7,10 @@
 -- ARGV[4 + 2j], ARGV[5 + 2j]: score and payload of request j
 -- returns one '1' (queued) or '0' (duplicate) per request
 local blob, flags, qtype, queue = ARGV[1], ARGV[2], ARGV[3], KEYS[2]
-local count = #blob / 20
-local first_slices = nslices
+local keep = decide(blob, flags)
 local out, push, np = {}, {}, 0
-local checked, filtered = 0, 0
-for j = 0, count - 1 do
-  local keep = true
-  if byte(flags, j + 1) ~= 49 then
-    checked = checked + 1
-    local h1, h2, h3, h4 = hashes(blob, j * 20)
-    keep = add_item(h1, h2, h3, h4)
-    if not keep then filtered = filtered + 1 end
-  end
-  if keep then
+for j = 0, #keep - 1 do
+  if keep[j + 1] then
     out[j + 1] = '1'
     if qtype == 'priority' then
       push[np + 1] = ARGV[4 + 2 * j]; push[np + 2] = ARGV[5 + 2 * j]; np = np + 2
@@ -39,5 +30,4 @@ for s = 1, np, CH do
     redis.call('RPUSH', queue, unpack(push, s, e))
   end
 end
-save_counters(first_slices, checked, filtered)
 return table.concat(out)

@@ -1,0 +1,55 @@
+-- bloomcrawl: the RedisBloom backend of the partition scripts.
+-- KEYS[1] is the partition's state hash (":state"); the partition's scalable
+-- RedisBloom filter is "<tag>:rb" next to it, created by BF.RESERVE when the
+-- filter was created (never implicitly by BF.MADD, which would use defaults).
+local state_key = KEYS[1]
+local rb_key = string.sub(state_key, 1, -7) .. ':rb'
+local byte, sub = string.byte, string.sub
+if redis.call('EXISTS', rb_key) == 0 then
+  return redis.error_reply('BLOOMCRAWL_NOFILTER no filter partition at ' .. rb_key)
+end
+
+local function split(blob, flags, out)
+  local fps, idx = {}, {}
+  for j = 0, #blob / 20 - 1 do
+    if flags and byte(flags, j + 1) == 49 then
+      out[j + 1] = true
+    else
+      fps[#fps + 1] = sub(blob, j * 20 + 1, j * 20 + 20)
+      idx[#idx + 1] = j + 1
+    end
+  end
+  return fps, idx
+end
+
+local function decide(blob, flags)
+  local out = {}
+  local fps, idx = split(blob, flags, out)
+  local filtered = 0
+  for s = 1, #fps, 1000 do
+    local e = math.min(s + 999, #fps)
+    local r = redis.call('BF.MADD', rb_key, unpack(fps, s, e))
+    for q = 1, #r do
+      local new = r[q] == 1
+      out[idx[s + q - 1]] = new
+      if not new then filtered = filtered + 1 end
+    end
+  end
+  if #fps > 0 then
+    redis.call('HINCRBY', state_key, 'checked', #fps)
+    if filtered > 0 then redis.call('HINCRBY', state_key, 'filtered', filtered) end
+    if #fps > filtered then redis.call('HINCRBY', state_key, 'items', #fps - filtered) end
+  end
+  return out
+end
+
+local function check(blob)
+  local out = {}
+  local fps, idx = split(blob, nil, out)
+  for s = 1, #fps, 1000 do
+    local e = math.min(s + 999, #fps)
+    local r = redis.call('BF.MEXISTS', rb_key, unpack(fps, s, e))
+    for q = 1, #r do out[idx[s + q - 1]] = r[q] == 1 end
+  end
+  return out
+end

@@ -1,0 +1,79 @@
+"""The redisbloom backend: the same guarantees through the bf module's BF.MADD."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+import redis
+from scrapy import Request
+from test_bloom import fill, fingerprints, measure_false_positives
+from test_scheduler import drain, make_scheduler
+
+from bloomcrawl import keys
+from bloomcrawl.bloom import BloomFilter, BloomFilterError, FilterMismatchError
+
+pytestmark = pytest.mark.redismod
+
+
+@pytest.fixture
+def mod_client(redismod_server) -> Iterator[redis.Redis]:
+    client = redismod_server.client()
+    client.flushall()
+    yield client
+    client.flushall()
+
+
+def test_auto_picks_redisbloom_when_loaded(mod_client: redis.Redis) -> None:
+    bf = BloomFilter(mod_client, "a:bloomfilter", capacity=1000, error_rate=0.01, backend="auto")
+    assert bf.params.backend == "redisbloom"
+    assert mod_client.exists(keys.redisbloom_key("a:bloomfilter", 0))
+    assert bf.add(b"x" * 20) is True
+    assert bf.add(b"x" * 20) is False
+    assert bf.add_many([b"y" * 20, b"x" * 20, b"y" * 20]) == [True, False, False]
+    info = bf.info()
+    assert (info.items, info.checked, info.filtered) == (2, 5, 3)
+
+
+def test_auto_keeps_an_existing_bitmap_filter(mod_client: redis.Redis) -> None:
+    BloomFilter(mod_client, "b:bloomfilter", capacity=1000, error_rate=0.01, backend="bitmap")
+    bf = BloomFilter(mod_client, "b:bloomfilter", capacity=1000, error_rate=0.01, backend="auto")
+    assert bf.params.backend == "bitmap"
+    with pytest.raises(FilterMismatchError, match="backend: stored 'bitmap', asked for"):
+        BloomFilter(mod_client, "b:bloomfilter", capacity=1000, error_rate=0.01,
+                    backend="redisbloom")
+
+
+def test_redisbloom_backend_without_the_module_is_an_error(redis_client) -> None:
+    with pytest.raises(BloomFilterError, match="no bf module loaded"):
+        BloomFilter(redis_client, "c:bloomfilter", capacity=1000, error_rate=0.01,
+                    backend="redisbloom")
+
+
+@pytest.mark.slow
+def test_capacity_and_growth_keep_the_error_rate(mod_client: redis.Redis) -> None:
+    capacity, p = 100_000, 0.001
+    bf = BloomFilter(mod_client, "fp:bloomfilter", capacity=capacity, error_rate=p,
+                     backend="redisbloom")
+    fill(bf, capacity)
+    info = bf.info()
+    assert info.slices == 1
+    assert measure_false_positives(bf) <= 1.1 * p
+    optimum = -math.log(p) / math.log(2) ** 2
+    assert info.memory_bytes * 8 / capacity <= 1.25 * optimum
+    fill(bf, 2 * capacity, salt="more-")
+    assert bf.info().slices >= 2
+    assert measure_false_positives(bf) <= 1.1 * p
+
+
+def test_scheduler_enqueue_if_new_with_redisbloom(redismod_server, mod_client) -> None:
+    s = make_scheduler(redismod_server.url, BLOOMFILTER_BACKEND="auto")
+    assert s.bloom is not None and s.bloom.params.backend == "redisbloom"
+    for _ in range(2):
+        s.enqueue_request(Request("http://a.test/1"))
+        s.enqueue_request(Request("http://a.test/2", dont_filter=True))
+    s._send_pending()
+    assert sorted(r.url for r in drain(s)) == ["http://a.test/1", "http://a.test/2",
+                                               "http://a.test/2"]
+    assert fingerprints(1)  # helper import used
