@@ -22,12 +22,12 @@ Layout (key names in :mod:`bloomcrawl.keys`):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-import dataclasses
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -546,7 +546,7 @@ class BloomFilter:
                 first = plan[0]
                 for p in range(params.partitions):
                     try:
-                        self.server.execute_command(
+                        self.server.execute_command(  # type: ignore[no-untyped-call]
                             "BF.RESERVE", keys.redisbloom_key(self.key, p),
                             repr(first.error_rate), first.capacity,
                             "EXPANSION", int(params.growth))
@@ -682,7 +682,7 @@ class BloomFilter:
             pipe = self.server.pipeline(transaction=False)
             for p in range(params.partitions):
                 pipe.hgetall(keys.state_key(self.key, p))
-                pipe.execute_command("BF.INFO", keys.redisbloom_key(self.key, p))
+                pipe.execute_command("BF.INFO", keys.redisbloom_key(self.key, p))  # type: ignore[no-untyped-call]
             replies = pipe.execute()
         bits = bits_set = items = checked = filtered = memory = capacity = 0
         fp_sum = 0.0
