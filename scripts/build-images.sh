@@ -120,6 +120,7 @@ mkdir -p "$CACHE" "$WHEELS"
 default_base=$(sed -n 's/^ *BASE_IMAGE: *"\${WORKER_BASE_IMAGE:-\(.*\)}"$/\1/p' docker-compose.yml | head -n 1)
 default_redis=$(sed -n 's/^ *image: *"\${REDIS_IMAGE:-\(.*\)}"$/\1/p' docker-compose.yml | head -n 1)
 default_prometheus=$(sed -n 's/^ *image: *"\${PROMETHEUS_IMAGE:-\(.*\)}"$/\1/p' docker-compose.yml | head -n 1)
+default_grafana=$(sed -n 's/^ *image: *"\${GRAFANA_IMAGE:-\(.*\)}"$/\1/p' docker-compose.yml | head -n 1)
 
 if [ "$(env_value WORKER_BASE_IMAGE)" = "$OFFLINE_BASE" ]; then
     offline=1
@@ -144,6 +145,14 @@ if [ "$offline" = 1 ]; then
     set_env_value PROMETHEUS_IMAGE "$OFFLINE_PROMETHEUS"
     set_env_value WORKER_PIP_NO_INDEX 1
     set_env_value WORKER_PIP_FIND_LINKS /wheels
+    echo "Grafana is left out: it has no Debian package to build an image from offline"
+elif [ -z "$(env_value GRAFANA_ENABLED)" ]; then
+    grafana_image=$(env_value GRAFANA_IMAGE)
+    if pull "${grafana_image:-$default_grafana}"; then
+        set_env_value GRAFANA_ENABLED 1
+    else
+        echo "Grafana is left out: its image could not be pulled"
+    fi
 fi
 
 echo "building the worker image"

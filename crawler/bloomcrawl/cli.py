@@ -771,7 +771,7 @@ class LocalCluster:
         if prometheus is None or any(p.name == "prometheus" for p in cluster.processes):
             return
         port = pick_port(int(self.env.get("PROMETHEUS_PORT") or 9090), self._taken_ports(cluster))
-        config = self._prometheus_config(cluster.ports["exporter"])
+        config = self._prometheus_config(cluster.ports["exporter"], port)
         record = self._spawn("prometheus", [
             prometheus, f"--config.file={config}",
             "--storage.tsdb.path=%s" % (self.dir / "prometheus-data"),
@@ -789,8 +789,8 @@ class LocalCluster:
             if p.name.startswith("scrapyd-"))
         return env
 
-    def _prometheus_config(self, exporter_port: int) -> Path:
-        """monitoring/prometheus/ with the exporter's address rewritten to 127.0.0.1."""
+    def _prometheus_config(self, exporter_port: int, prometheus_port: int) -> Path:
+        """monitoring/prometheus/ with the compose addresses rewritten to 127.0.0.1 ports."""
         source = self.paths.root / "monitoring" / "prometheus"
         target = self.dir / "prometheus"
         if target.exists():
@@ -802,7 +802,8 @@ class LocalCluster:
                 if path.is_file():
                     dest = target / path.relative_to(source)
                     dest.parent.mkdir(parents=True, exist_ok=True)
-                    dest.write_text(path.read_text().replace("exporter:9410", exporter))
+                    dest.write_text(path.read_text().replace("exporter:9410", exporter).replace(
+                        "localhost:9090", "127.0.0.1:%d" % prometheus_port))
         else:
             (target / "prometheus.yml").write_text(
                 "global:\n  scrape_interval: 5s\nscrape_configs:\n"

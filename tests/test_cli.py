@@ -1,0 +1,164 @@
+"""The ``bloomcrawl`` command: .env secrets, key cleanup, process bookkeeping, and
+the local-process cluster (no Docker) from ``up`` to ``down``, crawling the
+demo site on the way, leaving no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+from conftest import ROOT, free_port
+
+from bloomcrawl import cli
+
+
+def test_env_file_gets_random_secrets_and_is_private(tmp_path: Path) -> None:
+    path = tmp_path / ".env"
+    first = cli.ensure_env_file(path)
+    for name in ("REDIS_PASSWORD", "SCRAPYD_PASSWORD", "GRAFANA_ADMIN_PASSWORD"):
+        assert len(first[name]) >= 32
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert cli.ensure_env_file(path) == first  # kept as it is once written
+    other = cli.ensure_env_file(tmp_path / "other.env")
+    assert other["REDIS_PASSWORD"] != first["REDIS_PASSWORD"]
+
+
+def test_env_file_keeps_what_the_user_set_and_adds_missing_secrets(tmp_path: Path) -> None:
+    path = tmp_path / ".env"
+    path.write_text("# mine\nREDIS_PORT=7000\nSCRAPYD_PASSWORD='chosen'\n")
+    values = cli.ensure_env_file(path)
+    assert values["REDIS_PORT"] == "7000"
+    assert values["SCRAPYD_PASSWORD"] == "chosen"
+    assert values["REDIS_PASSWORD"]
+    assert path.read_text().startswith("# mine\n")
+
+
+def test_example_env_file_has_no_secrets() -> None:
+    values = cli.read_env_file(ROOT / ".env.example")
+    for name in ("REDIS_PASSWORD", "SCRAPYD_PASSWORD", "GRAFANA_ADMIN_PASSWORD"):
+        assert values.get(name, "") == "", name
+
+
+def test_clear_removes_one_spiders_frontier_only(redis_client: redis.Redis) -> None:
+    for spider in ("site", "other"):
+        redis_client.set("%s:bloomfilter:meta" % spider, "{}")
+        redis_client.hset("{%s:bloomfilter:0}:state" % spider, "items", 1)
+        redis_client.set("{%s:bloomfilter:3}:s0:c0" % spider, "x")
+        redis_client.zadd("%s:requests:{%s:bloomfilter:1}:queue" % (spider, spider), {"r": 1})
+        redis_client.hset("%s:stats" % spider, "pages", 3)
+        redis_client.rpush("%s:start_urls" % spider, "http://example.invalid/")
+    assert cli.clear_spider(redis_client, "site") == 6
+    left = sorted(k.decode() for k in redis_client.scan_iter())
+    assert left and all("other" in k for k in left), left
+
+
+def test_seed_rejects_what_is_not_an_http_url(redis_client: redis.Redis) -> None:
+    with pytest.raises(cli.CliError):
+        cli.seed(redis_client, "site", ["ftp://example.invalid/"])
+    assert cli.seed(redis_client, "site", ["http://a.invalid/", "https://b.invalid/x"]) == 2
+    assert redis_client.lrange("site:start_urls", 0, -1) == [
+        b"http://a.invalid/", b"https://b.invalid/x"]
+
+
+def test_a_recycled_pid_is_never_signalled() -> None:
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        ticks = cli.process_start_ticks(proc.pid)
+        assert ticks is not None
+        stranger = cli.ProcessRecord("x", proc.pid, ticks + 1, "/dev/null")
+        cli.stop_process(stranger, timeout=1)
+        assert proc.poll() is None  # not ours: left alone
+        cli.stop_process(cli.ProcessRecord("x", proc.pid, ticks, "/dev/null"), timeout=5)
+        assert proc.wait(5) is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_unreachable_node_is_a_one_line_error() -> None:
+    node = cli.Node("http://127.0.0.1:%d" % free_port(), "u", "p")
+    with pytest.raises(cli.CliError, match="daemonstatus.json"):
+        node.request("daemonstatus.json", timeout=2)
+
+
+# --- the local-process cluster ------------------------------------------------------
+
+
+def bloomcrawl(env: dict[str, str], *args: str, timeout: float = 180) -> str:
+    result = subprocess.run([sys.executable, "-m", "bloomcrawl.cli", *args], cwd=ROOT, env=env,
+                            text=True, capture_output=True, timeout=timeout)
+    assert result.returncode == 0, "bloomcrawl %s: %s%s" % (args, result.stdout, result.stderr)
+    return result.stdout
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+@pytest.mark.slow
+def test_local_cluster_up_scale_deploy_demo_status_down(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env.update(BLOOMCRAWL_ROOT=str(ROOT), BLOOMCRAWL_STATE_DIR=str(tmp_path / "run"),
+               BLOOMCRAWL_ENV_FILE=str(tmp_path / ".env"),
+               HOME=str(tmp_path / "home"))
+    env.pop("PYTHONPATH", None)
+    # free ports rather than the defaults, which a developer's cluster may hold
+    (tmp_path / ".env").write_text("".join("%s=%d\n" % (name, free_port()) for name in (
+        "REDIS_PORT", "EXPORTER_PORT", "PROMETHEUS_PORT", "DEMO_PORT")))
+    out = bloomcrawl(env, "up", "--local", "--workers", "1")
+    state_file = tmp_path / "run" / "cluster.json"
+    pids: list[int] = []
+    try:
+        assert "1 scrapyd node(s)" in out, out
+        out = bloomcrawl(env, "scale", "2")
+        assert "2 scrapyd node(s)" in out, out
+        state = json.loads(state_file.read_text())
+        pids = [p["pid"] for p in state["processes"]]
+        names = sorted(p["name"] for p in state["processes"])
+        assert {"redis", "exporter", "scrapyd-1", "scrapyd-2"} <= set(names), names
+        for record in state["processes"]:
+            assert cli.process_start_ticks(record["pid"]) == record["start_ticks"]
+
+        out = bloomcrawl(env, "deploy")
+        assert "to 2 of 2 node(s)" in out, out
+
+        out = bloomcrawl(env, "demo", "--local", "--pages", "300", "--max-idle", "2",
+                         "--timeout", "120", timeout=240)
+        assert "300 pages, 300 fetched at least once, 0 missing, 0 fetched twice" in out, out
+
+        out = bloomcrawl(env, "status")
+        assert "nodes: 2 of 2 up" in out, out
+        assert "site" in out and "est. FP rate" in out, out
+
+        exporter_port = json.loads(state_file.read_text())["ports"]["exporter"]
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % exporter_port,
+                                    timeout=10) as response:
+            metrics = response.read().decode()
+        assert 'bloomcrawl_pages_total{spider="site"} 300.0' in metrics
+        pids = [p["pid"] for p in json.loads(state_file.read_text())["processes"]]
+    finally:
+        out = bloomcrawl(env, "down")
+    assert "local cluster down" in out, out
+    assert not state_file.exists()
+    deadline = time.monotonic() + 10
+    while any(group_members(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if group_members(pid)], "processes left behind"

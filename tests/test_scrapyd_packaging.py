@@ -1,0 +1,212 @@
+"""The Scrapy project as scrapyd sees it: the egg, a real scrapyd, deploy and schedule.
+
+scrapyd runs on a free 127.0.0.1 port with basic auth, started and stopped by
+pid. The compose file and the worker image's scrapyd.conf are checked
+statically (the e2e test runs them for real).
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, RedisServer, free_port
+
+from bloomcrawl import cli
+
+CRAWLER = ROOT / "crawler"
+USERNAME = "tester"
+PASSWORD = "s3cret-for-tests"
+
+
+def copy_project(tmp_path: Path) -> Path:
+    """The Scrapy project copied out of the checkout, so builds leave no files in it."""
+    dest = tmp_path / "crawler"
+    shutil.copytree(CRAWLER, dest, ignore=shutil.ignore_patterns(
+        "*.egg-info", "build", "dist", "__pycache__"))
+    return dest
+
+
+def build_egg(project: Path, out: Path) -> None:
+    subprocess.run([sys.executable, "-m", "scrapyd_client.deploy", "--build-egg", str(out)],
+                   cwd=project, check=True, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def egg(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("egg")
+    out = tmp / "bloomcrawl.egg"
+    build_egg(copy_project(tmp), out)
+    return out
+
+
+def test_egg_holds_the_project_and_its_settings_entry_point(egg: Path) -> None:
+    with zipfile.ZipFile(egg) as z:
+        names = set(z.namelist())
+        entry_points = z.read("EGG-INFO/entry_points.txt").decode()
+    assert {"bloomcrawl/settings.py", "bloomcrawl/spiders/site.py",
+            "bloomcrawl/scheduler.py", "bloomcrawl/lua/bloom_add.lua"} <= names
+    parser = configparser.ConfigParser()
+    parser.read_string(entry_points)
+    assert parser["scrapy"]["settings"] == "bloomcrawl.settings"
+
+
+def test_scrapy_cfg_names_the_settings_and_a_deploy_target() -> None:
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(CRAWLER / "scrapy.cfg")
+    assert parser["settings"]["default"] == "bloomcrawl.settings"
+    assert parser["deploy"]["project"] == "bloomcrawl"
+    assert not parser["deploy"]["url"].endswith("/")
+    # credentials come from the environment, never from the file
+    assert parser["deploy"]["password"] == "$SCRAPYD_PASSWORD"
+
+
+class Scrapyd:
+    """A scrapyd process on a free port, with basic auth."""
+
+    def __init__(self, workdir: Path, redis_url: str) -> None:
+        self.port = free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "scrapyd.conf").write_text(
+            "[scrapyd]\nbind_address = 127.0.0.1\nhttp_port = %d\nmax_proc = 2\n"
+            "poll_interval = 0.5\nitems_dir =\n" % self.port)
+        env = dict(os.environ)
+        env.update(SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD, REDIS_URL=redis_url,
+                   HOME=str(workdir), SCRAPY_SETTINGS_MODULE="")
+        env.pop("SCRAPY_SETTINGS_MODULE")
+        env.pop("PYTHONPATH", None)
+        self.log = workdir / "scrapyd.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "scrapyd", "--pidfile="], cwd=workdir, env=env,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.node = cli.Node(self.url, USERNAME, PASSWORD)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.node.request("daemonstatus.json", timeout=1)
+                break
+            except cli.CliError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("scrapyd did not start:\n" + self.log.read_text())
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """SIGTERM scrapyd's process group (its jobs too), by its pid."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        assert not cli.group_alive(self.proc.pid)
+
+
+@pytest.fixture
+def scrapyd(tmp_path: Path, redis_server: RedisServer) -> Iterator[Scrapyd]:
+    server = Scrapyd(tmp_path / "scrapyd", redis_server.url)
+    yield server
+    server.stop()
+
+
+def run_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.update(SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD,
+               BLOOMCRAWL_STATE_DIR=str(tmp_path / "state"),
+               BLOOMCRAWL_ENV_FILE=str(tmp_path / "no.env"), BLOOMCRAWL_ROOT=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "bloomcrawl.cli", *args], cwd=ROOT, env=env,
+                          text=True, capture_output=True, timeout=180)
+
+
+def test_scrapyd_deploy_uploads_to_one_node(scrapyd: Scrapyd, tmp_path: Path) -> None:
+    project = copy_project(tmp_path)
+    env = dict(os.environ, SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD,
+               SCRAPYD_URL=scrapyd.url)
+    result = subprocess.run([sys.executable, "-m", "scrapyd_client.deploy", "node"],
+                            cwd=project, env=env, text=True, capture_output=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["status"] == "ok"
+    spiders = scrapyd.node.request("listspiders.json?project=bloomcrawl")["spiders"]
+    assert spiders == ["site"]
+
+
+def test_deploy_then_schedule_a_job_that_runs_and_ends(
+        scrapyd: Scrapyd, tmp_path: Path, redis_client: object) -> None:
+    result = run_cli("deploy", "--nodes", scrapyd.url, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "to 1 of 1 node(s)" in result.stdout
+    result = run_cli("schedule", "--nodes", scrapyd.url, "--max-idle", "1",
+                     "-s", "REMOTE_CONTROL_ENABLED=False", "-s", "TELNETCONSOLE_ENABLED=False",
+                     "--allowed-domains", "127.0.0.1", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = result.stdout.split()[-1]
+    deadline = time.monotonic() + 90
+    while True:
+        jobs = scrapyd.node.request("listjobs.json?project=bloomcrawl")
+        finished = [j for j in jobs["finished"] if j["id"] == job]
+        if finished:
+            break
+        assert time.monotonic() < deadline, jobs
+        time.sleep(0.5)
+    log = (tmp_path / "scrapyd" / "logs" / "bloomcrawl" / "site" / (job + ".log")).read_text()
+    assert "Spider closed (finished)" in log, log[-3000:]
+
+
+def test_deploy_fails_when_any_node_fails(scrapyd: Scrapyd, tmp_path: Path) -> None:
+    closed = "http://127.0.0.1:%d" % free_port()
+    result = run_cli("deploy", "--nodes", "%s,%s" % (scrapyd.url, closed), tmp_path=tmp_path)
+    assert result.returncode == 1
+    assert "to 1 of 2 node(s)" in result.stdout
+    assert "FAIL %s" % closed in result.stdout
+    # the node that answered still got the project
+    assert "bloomcrawl" in scrapyd.node.request("listprojects.json")["projects"]
+
+
+def test_deploy_with_a_wrong_password_fails(scrapyd: Scrapyd, tmp_path: Path) -> None:
+    env_pass = os.environ.get("SCRAPYD_PASSWORD")
+    try:
+        os.environ["SCRAPYD_PASSWORD"] = "wrong"
+        code = cli.main(["deploy", "--nodes", scrapyd.url, "--username", USERNAME])
+    finally:
+        if env_pass is None:
+            os.environ.pop("SCRAPYD_PASSWORD", None)
+        else:
+            os.environ["SCRAPYD_PASSWORD"] = env_pass
+    assert code == 1
+
+
+def test_worker_scrapyd_conf_sets_what_a_container_needs() -> None:
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / "deploy" / "scrapyd.conf")
+    conf = parser["scrapyd"]
+    assert conf["bind_address"] == "0.0.0.0"
+    assert int(conf["max_proc"]) > 0  # 0 would count the host's CPUs
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert 'CMD ["scrapyd", "--pidfile="]' in dockerfile
+    assert re.search(r"^USER scrapyd$", dockerfile, re.M)
+    assert re.search(r"^ARG BASE_IMAGE=python:", dockerfile, re.M)
+    assert "daemonstatus" in (ROOT / "deploy" / "healthcheck.py").read_text()
+
+
+def test_every_published_port_is_bound_to_loopback() -> None:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    published = re.findall(r"^\s+- \"([^\"]*:\d+)\"\s*$", compose.split("volumes:\n  redis")[0],
+                           re.M)
+    ports = [p for p in published if re.search(r":\d+$", p) and "/" not in p]
+    assert len(ports) >= 6, ports
+    assert all(p.startswith("127.0.0.1:") for p in ports), ports
+    assert "requirepass" in compose and "appendonly" in compose
