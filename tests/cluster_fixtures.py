@@ -33,8 +33,10 @@ from typing import Any
 
 import pytest
 import redis
+
 from bloomcrawl import keys
 from bloomcrawl.bloom import BloomFilter
+
 from conftest import free_port
 
 STATS = {
