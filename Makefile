@@ -38,6 +38,7 @@ lint: venv ## ruff and mypy
 
 bench: venv system-deps ## benchmarks: side-by-side ratios against the seeds' recipe and RedisBloom
 	$(PY) bench/dedup.py
+	$(PY) bench/exporter.py
 
 up: venv ## start the cluster with WORKERS=N workers (docker-compose; local processes without Docker)
 	$(BLOOMCRAWL) up --workers $(WORKERS)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from bloomcrawl.demo import RunningSite, serve_in_thread
 
 DEMO_SITE_PAGES = 2000

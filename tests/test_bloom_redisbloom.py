@@ -8,11 +8,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 from scrapy import Request
-from test_bloom import fill, fingerprints, measure_false_positives
-from test_scheduler import drain, make_scheduler
 
 from bloomcrawl import keys
 from bloomcrawl.bloom import BloomFilter, BloomFilterError, FilterMismatchError
+
+from test_bloom import fill, fingerprints, measure_false_positives
+from test_scheduler import drain, make_scheduler
 
 pytestmark = pytest.mark.redismod
 

@@ -19,6 +19,12 @@ from urllib.parse import urlsplit
 from urllib.robotparser import RobotFileParser
 
 import pytest
+from scrapy import Request
+from scrapy.http import HtmlResponse
+from scrapy.linkextractors import LinkExtractor
+from scrapy.utils.test import get_crawler
+from w3lib.url import canonicalize_url
+
 from bloomcrawl.demo import (
     DEFAULT_LINKS_PER_PAGE,
     DemoSite,
@@ -30,11 +36,6 @@ from bloomcrawl.demo import (
     page_url,
     serve_in_thread,
 )
-from scrapy import Request
-from scrapy.http import HtmlResponse
-from scrapy.linkextractors import LinkExtractor
-from scrapy.utils.test import get_crawler
-from w3lib.url import canonicalize_url
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,12 +15,6 @@ from pathlib import Path
 
 import pytest
 import redis
-from cluster_fixtures import (
-    ScrapydNode,
-    fingerprints,
-    populate_frontier,
-    scrapyd_node_fixture,  # noqa: F401  (the scrapyd_node fixture)
-)
 from prometheus_client import CollectorRegistry
 
 from bloomcrawl import exporter, inspect, keys
@@ -28,6 +22,12 @@ from bloomcrawl.bloom import BloomFilter
 from bloomcrawl.exporter import ClusterCollector, ScrapydNodes, build_registry
 from bloomcrawl.exporter import redis_client as exporter_client
 
+from cluster_fixtures import (
+    ScrapydNode,
+    fingerprints,
+    populate_frontier,
+    scrapyd_node_fixture,  # noqa: F401  (the scrapyd_node fixture)
+)
 from conftest import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

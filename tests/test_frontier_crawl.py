@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import RedisServer
-from crawl_helpers import Worker, run_workers, wait_until
 
 from bloomcrawl import keys
+
+from conftest import RedisServer
+from crawl_helpers import Worker, run_workers, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 import redis
-from cluster_fixtures import ScrapydNode, scrapyd_node_fixture  # noqa: F401  (fixture)
 
 from bloomcrawl.demo import serve_in_thread
 
+from cluster_fixtures import ScrapydNode, scrapyd_node_fixture  # noqa: F401  (fixture)
 from conftest import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

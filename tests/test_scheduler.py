@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from scrapy import Request, Spider
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
