@@ -136,6 +136,9 @@ def test_leased_request_stays_in_redis_until_acked(scheduler: Scheduler, redis_c
                for p in range(f.partitions))
     assert held == 0
     assert int(redis_client.hget(f.stats, "pages")) == 1
+    import socket
+
+    assert int(redis_client.hget(f.pages_by_node, socket.gethostname())) == 1
 
 
 def test_expired_lease_is_requeued_and_old_holder_cannot_ack_it(redis_server, redis_client) -> None:

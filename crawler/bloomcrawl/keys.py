@@ -27,6 +27,7 @@ DEFAULT_QUEUE_KEY = "%(spider)s:requests"
 DEFAULT_START_URLS_KEY = "%(spider)s:start_urls"
 DEFAULT_ITEMS_KEY = "%(spider)s:items"
 DEFAULT_STATS_KEY = "%(spider)s:stats"
+DEFAULT_NODE_PAGES_KEY = "%(spider)s:pages_by_node"
 
 META_SUFFIX = ":meta"
 STATE_SUFFIX = ":state"
@@ -109,6 +110,7 @@ def filter_name_from_meta(key: str) -> str:
 #   <queue>:{NAME:P}:deadlines  zset  token -> lease deadline, ms of Redis TIME
 #   <spider>:stats              hash  pages, items, filtered, requeued, errors,
 #                                     bad_start_urls, unserializable (HINCRBY)
+#   <spider>:pages_by_node      hash  hostname of the worker -> pages it crawled
 #   <spider>:start_urls         list  URLs or JSON {"url", "meta", "priority"}
 #   <spider>:items              list  items as JSON (scrapy-redis RedisPipeline)
 
@@ -138,6 +140,7 @@ class FrontierKeys:
         self.filter = spider_key(filter_pattern, spider)
         self.queue = spider_key(queue_pattern, spider)
         self.stats = spider_key(DEFAULT_STATS_KEY, spider)
+        self.pages_by_node = spider_key(DEFAULT_NODE_PAGES_KEY, spider)
         self.start_urls = spider_key(DEFAULT_START_URLS_KEY, spider)
         self.items = spider_key(DEFAULT_ITEMS_KEY, spider)
         self.meta = meta_key(self.filter)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 import uuid
 from collections import defaultdict, deque
@@ -180,7 +181,8 @@ class Scheduler:
         self.bloom: BloomFilter | None = None
         self._enqueue_script = _ENQUEUE["bitmap"]
         self.frontier: keys.FrontierKeys | None = None
-        self._worker_id = "%s-%d-%s" % (os.uname().nodename[:24], os.getpid(), uuid.uuid4().hex[:6])
+        self.node = socket.gethostname()
+        self._worker_id = "%s-%d-%s" % (self.node[:24], os.getpid(), uuid.uuid4().hex[:6])
         self._lease_seq = 0
         self._rotation = 0
         # requests leased and not handed to the engine yet: (partition, token, request)
@@ -282,6 +284,7 @@ class Scheduler:
         self.server.hset(f.meta, mapping={
             "spider": f.spider, "queue": f.queue, "queue_type": self.queue_type,
             "stats": f.stats, "start_urls": f.start_urls, "items": f.items,
+            "pages_by_node": f.pages_by_node,
         })
 
     def close(self, reason: str) -> None:
@@ -539,6 +542,8 @@ class Scheduler:
             script.queue(pipe, keys_, args)
         for name, value in counts.items():
             pipe.hincrby(f.stats, name, value)
+        if counts.get("pages"):
+            pipe.hincrby(f.pages_by_node, self.node, counts["pages"])
         results = list(pipe.execute(raise_on_error=False))
         missing = [i for i, r in enumerate(results[: len(calls)])
                    if isinstance(r, redis.exceptions.NoScriptError)]
