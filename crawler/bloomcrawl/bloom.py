@@ -117,18 +117,18 @@ def blocked_false_positive_rate(bits_per_item: float, hashes: int, block_bits: i
     if math.isinf(bits_per_item):
         return 0.0
     load = block_bits / bits_per_item
-    spread = 12 * math.sqrt(load) + 12
+    spread = 10 * math.sqrt(load) + 10
     lo = max(0, int(load - spread))
     hi = int(load + spread) + 1
     unset = 1.0 - 1.0 / (block_bits // hashes)
+    # Poisson weights and unset**j by recurrence from j = lo
+    weight = math.exp(lo * math.log(load) - load - math.lgamma(lo + 1)) if load > 0 else 1.0
+    power = unset**lo
     total = 0.0
-    log_load = math.log(load) if load > 0 else -math.inf
     for j in range(lo, hi):
-        if load == 0:
-            weight = 1.0 if j == 0 else 0.0
-        else:
-            weight = math.exp(j * log_load - load - math.lgamma(j + 1))
-        total += weight * (1.0 - unset**j) ** hashes
+        total += weight * (1.0 - power) ** hashes
+        weight *= load / (j + 1)
+        power *= unset
     return total
 
 
@@ -138,9 +138,9 @@ def size_slice(error_rate: float, block_bits: int = BLOCK_BITS) -> tuple[int, fl
     ideal = -math.log(error_rate) / math.log(2) ** 2
     ideal_k = max(1, round(ideal * math.log(2)))
     best: tuple[int, float] | None = None
-    for k in range(max(1, ideal_k - 2), ideal_k + 4):
-        lo, hi = ideal * 0.9, ideal * 3
-        for _ in range(40):
+    for k in range(max(1, ideal_k - 1), ideal_k + 3):
+        lo, hi = ideal * 0.95, ideal * 2
+        for _ in range(30):
             mid = (lo + hi) / 2
             if blocked_false_positive_rate(mid, k, block_bits) <= error_rate:
                 hi = mid
@@ -621,8 +621,17 @@ class BloomFilter:
         if self.params.backend == "redisbloom":
             return self._redisbloom_info()
         params = self.params
-        plan = params.plan()
+        computed = params.plan()
         chunk_blocks = params.chunk_bytes // (params.block_bits // 8)
+
+        def stored_plan(state: dict[bytes, bytes], s: int) -> SlicePlan:
+            """The plan the scripts use is the one stored with the partition."""
+            raw = state.get(b"plan:%d" % s)
+            if raw is None:
+                return computed[s]
+            capacity, hashes, blocks = (int(x) for x in raw.split())
+            return SlicePlan(capacity, computed[s].error_rate, hashes, blocks)
+
         with redis_errors(self.server):
             pipe = self.server.pipeline(transaction=False)
             for p in range(params.partitions):
@@ -631,7 +640,7 @@ class BloomFilter:
             pipe = self.server.pipeline(transaction=False)
             for p, state in enumerate(states):
                 for s in range(int(state.get(b"slices", 1))):
-                    for c in range(math.ceil(plan[s].blocks / chunk_blocks)):
+                    for c in range(math.ceil(stored_plan(state, s).blocks / chunk_blocks)):
                         pipe.strlen(keys.chunk_key(self.key, p, s, c))
             memory = sum(pipe.execute())
         bits = bits_set = items = checked = filtered = 0
@@ -643,7 +652,7 @@ class BloomFilter:
             slices_per_partition.append(nslices)
             miss = 1.0
             for s in range(nslices):
-                sp = plan[s]
+                sp = stored_plan(state, s)
                 s_items = int(state.get(b"items:%d" % s, 0))
                 bits += sp.bits
                 slice_capacity += sp.capacity
@@ -658,7 +667,7 @@ class BloomFilter:
         return BloomInfo(
             capacity=params.capacity,
             error_rate=params.error_rate,
-            hashes=plan[0].hashes,
+            hashes=stored_plan(states[0], 0).hashes,
             bits=bits,
             bits_set=bits_set,
             fill_ratio=bits_set / bits if bits else 0.0,
