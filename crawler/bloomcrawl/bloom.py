@@ -477,17 +477,22 @@ class BloomFilter:
 
     @classmethod
     def open(cls, server: redis.Redis, key: str) -> BloomFilter:
-        """Open an existing filter with whatever parameters it was created with."""
+        """Open an existing filter with whatever parameters it was created with.
+
+        Read-only: writes nothing (the exporter and ``bloomcrawl status`` use it).
+        """
         keys.check_key(key)
         with redis_errors(server):
-            raw = server.hget(keys.meta_key(key), "params")
+            raw, ready = server.hmget(keys.meta_key(key), ["params", "ready"])
         if raw is None:
             raise BloomFilterError("no Bloom filter %r at %s" % (key, describe_redis(server)))
+        if ready != b"1":
+            raise BloomFilterError("Bloom filter %r at %s is still being created"
+                                   % (key, describe_redis(server)))
         self = cls.__new__(cls)
         self.server = server
         self.key = key
         self.params = FilterParams.from_json(raw)
-        self._ensure_partitions(self.params)
         return self
 
     # -- creation -------------------------------------------------------
