@@ -24,22 +24,30 @@ pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
 PLAIN_ROWS = [
     "scrapy-redis set (SADD)",
     "seeds' recipe (exists+insert)",
-    "bloomcrawl add ",
-    "bloomcrawl add_many",
+    "bloomcrawl add, bitmap",
+    "bloomcrawl add_many, bitmap",
     "same again (all duplicates)",
-    "bloomcrawl RedisBloomDupeFilter",
-    "bloomcrawl requests_seen, batches of",
+    "bloomcrawl request_seen, bitmap",
+    "requests_seen, batches of",
     "scrapy-redis RFPDupeFilter (SADD)",
     "seeds' recipe RFPDupeFilter",
     "bloomcrawl's filter bits/item",
     "m/n = 10 (DESIGN.md)",
 ]
-MODULE_ROWS = ["RedisBloom BF.ADD", "RedisBloom BF.MADD"]
+MODULE_ROWS = [
+    "RedisBloom BF.ADD",
+    "RedisBloom BF.MADD",
+    "bloomcrawl add, redisbloom",
+    "bloomcrawl add_many, redisbloom",
+    "bloomcrawl request_seen, redisbloom",
+]
 TARGETS = [
-    "add_many: Redis CPU per decision",
-    "add_many: decisions/s, one process",
-    "add: rate / BF.ADD rate",
-    "request_seen: bloomcrawl / recipe",
+    "add_many, bitmap: Redis CPU per decision",
+    "add_many, bitmap: decisions/s, one process",
+    "add, bitmap: rate / BF.ADD rate",
+    "add_many, redisbloom: rate / BF.MADD rate",
+    "request_seen, bitmap: rate / recipe",
+    "request_seen, redisbloom: rate / recipe",
 ]
 
 
@@ -68,21 +76,24 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
     assert_targets_printed(stdout)
     keys = {row["key"] for row in numbers["contenders"]}
     assert {"set", "recipe", "add", "add_many", "add_many_dup"} <= keys
+    seen_keys = {row["key"] for row in numbers["request_seen"]}
+    assert {"bloomcrawl", "bloomcrawl_batched", "set", "recipe"} <= seen_keys
     if redisbloom_module():
-        assert {"bf_add", "bf_madd", "bf_madd_dup"} <= keys
+        assert {"bf_add", "bf_madd", "bf_madd_dup", "add_rb", "add_many_rb",
+                "add_many_rb_dup"} <= keys
+        assert {"bloomcrawl_rb", "bloomcrawl_rb_batched"} <= seen_keys
     for row in numbers["contenders"]:
         assert row["decisions_per_second"] > 0, row
         if row["key"].endswith("_dup"):
             assert row["new"] == 0, row  # the same fingerprints again: all seen
-    assert {row["key"] for row in numbers["request_seen"]} == {
-        "bloomcrawl", "bloomcrawl_batched", "set", "recipe"}
 
 
 def test_quick_run_without_the_module_says_why(tmp_path: Path,
                                                env_no_state: dict[str, str]) -> None:
     stdout, numbers = run_bench(tmp_path, env_no_state, "--no-redisbloom")
-    assert "RedisBloom rows (BF.ADD, BF.MADD) skipped: --no-redisbloom given" in stdout
+    assert "skipped: --no-redisbloom given" in stdout
     assert not [row for row in MODULE_ROWS if row in stdout]
     assert [row for row in PLAIN_ROWS if row not in stdout] == []
     assert_targets_printed(stdout)
+    assert [t["verdict"] for t in numbers["targets"] if "redisbloom" in t["name"]] == ["n/a"] * 2
     assert numbers["redisbloom_skipped"] == "--no-redisbloom given"
