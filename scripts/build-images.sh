@@ -156,4 +156,11 @@ elif [ -z "$(env_value GRAFANA_ENABLED)" ]; then
 fi
 
 echo "building the worker image"
-docker-compose --env-file "$ENV_FILE" build -q --force-rm worker
+compose=${BLOOMCRAWL_COMPOSE:-}
+if [ -z "$compose" ]; then
+    if command -v docker-compose >/dev/null 2>&1; then compose=docker-compose; else compose="docker compose"; fi
+fi
+force_rm=""  # v1's classic builder leaves a failed step's container without it
+case "$($compose version --short 2>/dev/null)" in 1.*) force_rm=--force-rm ;; esac
+# shellcheck disable=SC2086
+$compose --env-file "$ENV_FILE" build -q $force_rm worker

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import ROOT, free_port
 
 from bloomcrawl import cli
+
+from conftest import ROOT, free_port
 
 
 def test_env_file_gets_random_secrets_and_is_private(tmp_path: Path) -> None:
@@ -86,7 +87,7 @@ def test_a_recycled_pid_is_never_signalled() -> None:
 
 def test_unreachable_node_is_a_one_line_error() -> None:
     node = cli.Node("http://127.0.0.1:%d" % free_port(), "u", "p")
-    with pytest.raises(cli.CliError, match="daemonstatus.json"):
+    with pytest.raises(cli.CliError, match=r"daemonstatus\.json"):
         node.request("daemonstatus.json", timeout=2)
 
 

@@ -21,9 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, RedisServer, free_port
 
 from bloomcrawl import cli
+
+from conftest import ROOT, RedisServer, free_port
 
 CRAWLER = ROOT / "crawler"
 USERNAME = "tester"
@@ -101,7 +102,7 @@ class Scrapyd:
             except cli.CliError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError("scrapyd did not start:\n" + self.log.read_text())
+                    raise RuntimeError("scrapyd did not start:\n" + self.log.read_text()) from None
                 time.sleep(0.1)
 
     def stop(self) -> None:

@@ -401,10 +401,13 @@ def multipart(fields: dict[str, str], files: dict[str, tuple[str, bytes]]) -> tu
     boundary = uuid.uuid4().hex
     parts: list[bytes] = []
     for name, value in fields.items():
-        parts.append((f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n').encode())
+        parts.append((f"--{boundary}\r\nContent-Disposition: form-data;"
+                      f' name="{name}"\r\n\r\n{value}\r\n').encode())
     for name, (filename, content) in files.items():
-        parts.append((f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
-                      "Content-Type: application/octet-stream\r\n\r\n").encode() + content + b"\r\n")
+        head = (f"--{boundary}\r\nContent-Disposition: form-data;"
+                f' name="{name}"; filename="{filename}"\r\n'
+                "Content-Type: application/octet-stream\r\n\r\n")
+        parts.append(head.encode() + content + b"\r\n")
     parts.append((f"--{boundary}--\r\n").encode())
     return b"".join(parts), "multipart/form-data; boundary=" + boundary
 
@@ -456,7 +459,8 @@ class Compose:
         self.grafana = env.get("GRAFANA_ENABLED") == "1"
 
     def base(self, *profiles: str) -> list[str]:
-        cmd = [*compose_command(), "--env-file", str(self.paths.env_file), "-f", str(self.paths.compose_file), "-p", self.project]
+        cmd = [*compose_command(), "--env-file", str(self.paths.env_file),
+               "-f", str(self.paths.compose_file), "-p", self.project]
         for profile in profiles:
             cmd += ["--profile", profile]
         return cmd
@@ -465,6 +469,33 @@ class Compose:
             check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
         return run(self.base(*profiles) + list(args), cwd=self.paths.root, capture=capture,
                    check=check, timeout=timeout)
+
+    def is_v1(self) -> bool:
+        if compose_command() != ["docker-compose"]:
+            return False
+        result = run(["docker-compose", "version", "--short"], capture=True, check=False,
+                     timeout=30)
+        return result.stdout.strip().startswith("1.")
+
+    def up_workers(self, workers: int, profiles: Sequence[str], *,
+                   only_workers: bool = False) -> None:
+        """``up -d --scale worker=N``; with Compose v2 one new replica at a time.
+
+        v2 creates replicas in parallel, and two of them may then race for the
+        same port of the published range; v1 creates them one after another.
+        """
+        service = [COMPOSE_SERVICE] if only_workers else []
+        options = ["--no-recreate"] if only_workers else ["--remove-orphans"]
+        if self.is_v1():
+            self.run("up", "-d", *options, "--scale", "%s=%d" % (COMPOSE_SERVICE, workers),
+                     *service, profiles=profiles)
+            return
+        running = len(self.containers(COMPOSE_SERVICE))
+        steps = list(range(running + 1, workers + 1)) or [workers]
+        for count in steps:
+            self.run("up", "-d", *options, "--scale", "%s=%d" % (COMPOSE_SERVICE, count),
+                     *service, profiles=profiles)
+            options = ["--no-recreate"]
 
     def containers(self, service: str | None = None) -> list[dict[str, Any]]:
         """``docker inspect`` of this project's containers (of one service)."""
@@ -574,7 +605,7 @@ def resolve_target(args: argparse.Namespace, paths: Paths, *, need_nodes: bool) 
         if compose is not None:
             urls = compose.worker_urls()
         else:
-            urls = ["http://127.0.0.1:%d" % p.port for p in cluster.processes
+            urls = ["http://127.0.0.1:%s" % p.port for p in cluster.processes
                     if p.name.startswith("scrapyd-") and p.port]
     if need_nodes and not urls:
         raise CliError("no scrapyd nodes: run `make up`, or pass --nodes URL,... (SCRAPYD_NODES)")
@@ -617,8 +648,7 @@ def docker_up(paths: Paths, workers: int, demo: bool, build: bool) -> int:
     compose = Compose(paths)
     save_cluster(paths, Cluster("docker", "", "", "", project_name=compose.project))
     profiles = (["grafana"] if compose.grafana else []) + (["demo"] if demo else [])
-    compose.run("up", "-d", "--remove-orphans", "--scale", "%s=%d" % (COMPOSE_SERVICE, workers),
-                profiles=profiles)
+    compose.up_workers(workers, profiles)
     compose.wait_healthy()
     urls = compose.worker_urls()
     say("cluster up in %.0fs: %d worker(s): %s" % (time.monotonic() - started, len(urls),
@@ -628,7 +658,8 @@ def docker_up(paths: Paths, workers: int, demo: bool, build: bool) -> int:
         "/metrics".format(env.get("REDIS_PORT", "6379"), env.get("PROMETHEUS_PORT", "9090"),
                       env.get("EXPORTER_PORT", "9410")))
     if compose.grafana:
-        say("grafana: http://127.0.0.1:{} (admin / GRAFANA_ADMIN_PASSWORD in {})".format(env.get("GRAFANA_PORT", "3000"), paths.env_file))
+        say("grafana: http://127.0.0.1:%s (admin / GRAFANA_ADMIN_PASSWORD in %s)"
+            % (env.get("GRAFANA_PORT", "3000"), paths.env_file))
     else:
         say("grafana: not started (its image needs a container registry; see README.md)")
     return 0
@@ -662,8 +693,7 @@ def cmd_scale(args: argparse.Namespace, paths: Paths) -> int:
         return LocalCluster(paths, read_env_file(paths.env_file)).scale(args.workers)
     compose = Compose(paths)
     profiles = ["grafana"] if compose.grafana else []
-    compose.run("up", "-d", "--no-recreate", "--scale", "%s=%d" % (COMPOSE_SERVICE, args.workers),
-                COMPOSE_SERVICE, profiles=profiles)
+    compose.up_workers(args.workers, profiles, only_workers=True)
     compose.wait_healthy(services=[COMPOSE_SERVICE])
     urls = compose.worker_urls()
     say("%d worker(s): %s" % (len(urls), " ".join(urls)))
@@ -720,7 +750,8 @@ class LocalCluster:
             alive = [p for p in cluster.processes if is_ours(p)]
             if len(alive) != len(cluster.processes):
                 dead = sorted({p.name for p in cluster.processes} - {p.name for p in alive})
-                raise CliError("recorded processes are gone ({}): `make down`, then `make up`".format(", ".join(dead)))
+                raise CliError("recorded processes are gone (%s): `make down`, then `make up`"
+                               % ", ".join(dead))
             self._scale_to(cluster, workers)
             self._ensure_prometheus(cluster)
             if demo:
@@ -729,7 +760,7 @@ class LocalCluster:
             if created:
                 self.down(keep_data=False, quiet=True)
             raise
-        urls = ["http://127.0.0.1:%d" % p.port for p in cluster.processes
+        urls = ["http://127.0.0.1:%s" % p.port for p in cluster.processes
                 if p.name.startswith("scrapyd-")]
         say("local cluster up in %.0fs: %d scrapyd node(s): %s" % (
             time.monotonic() - started, len(urls), " ".join(urls)))
@@ -785,7 +816,7 @@ class LocalCluster:
     def _exporter_env(self, cluster: Cluster) -> dict[str, str]:
         env = self._child_env(cluster.redis_url)
         env["SCRAPYD_NODES"] = ",".join(
-            "http://127.0.0.1:%d" % p.port for p in cluster.processes
+            "http://127.0.0.1:%s" % p.port for p in cluster.processes
             if p.name.startswith("scrapyd-"))
         return env
 
@@ -872,7 +903,7 @@ class LocalCluster:
         if workers < 1:
             raise CliError("WORKERS must be at least 1")
         self._scale_to(cluster, workers)
-        urls = ["http://127.0.0.1:%d" % p.port for p in cluster.processes
+        urls = ["http://127.0.0.1:%s" % p.port for p in cluster.processes
                 if p.name.startswith("scrapyd-")]
         say("%d scrapyd node(s): %s" % (len(urls), " ".join(urls)))
         say("new nodes have no project yet: `make deploy` reaches every node")
@@ -883,7 +914,7 @@ class LocalCluster:
         """Start the demo site once; its URL."""
         for record in cluster.processes:
             if record.name == "demo" and is_ours(record):
-                return "http://127.0.0.1:%d/" % record.port
+                return "http://127.0.0.1:%s/" % record.port
         port = pick_port(int(self.env.get("DEMO_PORT") or 8000), self._taken_ports(cluster))
         cmd = [self.python, "-m", "bloomcrawl.demo", "--host", "127.0.0.1", "--port", str(port),
                "--pages", str(pages or int(self.env.get("DEMO_PAGES") or 2000))]
@@ -914,6 +945,10 @@ class LocalCluster:
             say("local cluster down%s" % (f" (data kept in {self.dir})" if keep_data else ""))
 
 
+def cli_text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def http_ok(url: str) -> bool:
     with _OPENER.open(url, timeout=3) as response:
         return bool(200 <= response.status < 300)
@@ -927,7 +962,8 @@ def build_egg(project_dir: Path, out: Path) -> None:
     result = run([sys.executable, "-m", "scrapyd_client.deploy", "--build-egg", str(out)],
                  cwd=project_dir, capture=True, check=False, timeout=300)
     if result.returncode != 0 or not out.is_file():
-        raise CliError(f"building the egg in {project_dir} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        raise CliError(f"building the egg in {project_dir} failed:\n"
+                       f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
 
 
 def cmd_deploy(args: argparse.Namespace, paths: Paths) -> int:
@@ -1055,7 +1091,7 @@ def job_states(target: Target, project: str, jobs: dict[str, str]) -> dict[str, 
     def ask(node: Node) -> Any:
         return node.request(f"listjobs.json?project={urllib.parse.quote(project)}", timeout=10)
 
-    for node, answer, _error in for_each_node([n for n in target.nodes if n.url in wanted], ask):
+    for _node, answer, _error in for_each_node([n for n in target.nodes if n.url in wanted], ask):
         if answer is None:
             continue
         for state in ("pending", "running", "finished"):
@@ -1073,7 +1109,7 @@ def frontier_line(client: redis.Redis, spider: str) -> tuple[str, inspect.Spider
     stats: dict[str, int] = {}
     with contextlib.suppress(redis.RedisError):
         raw = client.hgetall(keys.spider_key(keys.DEFAULT_STATS_KEY, spider))
-        stats = {k.decode(): int(v) for k, v in raw.items()}
+        stats = {cli_text(k): int(v) for k, v in raw.items()}
     if state is None:
         return ("pages %d  items %d" % (stats.get("pages", 0), stats.get("items", 0)), None)
     return ("pages %d  items %d  queue %s  leased %s  filtered %d  requeued %d" % (

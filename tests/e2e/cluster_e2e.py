@@ -24,6 +24,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import urllib.parse
@@ -88,22 +89,32 @@ def environment() -> dict[str, str]:
     return env
 
 
-def make(*targets: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """A make target, its output echoed; raises when it fails."""
+def make(*targets: str, timeout: float) -> str:
+    """A make target, its output echoed as it comes; raises when it fails or times out."""
     remaining = BUDGET - (time.monotonic() - STARTED)
     timeout = max(30.0, min(timeout, remaining))
     log("$ make %s" % " ".join(targets))
-    proc = subprocess.run(["make", "--no-print-directory", *targets], cwd=ROOT,
-                          env=environment(), text=True, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=timeout)
-    for line in proc.stdout.splitlines():
-        if "DEPRECATED: The legacy builder" in line or "buildx" in line or not line.strip():
-            continue
-        sys.stdout.write("    " + line + "\n")
-    sys.stdout.flush()
-    if proc.returncode != 0:
-        raise AssertionError("make %s exited %d" % (" ".join(targets), proc.returncode))
-    return proc
+    proc = subprocess.Popen(["make", "--no-print-directory", *targets], cwd=ROOT,
+                            env=environment(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    lines = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "DEPRECATED: The legacy builder" in line or "buildx" in line or not line.strip():
+                continue
+            sys.stdout.write("    " + line)
+            sys.stdout.flush()
+        code = proc.wait()
+    finally:
+        killer.cancel()
+    if code != 0:
+        raise AssertionError("make %s exited %d%s" % (
+            " ".join(targets), code, " (killed after %.0fs)" % timeout if code < 0 else ""))
+    return "".join(lines)
 
 
 def bloomcrawl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -277,11 +288,17 @@ def check_killed_worker() -> str:
                   if c["Config"]["Labels"].get("com.docker.compose.container-number") == "2")
     port = victim["NetworkSettings"]["Ports"]["6800/tcp"][0]["HostPort"]
     victim_url = "http://127.0.0.1:%s" % port
+    victim_node = next(n for n in t.nodes if n.url == victim_url)
+    # kill it when it is surely crawling: its job running, and a good part of the site done
     deadline = time.monotonic() + 120
     pages = 0
-    while pages < PAGES // 5:
-        assert time.monotonic() < deadline, "the crawl did not start (%d pages)" % pages
+    while True:
+        assert time.monotonic() < deadline, "the crawl did not get going (%d pages)" % pages
         pages = int(client.hget("site:stats", "pages") or 0)
+        if pages >= PAGES * 2 // 5:
+            running = victim_node.request("listjobs.json?project=bloomcrawl")["running"]
+            if any(j["id"] == jobs[victim_url] for j in running):
+                break
         time.sleep(0.1)
     subprocess.run(["docker", "kill", victim["Id"]], check=True, capture_output=True,
                    timeout=60)
@@ -299,13 +316,14 @@ def check_killed_worker() -> str:
     stats = demo_stats()
     requeued = int(client.hget("site:stats", "requeued") or 0)
     assert stats["missing"] == 0, "%d pages never crawled after the kill" % stats["missing"]
+    assert requeued > 0, "the killed worker's leases were never requeued"
     return "every page crawled; %d fetched again (in flight on the killed worker), %d leases" \
            " requeued" % (stats["duplicates"], requeued)
 
 
 def check_scale() -> str:
     make("scale", "WORKERS=%d" % (WORKERS + 1), timeout=300)
-    out = make("deploy", timeout=180).stdout
+    out = make("deploy", timeout=180)
     expected = "to %d of %d node(s)" % (WORKERS + 1, WORKERS + 1)
     assert expected in out, "deploy after scaling: %r" % out[-300:]
     return "make deploy reached all %d workers after make scale" % (WORKERS + 1)
