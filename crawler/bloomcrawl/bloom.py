@@ -47,7 +47,8 @@ DEFAULT_ERROR_RATE = 0.001
 DEFAULT_PARTITIONS = 4
 DEFAULT_GROWTH = 2.0
 DEFAULT_TIGHTENING = 0.4
-DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024
+# just under 32 MiB: with the string header the allocation stays in the 32 MiB size class
+DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024 - 4096
 MAX_SLICES = 24
 MAX_CHUNK_BYTES = 256 * 1024 * 1024
 #: "bitmap": plain Redis strings and Lua, any Redis; "redisbloom": the bf module's
@@ -529,7 +530,6 @@ class BloomFilter:
             "chunk_blocks": params.chunk_bytes // block_bytes,
             "max_slices": len(plan),
             "slices": 1,
-            "checked": 0,
             "filtered": 0,
         }
         for i, s in enumerate(plan):
@@ -667,8 +667,8 @@ class BloomFilter:
                     miss *= 1 - blocked_false_positive_rate(sp.bits / s_items, sp.hashes,
                                                             params.block_bits)
             fp_sum += 1 - miss
-            checked += int(state.get(b"checked", 0))
             filtered += int(state.get(b"filtered", 0))
+        checked = items + filtered
         return BloomInfo(
             capacity=params.capacity,
             error_rate=params.error_rate,
@@ -716,8 +716,8 @@ class BloomFilter:
             capacity += int(fields["Capacity"])
             slices.append(int(fields["Number of filters"]))
             fp_sum += (part_set / m) ** k if m else 0.0
-            checked += int(state.get(b"checked", 0))
             filtered += int(state.get(b"filtered", 0))
+        checked = items + filtered
         return BloomInfo(
             capacity=params.capacity, error_rate=params.error_rate, hashes=k, bits=bits,
             bits_set=bits_set, fill_ratio=bits_set / bits if bits else 0.0, items=items,

@@ -13,10 +13,10 @@ local prefix = string.sub(state_key, 1, -7)
 local byte, char, sub = string.byte, string.char, string.sub
 local floor = math.floor
 local MASK = {[0] = 128, 64, 32, 16, 8, 4, 2, 1}
-local TRI = {}
-for t = 0, 63 do TRI[t] = t * (t - 1) / 2 end
 
-local head = redis.call('HMGET', state_key, 'slices', 'block_bytes', 'chunk_blocks', 'max_slices')
+-- one read for the partition's parameters and its first slice
+local head = redis.call('HMGET', state_key, 'slices', 'block_bytes', 'chunk_blocks', 'max_slices',
+                        'plan:0', 'items:0')
 local nslices = tonumber(head[1])
 if not nslices then
   return redis.error_reply('BLOOMCRAWL_NOFILTER no filter partition at ' .. state_key)
@@ -26,17 +26,20 @@ local BLOCK_BITS = BLOCK_BYTES * 8
 local CHUNK_BLOCKS = tonumber(head[3])
 local MAX_SLICES = tonumber(head[4])
 
--- per-slice parameters, index 1..nslices
-local s_cap, s_k, s_blocks, s_items, s_bits_set = {}, {}, {}, {}, {}
-local function load_slice(i)
-  local f = redis.call('HMGET', state_key, 'plan:' .. (i - 1), 'items:' .. (i - 1))
-  local plan = f[1]
+-- per-slice parameters, index 1..nslices; s_added: items this call added
+local s_cap, s_k, s_blocks, s_items, s_added, s_bits_set = {}, {}, {}, {}, {}, {}
+local function set_slice(i, plan, items)
   local c, k, b = string.match(plan, '^(%d+) (%d+) (%d+)$')
   s_cap[i], s_k[i], s_blocks[i] = tonumber(c), tonumber(k), tonumber(b)
-  s_items[i] = tonumber(f[2]) or 0
-  s_bits_set[i] = 0
+  s_items[i] = tonumber(items) or 0
+  s_added[i], s_bits_set[i] = 0, 0
 end
-for i = 1, nslices do load_slice(i) end
+local function load_slice(i)
+  local f = redis.call('HMGET', state_key, 'plan:' .. (i - 1), 'items:' .. (i - 1))
+  set_slice(i, f[1], f[2])
+end
+set_slice(1, head[5], head[6])
+for i = 2, nslices do load_slice(i) end
 
 local function mod(a, m)
   local r = a - floor(a / m) * m
@@ -56,7 +59,17 @@ local function locate(i, h1)
     key = prefix .. ':s' .. (i - 1) .. ':c' .. chunk
     chunk_keys[id] = key
   end
-  return key, off
+  return key, off, chunk
+end
+
+-- first write into a chunk: allocate it whole, in one allocation (growing a
+-- string by SETRANGE over-allocates up to twice its size)
+local function allocate(i, key, chunk)
+  local blocks = math.min(CHUNK_BLOCKS, s_blocks[i] - chunk * CHUNK_BLOCKS)
+  local size = blocks * BLOCK_BYTES
+  if redis.call('STRLEN', key) < size then
+    redis.call('SETRANGE', key, size - 1, '\0')
+  end
 end
 
 -- The block is cut into k lanes of w = floor(BLOCK_BITS / k) bits; bit t of
@@ -74,7 +87,7 @@ local function present(i, h1, h2, h3, h4)
   local k = s_k[i]
   local w = floor(BLOCK_BITS / k)
   for t = 0, k - 1 do
-    local pos = t * w + (h2 + t * h3 + TRI[t] * h4) % w
+    local pos = t * w + (h2 + t * h3 + t * (t - 1) / 2 * h4) % w
     local r8 = pos % 8
     local m = MASK[r8]
     if byte(blk, (pos - r8) / 8 + 1) % (m + m) < m then return false end
@@ -84,15 +97,18 @@ end
 
 -- check-and-set in slice i: returns the number of bits newly set (0: present)
 local function insert(i, h1, h2, h3, h4)
-  local key, off = locate(i, h1)
+  local key, off, chunk = locate(i, h1)
   local blk = redis.call('GETRANGE', key, off, off + BLOCK_BYTES - 1)
-  if #blk < BLOCK_BYTES then blk = blk .. string.rep('\0', BLOCK_BYTES - #blk) end
+  if #blk < BLOCK_BYTES then
+    allocate(i, key, chunk)
+    blk = blk .. string.rep('\0', BLOCK_BYTES - #blk)
+  end
   local k = s_k[i]
   local w = floor(BLOCK_BITS / k)
   local parts, np = nil, 0
   local n, lo, prev, cur_bi, cur_val = 0, 0, 0, 0, 0
   for t = 0, k - 1 do
-    local pos = t * w + (h2 + t * h3 + TRI[t] * h4) % w
+    local pos = t * w + (h2 + t * h3 + t * (t - 1) / 2 * h4) % w
     local r8 = pos % 8
     local bi = (pos - r8) / 8 + 1
     local m = MASK[r8]
@@ -140,6 +156,7 @@ local function add_item(h1, h2, h3, h4)
   if n == 0 then return false end
   s_bits_set[newest] = s_bits_set[newest] + n
   s_items[newest] = s_items[newest] + 1
+  s_added[newest] = s_added[newest] + 1
   return true
 end
 
@@ -150,15 +167,14 @@ local function contains_item(h1, h2, h3, h4)
   return false
 end
 
--- write back the counters an add call changed
-local function save_counters(first_slices, checked, filtered)
+-- write back the counters an add call changed (checked = items + filtered)
+local function save_counters(first_slices, filtered)
   for i = 1, nslices do
-    if s_bits_set[i] > 0 then
+    if s_added[i] > 0 then
       redis.call('HINCRBY', state_key, 'bits_set:' .. (i - 1), s_bits_set[i])
-      redis.call('HSET', state_key, 'items:' .. (i - 1), s_items[i])
+      redis.call('HINCRBY', state_key, 'items:' .. (i - 1), s_added[i])
     end
   end
-  if checked > 0 then redis.call('HINCRBY', state_key, 'checked', checked) end
   if filtered > 0 then redis.call('HINCRBY', state_key, 'filtered', filtered) end
   if nslices ~= first_slices then redis.call('HSET', state_key, 'slices', nslices) end
 end
@@ -169,19 +185,18 @@ end
 local function decide(blob, flags)
   local count = #blob / 20
   local first_slices = nslices
-  local out, checked, filtered = {}, 0, 0
+  local out, filtered = {}, 0
   for j = 0, count - 1 do
     if flags and byte(flags, j + 1) == 49 then
       out[j + 1] = true
     else
-      checked = checked + 1
       local h1, h2, h3, h4 = hashes(blob, j * 20)
       local new = add_item(h1, h2, h3, h4)
       out[j + 1] = new
       if not new then filtered = filtered + 1 end
     end
   end
-  save_counters(first_slices, checked, filtered)
+  save_counters(first_slices, filtered)
   return out
 end
 

@@ -36,7 +36,6 @@ local function decide(blob, flags)
     end
   end
   if #fps > 0 then
-    redis.call('HINCRBY', state_key, 'checked', #fps)
     if filtered > 0 then redis.call('HINCRBY', state_key, 'filtered', filtered) end
     if #fps > filtered then redis.call('HINCRBY', state_key, 'items', #fps - filtered) end
   end
