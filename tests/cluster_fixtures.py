@@ -48,6 +48,8 @@ STATS = {
     "bad_start_urls": 1,
     "unserializable": 4,
 }
+#: ``<spider>:pages_by_node``: worker host name -> pages (they add up to STATS["pages"])
+NODE_PAGES = {"worker-a": 30, "worker-b": 12}
 
 
 @dataclass
@@ -63,6 +65,7 @@ class Frontier:
     start_urls: int
     items_stored: int
     stats: dict[str, int]
+    pages_by_node: dict[str, int]
 
 
 def fingerprints(n: int, salt: str = "") -> list[bytes]:
@@ -78,19 +81,22 @@ def populate_frontier(
     capacity: int = 10_000,
     urls: int = 300,
     duplicates: int = 100,
+    backend: str = "bitmap",
 ) -> Frontier:
     """A filter holding ``urls`` fingerprints (``duplicates`` of them added twice),
-    a queue of 7 requests over the partitions, 3 leases (1 expired), stats, start
-    URLs and items, laid out as the scheduler records them in the meta hash.
+    a queue of 7 requests over the partitions, 3 leases (1 expired), stats, pages
+    per worker host, start URLs and items, laid out as the scheduler records them
+    in the meta hash.
     """
     frontier = keys.FrontierKeys(spider, partitions=partitions)
     bloom = BloomFilter(client, frontier.filter, capacity=capacity, error_rate=0.01,
-                        partitions=partitions)
+                        partitions=partitions, backend=backend)
     fps = fingerprints(urls, salt=spider)
     bloom.add_many(fps + fps[:duplicates])
     client.hset(frontier.meta, mapping={
         "spider": spider, "queue": frontier.queue, "queue_type": queue_type,
         "stats": frontier.stats, "start_urls": frontier.start_urls, "items": frontier.items,
+        "pages_by_node": frontier.pages_by_node,
     })
     queue_length = 0
     for i in range(7):
@@ -109,10 +115,12 @@ def populate_frontier(
         client.hset(frontier.leases(p), token, json.dumps({"url": f"http://127.0.0.1/l/{n}"}))
         client.zadd(frontier.deadlines(p), {token: deadline})
     client.hset(frontier.stats, mapping=STATS)
+    client.hset(frontier.pages_by_node, mapping=NODE_PAGES)
     client.rpush(frontier.start_urls, "http://127.0.0.1/a", '{"url": "http://127.0.0.1/b"}')
     client.rpush(frontier.items, *[json.dumps({"n": n}) for n in range(5)])
     return Frontier(spider=spider, bloom=bloom, frontier=frontier, queue_length=queue_length,
-                    leased=3, leases_expired=1, start_urls=2, items_stored=5, stats=dict(STATS))
+                    leased=3, leases_expired=1, start_urls=2, items_stored=5, stats=dict(STATS),
+                    pages_by_node=dict(NODE_PAGES))
 
 
 SCRAPYD_USER = "probe-user"

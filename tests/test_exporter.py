@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -9,8 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -68,6 +72,13 @@ def sample_names(registry: CollectorRegistry) -> set[str]:
     return {s.name for family in registry.collect() for s in family.samples}
 
 
+def node_pages(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
+    """(spider, node) -> value of every ``bloomcrawl_node_pages_total`` sample of a scrape."""
+    return {(s.labels["spider"], s.labels["node"]): s.value
+            for family in registry.collect() for s in family.samples
+            if s.name == exporter.NODE_PAGES_METRIC}
+
+
 # --- Redis -------------------------------------------------------------------------
 
 
@@ -93,8 +104,11 @@ def test_every_spider_metric_has_the_value_in_redis(
     assert get("bloomcrawl_stored_items", labels) == 5
     for field, name in STATS_SAMPLES.items():
         assert get(name, labels) == front.stats[field], name
-    assert get("bloomcrawl_spider_info",
-               {"spider": "site", "filter": "site:bloomfilter", "queue_type": "priority"}) == 1
+    # no scrapyd configured: each worker host is its own node label
+    assert node_pages(registry) == {("site", host): pages
+                                    for host, pages in front.pages_by_node.items()}
+    assert get("bloomcrawl_spider_info", {"spider": "site", "filter": "site:bloomfilter",
+                                          "queue_type": "priority", "backend": "bitmap"}) == 1
     assert get("bloomcrawl_up") == 1
     assert get("bloomcrawl_spiders") == 1
     used = redis_client.info("memory")["used_memory"]
@@ -148,8 +162,10 @@ def test_several_spiders_and_a_dupefilter_only_filter(redis_server: RedisServer,
     assert get("bloomcrawl_filter_items", {"spider": "gamma"}) == 20
     assert get("bloomcrawl_pages_total", {"spider": "gamma"}) == 0
     assert get("bloomcrawl_queue_requests", {"spider": "gamma"}) is None
-    assert get("bloomcrawl_spider_info",
-               {"spider": "gamma", "filter": "gamma:bloomfilter", "queue_type": ""}) == 1
+    assert get("bloomcrawl_spider_info", {"spider": "gamma", "filter": "gamma:bloomfilter",
+                                          "queue_type": "", "backend": "bitmap"}) == 1
+    assert ("gamma", "worker-a") not in node_pages(registry)
+    assert node_pages(registry)[("beta", "worker-a")] == 30
 
 
 def test_inspect_finds_spiders_with_scan_and_only_reads(redis_client: redis.Redis) -> None:
@@ -162,7 +178,10 @@ def test_inspect_finds_spiders_with_scan_and_only_reads(redis_client: redis.Redi
     assert (state.queue_length, state.leased, state.leases_expired) == (7, 3, 1)
     assert state.requeued == 3
     assert state.queue_key == "site:requests" and state.queue_type == "priority"
+    assert state.backend == "bitmap"
     assert set(state.stats) == set(keys.STATS_FIELDS)
+    assert state.pages_by_node_key == "site:pages_by_node"
+    assert state.pages_by_node == {"worker-a": 30, "worker-b": 12}
     assert state.problems == []
     assert inspect.spider_state(redis_client, "nope:bloomfilter:meta") is None
     snap = inspect.snapshot(redis_client)
@@ -246,6 +265,175 @@ def test_nothing_listening_on_the_redis_port(closed_port_url: str) -> None:
     started = time.monotonic()
     assert registry.get_sample_value("bloomcrawl_up") == 0
     assert time.monotonic() - started < 2
+
+
+def test_pages_by_node_without_the_meta_field_and_past_the_host_bound(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    front = populate_frontier(redis_client, "site")
+    # a filter whose meta hash predates the field: the default key is read
+    redis_client.hdel(front.frontier.meta, "pages_by_node")
+    state = inspect.spider_state(redis_client, front.frontier.meta)
+    assert state is not None and state.pages_by_node == front.pages_by_node
+    assert state.problems == []
+
+    monkeypatch.setattr(inspect, "MAX_NODES_PER_SPIDER", 3)
+    redis_client.hset(front.frontier.pages_by_node,
+                      mapping={"worker-c": 1, "worker-d": 50, "worker-e": 2})
+    state = inspect.spider_state(redis_client, front.frontier.meta)
+    assert state is not None
+    assert state.pages_by_node == {"worker-a": 30, "worker-b": 12, "worker-d": 50}
+    assert state.problems == ["site:pages_by_node names 5 worker hosts; reporting the 3"
+                              " with the most pages"]
+
+    redis_client.delete(front.frontier.pages_by_node)
+    redis_client.set(front.frontier.pages_by_node, "not a hash")
+    state = inspect.spider_state(redis_client, front.frontier.meta)
+    assert state is not None and state.pages_by_node == {}
+    assert state.problems and "pages by node site:pages_by_node unreadable" in state.problems[0]
+    assert state.filter is not None and state.queue_length == 7
+
+
+def test_node_labels_by_host_skip_a_host_name_several_nodes_report() -> None:
+    assert inspect.node_labels_by_host([
+        ("10.0.0.5:6800", "a1b2c3"), ("10.0.0.6:6800", "d4e5f6"),
+        ("127.0.0.1:6800", "laptop"), ("127.0.0.1:6801", "laptop"),
+    ]) == {"a1b2c3": "10.0.0.5:6800", "d4e5f6": "10.0.0.6:6800"}
+
+
+# --- RedisBloom backend ---------------------------------------------------------------
+
+
+@pytest.fixture
+def mod_client(redismod_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redismod_server.client()
+    client.flushall()
+    yield client
+    client.flushall()
+    client.close()
+
+
+@pytest.mark.redismod
+def test_filter_metrics_of_a_redisbloom_filter(redismod_server: RedisServer,
+                                               mod_client: redis.Redis) -> None:
+    front = populate_frontier(mod_client, "site", backend="redisbloom")
+    assert front.bloom.params.backend == "redisbloom"
+    assert mod_client.exists(keys.redisbloom_key(front.frontier.filter, 0))
+    info = front.bloom.info()
+    assert (info.items, info.checked, info.filtered, info.capacity) == (300, 400, 100, 10_000)
+    mod_client.config_resetstat()
+    _, registry = collector(redismod_server.url)
+    get = registry.get_sample_value
+    labels = {"spider": "site"}
+
+    for name, value in FILTER_METRICS.items():
+        assert get(name, labels) == pytest.approx(value(info)), name
+    assert 0 < get("bloomcrawl_filter_fill_ratio", labels) < 1
+    assert get("bloomcrawl_filter_memory_bytes", labels) > 0
+    assert get("bloomcrawl_filter_partitions", labels) == 4
+    assert 0 < get("bloomcrawl_filter_estimated_false_positive_ratio", labels) < get(
+        "bloomcrawl_filter_target_false_positive_ratio", labels) == 0.01
+    assert get("bloomcrawl_spider_info", {"spider": "site", "filter": "site:bloomfilter",
+                                          "queue_type": "priority",
+                                          "backend": "redisbloom"}) == 1
+    assert get("bloomcrawl_queue_requests", labels) == 7
+    assert get("bloomcrawl_pages_total", labels) == front.stats["pages"]
+    assert node_pages(registry) == {("site", host): pages
+                                    for host, pages in front.pages_by_node.items()}
+    used = {k.removeprefix("cmdstat_").split("|")[0] for k in mod_client.info("commandstats")}
+    assert "bf.info" in used
+    assert not used & {"bf.add", "bf.madd", "bf.reserve", "hset", "hsetnx", "hincrby", "eval",
+                       "evalsha"}, "the scrape must only read"
+
+
+# --- pages per node and the scrapyd nodes ---------------------------------------------
+
+
+class FakeScrapyd:
+    """A ``daemonstatus.json`` on 127.0.0.1 reporting a chosen ``node_name``."""
+
+    def __init__(self, node_name: str) -> None:
+        body = json.dumps({"node_name": node_name, "status": "ok", "pending": 0,
+                           "running": 0, "finished": 0}).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                logging.getLogger(__name__).debug(format, *args)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.node = f"127.0.0.1:{self.server.server_address[1]}"
+        self.url = "http://" + self.node
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.stopped = False
+
+    def stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.server.shutdown()
+            self.server.server_close()
+            self.thread.join(5)
+
+
+@pytest.fixture
+def fake_scrapyd() -> Iterator[Callable[[str], FakeScrapyd]]:
+    started: list[FakeScrapyd] = []
+
+    def start(node_name: str) -> FakeScrapyd:
+        started.append(FakeScrapyd(node_name))
+        return started[-1]
+
+    yield start
+    for node in started:
+        node.stop()
+
+
+def test_pages_per_node_are_labelled_with_the_scrapyd_node_of_their_host(
+    scrapyd_node: ScrapydNode, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    front = populate_frontier(redis_client, "site")
+    host = socket.gethostname()
+    # scrapyd's node_name defaults to the host name the scheduler records
+    assert scrapyd_node.get("daemonstatus.json")["node_name"] == host
+    redis_client.hset(front.frontier.pages_by_node, host, 5)
+    real = f"127.0.0.1:{scrapyd_node.port}"
+    closed = f"127.0.0.1:{free_port()}"
+    _, registry = collector(redis_server.url, urls=[scrapyd_node.url, closed],
+                            username=scrapyd_node.username, password=scrapyd_node.password)
+    assert node_pages(registry) == {("site", real): 5, ("site", "worker-a"): 30,
+                                    ("site", "worker-b"): 12}
+    redis_client.hincrby(front.frontier.pages_by_node, host, 3)
+    assert registry.get_sample_value(exporter.NODE_PAGES_METRIC,
+                                     {"spider": "site", "node": real}) == 8
+    _, plain = collector(redis_server.url)  # no scrapyd nodes: the host name
+    assert plain.get_sample_value(exporter.NODE_PAGES_METRIC,
+                                  {"spider": "site", "node": host}) == 8
+
+
+def test_a_silent_node_keeps_its_label_and_a_shared_host_name_keeps_the_host_name(
+    fake_scrapyd: Callable[[str], FakeScrapyd], redis_server: RedisServer,
+    redis_client: redis.Redis,
+) -> None:
+    populate_frontier(redis_client, "site")
+    a = fake_scrapyd("worker-a")
+    # two scrapyd on one machine report one node_name: their pages cannot be told apart
+    b1, b2 = fake_scrapyd("worker-b"), fake_scrapyd("worker-b")
+    col, registry = collector(redis_server.url, urls=[a.url, b1.url, b2.url])
+    assert node_pages(registry) == {("site", a.node): 30, ("site", "worker-b"): 12}
+
+    a.stop()
+    assert registry.get_sample_value("bloomcrawl_scrapyd_node_up", {"node": a.node}) == 0
+    assert node_pages(registry) == {("site", a.node): 30, ("site", "worker-b"): 12}
+
+    col.scrapyd.urls = [b1.url]  # a is no longer a node; b1 alone reports worker-b
+    assert node_pages(registry) == {("site", "worker-a"): 30, ("site", b1.node): 12}
 
 
 # --- scrapyd ------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 promtool checks the config and the rules and runs their unit tests; then a
 real Prometheus (the Debian package's binary) scrapes the real exporter while
 a real ``scrapy crawl site`` crawls the demo site, and every query of every
-dashboard panel and every metric every alert reads returns data from it.
+dashboard panel and every metric every alert reads returns data from it. The
+crawl runs on the scrapyd node's host, so its pages per node carry that node's
+label.
 promtool and prometheus are required: ``make test`` installs them, and these
 tests fail rather than skip without them.
 """
@@ -154,7 +156,8 @@ def test_dashboard_is_provisionable_as_is() -> None:
             assert grid["x"] + grid["w"] <= 24, panel["title"]
         titles = " | ".join(p["title"] for p in dashboard["panels"]).lower()
         for wanted in ("fill", "false-positive", "duplicates filtered per second",
-                       "pages per second", "queue and leases", "nodes up", "redis memory"):
+                       "pages per second", "pages per second per node", "queue and leases",
+                       "nodes up", "redis memory"):
             assert wanted in titles, wanted
 
 
@@ -306,8 +309,11 @@ def monitored_crawl(
 
 def test_every_panel_and_alert_query_returns_data_from_a_real_crawl(
     monitored_crawl: tuple[Prometheus, subprocess.Popen[bytes], str],
+    scrapyd_node: ScrapydNode,
 ) -> None:
     prometheus, worker, closed_node = monitored_crawl
+    # scrapyd's node_name is this host's name, which the crawl's scheduler records
+    node = f"127.0.0.1:{scrapyd_node.port}"
     # the crawl is under way, seen through the exporter by Prometheus
     prometheus.wait_for('bloomcrawl_pages_total{spider="site"} > 0', timeout=90)
     prometheus.wait_for('bloomcrawl_queue_requests{spider="site"} > 0', timeout=30)
@@ -315,6 +321,9 @@ def test_every_panel_and_alert_query_returns_data_from_a_real_crawl(
     prometheus.wait_for('count_over_time(bloomcrawl_pages_total{spider="site"}[1m]) >= 5')
     assert worker.poll() is None, "the crawl ended before Prometheus saw it running"
     assert prometheus.query('rate(bloomcrawl_pages_total{spider="site"}[1m]) > 0')
+    per_node = prometheus.wait_for(
+        'rate(bloomcrawl_node_pages_total{spider="site"}[1m]) > 0')
+    assert [r["metric"]["node"] for r in per_node] == [node]
 
     # every query of every panel
     for path in DASHBOARDS:
@@ -356,5 +365,7 @@ def test_every_panel_and_alert_query_returns_data_from_a_real_crawl(
     # the crawl completes and Prometheus's last word agrees with it
     assert worker.wait(120) == 0
     prometheus.wait_for(f'bloomcrawl_pages_total{{spider="site"}} == {CRAWL_PAGES}')
+    prometheus.wait_for(
+        f'bloomcrawl_node_pages_total{{spider="site",node="{node}"}} == {CRAWL_PAGES}')
     prometheus.wait_for('bloomcrawl_queue_requests{spider="site"} == 0')
     prometheus.wait_for('bloomcrawl_leased_requests{spider="site"} == 0')

@@ -5,6 +5,11 @@ would clash; this exporter reads the shared state instead: each scrape takes
 a fresh :mod:`bloomcrawl.inspect` snapshot of Redis (filters, queues, leases,
 shared crawl stats) and asks every scrapyd node's ``daemonstatus.json``.
 
+Pages per node come from ``<spider>:pages_by_node`` (worker host name ->
+pages); a host name that exactly one scrapyd node reports as its
+``node_name`` is labelled with that node's ``host:port``, as the other node
+metrics are, any other with the host name itself.
+
 Every flag can also be set from the environment (``REDIS_URL``,
 ``SCRAPYD_NODES``, ``SCRAPYD_SERVICE``, ``SCRAPYD_USERNAME``,
 ``SCRAPYD_PASSWORD``, ``BLOOMCRAWL_EXPORTER_PORT``, ...; see ``--help``).
@@ -20,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -100,6 +105,7 @@ _SPIDER_GAUGES: tuple[tuple[str, str, Callable[[inspect.SpiderState], int | None
      lambda s: s.items_stored),
 )
 JOB_STATES = ("pending", "running", "finished")
+NODE_PAGES_METRIC = "bloomcrawl_node_pages_total"
 
 
 class _Outages:
@@ -166,6 +172,10 @@ class ClusterCollector(Collector):
         self.scrapyd = scrapyd or ScrapydNodes()
         self._outages = _Outages()
         self._redis_part = f"Redis at {describe_redis(client)}"
+        # node URL -> the node_name it last reported, so that a node's pages keep
+        # their label while it does not answer
+        self._node_names: dict[str, str] = {}
+        self._node_names_lock = threading.Lock()
 
     def describe(self) -> Iterable[Metric]:
         # registering must not scrape Redis
@@ -174,6 +184,7 @@ class ClusterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         families: list[Metric] = []
+        statuses: list[inspect.NodeStatus] = []
         if self.scrapyd.configured:
             urls = self.scrapyd.discover(self._outages)
             with ThreadPoolExecutor(max_workers=max(1, min(32, len(urls))),
@@ -182,10 +193,16 @@ class ClusterCollector(Collector):
                                        username=self.scrapyd.username,
                                        password=self.scrapyd.password,
                                        timeout=self.scrapyd.timeout) for url in urls]
-                families += self._redis_families()
-                families += self._node_families(futures)
+                redis_families, spiders = self._redis_families()
+                statuses = [future.result() for future in futures]
+            families += redis_families
+            families += self._node_families(statuses)
         else:
-            families += self._redis_families()
+            redis_families, spiders = self._redis_families()
+            families += redis_families
+        host_labels = self._host_labels(statuses)
+        if spiders is not None:
+            families.append(self._node_pages_family(spiders, host_labels))
         build_info = GaugeMetricFamily(
             "bloomcrawl_exporter_build_info", "The exporter's version.", labels=["version"])
         build_info.add_metric([__version__], 1)
@@ -199,14 +216,15 @@ class ClusterCollector(Collector):
 
     # -- Redis -----------------------------------------------------------------
 
-    def _redis_families(self) -> list[Metric]:
+    def _redis_families(self) -> tuple[list[Metric], list[inspect.SpiderState] | None]:
+        """The Redis metrics, and the spiders they report (``None``: Redis is down)."""
         up = GaugeMetricFamily("bloomcrawl_up", "1 when Redis answered this scrape, else 0.")
         try:
             snap = inspect.snapshot(self.client)
         except (RedisUnavailableError, redis.RedisError) as exc:
             self._outages.failed(self._redis_part, str(exc))
             up.add_metric([], 0)
-            return [up]
+            return [up], None
         self._outages.recovered(self._redis_part)
         up.add_metric([], 1)
         families: list[Metric] = [up]
@@ -219,10 +237,12 @@ class ClusterCollector(Collector):
         families.append(GaugeMetricFamily(
             "bloomcrawl_spiders", "Spiders (Bloom filters) found in Redis.",
             value=len(snap.spiders)))
-        families += self._spider_families(snap.spiders)
-        return families
+        unique = self._unique_spiders(snap.spiders)
+        families += self._spider_families(unique)
+        return families, unique
 
-    def _spider_families(self, spiders: list[inspect.SpiderState]) -> list[Metric]:
+    def _unique_spiders(self, spiders: list[inspect.SpiderState]) -> list[inspect.SpiderState]:
+        """The first filter of each spider name; the problems of each logged once."""
         seen: set[str] = set()
         unique = []
         for state in spiders:
@@ -236,12 +256,16 @@ class ClusterCollector(Collector):
                 self._outages.failed(part, "; ".join(state.problems))
             else:
                 self._outages.recovered(part)
+        return unique
 
+    def _spider_families(self, unique: list[inspect.SpiderState]) -> list[Metric]:
         info = GaugeMetricFamily(
-            "bloomcrawl_spider_info", "Each spider's filter and queue type.",
-            labels=["spider", "filter", "queue_type"])
+            "bloomcrawl_spider_info",
+            "Each spider's filter, queue type and filter backend (bitmap or redisbloom).",
+            labels=["spider", "filter", "queue_type", "backend"])
         for state in unique:
-            info.add_metric([state.spider, state.filter_name, state.queue_type or ""], 1)
+            info.add_metric([state.spider, state.filter_name, state.queue_type or "",
+                             state.backend or ""], 1)
         out: list[Metric] = [info]
         for name, doc, filter_value in _FILTER_GAUGES:
             gauge = GaugeMetricFamily(name, doc, labels=["spider"])
@@ -271,20 +295,51 @@ class ClusterCollector(Collector):
             out.append(counter)
         return out
 
+    def _node_pages_family(self, spiders: list[inspect.SpiderState],
+                           host_labels: dict[str, str]) -> Metric:
+        counter = CounterMetricFamily(
+            NODE_PAGES_METRIC,
+            "Pages crawled per worker host, from <spider>:pages_by_node; node is the scrapyd"
+            " node's host:port when exactly one node reports that host name, else the host"
+            " name.", labels=["spider", "node"])
+        for state in spiders:
+            pages: dict[str, int] = {}
+            for host, count in state.pages_by_node.items():
+                node = host_labels.get(host, host)
+                pages[node] = pages.get(node, 0) + count
+            for node, count in sorted(pages.items()):
+                counter.add_metric([state.spider, node], count)
+        return counter
+
     # -- scrapyd ---------------------------------------------------------------
 
-    def _node_families(self, futures: list[Future[inspect.NodeStatus]]) -> list[Metric]:
+    def _host_labels(self, statuses: list[inspect.NodeStatus]) -> dict[str, str]:
+        """Worker host name -> node label, from the node names the nodes report.
+
+        A node that does not answer keeps the name it reported last, as long as it
+        is still configured or resolved; its pages keep their label meanwhile.
+        """
+        with self._node_names_lock:
+            names = {}
+            for status in statuses:
+                name = status.node_name if status.up else self._node_names.get(status.url)
+                if name:
+                    names[status.url] = name
+            self._node_names = names
+        return inspect.node_labels_by_host(
+            (inspect.node_label(url), name) for url, name in names.items())
+
+    def _node_families(self, statuses: list[inspect.NodeStatus]) -> list[Metric]:
         nodes = GaugeMetricFamily(
             "bloomcrawl_scrapyd_nodes", "scrapyd nodes configured or resolved from DNS.",
-            value=len(futures))
+            value=len(statuses))
         up = GaugeMetricFamily(
             "bloomcrawl_scrapyd_node_up", "1 when the node's daemonstatus.json answered.",
             labels=["node"])
         jobs = GaugeMetricFamily(
             "bloomcrawl_scrapyd_jobs", "Jobs on the node by state (scrapyd keeps the last"
             " finished_to_keep finished jobs).", labels=["node", "state"])
-        for future in futures:
-            status = future.result()
+        for status in statuses:
             part = f"scrapyd node {status.node}"
             up.add_metric([status.node], 1 if status.up else 0)
             if status.up:

@@ -3,9 +3,9 @@
 The exporter and the ``bloomcrawl status`` command both read the cluster
 through this module. Everything here only reads: spiders are found by
 ``SCAN MATCH *:meta`` (never ``KEYS``), each filter's fill comes from its exact
-counters (never ``BITCOUNT``), and every Redis command issued is O(1) or
-O(partitions x slices), so a snapshot never blocks Redis, however large the
-filter. Key names come from :mod:`bloomcrawl.keys`.
+counters (never ``BITCOUNT``), and every Redis command issued is O(1),
+O(partitions x slices) or O(worker hosts), so a snapshot never blocks Redis,
+however large the filter. Key names come from :mod:`bloomcrawl.keys`.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ MAX_SCAN_CALLS = 10_000
 DEFAULT_SCRAPYD_PORT = 6800
 DEFAULT_SCRAPYD_TIMEOUT = 2.0
 QUEUE_TYPES = ("priority", "fifo", "lifo")
+#: Worker hosts reported per spider at most (those with the most pages): a label bound.
+MAX_NODES_PER_SPIDER = 256
 
 _FILTER_PREFIX, _FILTER_SUFFIX = keys.DEFAULT_FILTER_KEY.split("%(spider)s")
 # scrapyd nodes are on the cluster's own network: never through an HTTP proxy
@@ -55,6 +57,8 @@ class SpiderState:
 
     Fields that need the scheduler's entries in the meta hash (``queue`` and
     friends) are ``None`` for a filter used by the dupefilter alone.
+    ``pages_by_node`` maps a worker's host name (``socket.gethostname()``, which
+    is also scrapyd's default ``node_name``) to the pages it crawled.
     """
 
     spider: str
@@ -63,6 +67,9 @@ class SpiderState:
     queue_key: str | None = None
     queue_type: str | None = None
     stats_key: str | None = None
+    #: ``bitmap`` or ``redisbloom``, from the stored parameters
+    backend: str | None = None
+    pages_by_node_key: str | None = None
     filter: BloomInfo | None = None
     queue_length: int | None = None
     leased: int | None = None
@@ -70,6 +77,7 @@ class SpiderState:
     start_urls: int | None = None
     items_stored: int | None = None
     stats: dict[str, int] = field(default_factory=dict)
+    pages_by_node: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -209,6 +217,7 @@ def _frontier_keys(filter_name: str, meta: dict[str, str], spider: str,
     frontier.stats = meta.get("stats") or frontier.stats
     frontier.start_urls = meta.get("start_urls") or frontier.start_urls
     frontier.items = meta.get("items") or frontier.items
+    frontier.pages_by_node = meta.get("pages_by_node") or frontier.pages_by_node
     return frontier
 
 
@@ -223,6 +232,8 @@ def _state_from_meta(
         params = FilterParams.from_json(meta["params"])
     except (KeyError, ValueError, TypeError) as exc:
         state.problems.append(f"unreadable filter parameters: {exc}")
+    else:
+        state.backend = params.backend
     if params is not None and meta.get("ready") == "1":
         try:
             state.filter = BloomFilter.open(client, filter_name).info()
@@ -242,6 +253,7 @@ def _state_from_meta(
         state.problems.append(f"bad key names in {meta_key}: {exc}")
         return state
     state.stats_key = frontier.stats
+    state.pages_by_node_key = frontier.pages_by_node
     state.queue_type = meta.get("queue_type")
     has_queue = "queue" in meta and params is not None
     if has_queue:
@@ -254,6 +266,7 @@ def _state_from_meta(
         pipe.hgetall(frontier.stats)
         pipe.llen(frontier.start_urls)
         pipe.llen(frontier.items)
+        pipe.hgetall(frontier.pages_by_node)
         counted = has_queue and state.queue_type in QUEUE_TYPES
         if counted:
             for p in range(partitions):
@@ -265,7 +278,7 @@ def _state_from_meta(
                 pipe.zcount(frontier.deadlines(p), "-inf", now_ms)
         replies = pipe.execute(raise_on_error=False)
 
-    stats_reply, start_urls, items = replies[:3]
+    stats_reply, start_urls, items, node_pages = replies[:4]
     if isinstance(stats_reply, dict):
         raw = {_text(k): v for k, v in stats_reply.items()}
         state.stats = {name: _int(raw.get(name)) for name in keys.STATS_FIELDS}
@@ -274,8 +287,12 @@ def _state_from_meta(
         state.problems.append(f"stats {frontier.stats} unreadable: {stats_reply}")
     state.start_urls = start_urls if isinstance(start_urls, int) else None
     state.items_stored = items if isinstance(items, int) else None
+    if isinstance(node_pages, dict):
+        state.pages_by_node = _pages_by_node(node_pages, frontier.pages_by_node, state.problems)
+    else:
+        state.problems.append(f"pages by node {frontier.pages_by_node} unreadable: {node_pages}")
     if counted:
-        rest = replies[3:]
+        rest = replies[4:]
         sums = [0, 0, 0]
         broken = False
         for i, reply in enumerate(rest):
@@ -287,6 +304,17 @@ def _state_from_meta(
         if not broken:
             state.queue_length, state.leased, state.leases_expired = sums
     return state
+
+
+def _pages_by_node(reply: dict[Any, Any], key: str, problems: list[str]) -> dict[str, int]:
+    """Host name -> pages; past :data:`MAX_NODES_PER_SPIDER` hosts, those with the most."""
+    pages = {_text(host): _int(value) for host, value in reply.items()}
+    if len(pages) > MAX_NODES_PER_SPIDER:
+        problems.append(f"{key} names {len(pages)} worker hosts; reporting the"
+                        f" {MAX_NODES_PER_SPIDER} with the most pages")
+        top = sorted(pages.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_NODES_PER_SPIDER]
+        pages = dict(top)
+    return dict(sorted(pages.items()))
 
 
 def spider_states(client: redis.Redis, meta_keys: Iterable[str]) -> list[SpiderState]:
@@ -348,6 +376,20 @@ def node_label(url: str) -> str:
     if port is None:
         port = 443 if parts.scheme == "https" else 80
     return f"{host}:{port}"
+
+
+def node_labels_by_host(nodes: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Worker host name -> node label, from ``(node label, node_name)`` pairs.
+
+    scrapyd's ``node_name`` defaults to the host name the scheduler records in
+    ``<spider>:pages_by_node``. A name that several nodes report (several
+    scrapyd on one machine) maps to none of them: their pages cannot be told
+    apart.
+    """
+    nodes_of: dict[str, set[str]] = {}
+    for node, node_name in nodes:
+        nodes_of.setdefault(node_name, set()).add(node)
+    return {name: next(iter(found)) for name, found in nodes_of.items() if len(found) == 1}
 
 
 def resolve_service(name: str, port: int = DEFAULT_SCRAPYD_PORT) -> list[str]:
