@@ -16,7 +16,7 @@ SERVICE ?=
 .PHONY: up down scale deploy crawl demo status logs e2e
 
 help:
-	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
+	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed 's/:.*## /\t/'
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
