@@ -1246,6 +1246,9 @@ def cmd_filter_info(args: argparse.Namespace, paths: Paths) -> int:
 # --- demo -------------------------------------------------------------------------
 
 
+DEMO_FILTER_CAPACITY = 100_000
+
+
 def demo_stats(url: str) -> dict[str, Any]:
     with _OPENER.open(url.rstrip("/") + "/__stats", timeout=10) as response:
         data: dict[str, Any] = json.loads(response.read())
@@ -1281,8 +1284,10 @@ def cmd_demo(args: argparse.Namespace, paths: Paths) -> int:
         _OPENER.open(req, timeout=10).close()
     started = time.monotonic()
     host = urllib.parse.urlsplit(crawl_url).hostname or ""
+    # a filter sized for the demo, so its fill is visible in status and Grafana
     jobs = schedule_on(target.nodes, args.project, DEFAULT_SPIDER,
-                       [("MAX_IDLE_TIME_BEFORE_CLOSE", str(args.max_idle))],
+                       [("MAX_IDLE_TIME_BEFORE_CLOSE", str(args.max_idle)),
+                        ("BLOOMFILTER_CAPACITY", str(DEMO_FILTER_CAPACITY))],
                        [("allowed_domains", host)])
     seed(client, DEFAULT_SPIDER, [crawl_url])
     say("crawling %s on %d node(s)" % (crawl_url, len(jobs)))
