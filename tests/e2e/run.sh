@@ -7,7 +7,7 @@
 # images are built from Debian packages (scripts/build-images.sh).
 set -eu
 cd "$(dirname "$0")/../.."
-scripts/ensure-system-packages.sh docker=docker.io docker-compose=docker-compose \
+scripts/ensure-system-packages.sh dockerd=docker.io docker-compose=docker-compose \
     debootstrap=debootstrap
 
 started_engine=0
