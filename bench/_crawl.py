@@ -1,0 +1,348 @@
+"""Shared by ``bench/crawl.py`` and ``bench/worker_kill.py``: contenders and one crawl run.
+
+A run: flush the private Redis, zero the demo site's counters, start N
+``scrapy crawl site`` processes (``SCRAPY_SETTINGS_MODULE=crawlbench.settings``,
+the contender's scheduler and dupefilter given with ``-s``), wait until every
+page was fetched (or the workers gave up), sample Redis, let the workers
+close on their own (MAX_IDLE_TIME_BEFORE_CLOSE) and collect what they and the
+site counted. Nothing here prints; a run that fails raises
+:class:`CrawlFailed` with the tail of the workers' logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+CRAWLER = ROOT / "crawler"
+sys.path.insert(0, str(CRAWLER))  # the working tree's bloomcrawl, installed or not
+
+import redis  # noqa: E402
+from _redis import CpuSample, cpu_sample  # noqa: E402
+from _site import SiteProcess  # noqa: E402
+
+from bloomcrawl.demo import page_id  # noqa: E402
+
+POLL_S = 0.1
+#: after the last page is fetched, its links are enqueued and its lease acked
+SETTLE_S = 0.5
+STOP_TIMEOUT_S = 10.0
+#: the "steady" Redis CPU is measured from this fraction of the pages on
+STEADY_FROM = 0.1
+LOG_TAIL_CHARS = 3000
+
+
+@dataclass(frozen=True)
+class Contender:
+    """A scheduler + dupefilter combination, run by the same ``site`` spider."""
+
+    key: str
+    label: str
+    settings: dict[str, str]
+    #: "redis": the start URL goes into ``site:start_urls`` (bloomcrawl's scheduler
+    #: reads it); "argument": each worker yields it from ``start()``
+    start: str
+    #: several processes can share the crawl (False: Scrapy's in-memory scheduler)
+    shared: bool = True
+
+
+_SCRAPY_REDIS_COMMON = {
+    "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
+    "SCHEDULER_PERSIST": "True",  # a worker closing first must not flush the others' queue
+    "SPIDER_MODULES": "crawlbench.spiders",
+    "SPIDER_MIDDLEWARES": "{}",
+    "DOWNLOADER_MIDDLEWARES": "{}",
+    "EXTENSIONS": json.dumps({"crawlbench.probe.Probe": 0, "crawlbench.probe.IdlePoll": 0}),
+}
+
+BLOOMCRAWL = Contender(
+    "bloomcrawl", "bloomcrawl", {}, start="redis")
+SCRAPY_REDIS = Contender(
+    "scrapy_redis", "scrapy-redis (SADD dupefilter)",
+    {**_SCRAPY_REDIS_COMMON, "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter"},
+    start="argument")
+RECIPE = Contender(
+    "recipe", "scrapy-redis + bloomfilter recipe",
+    {**_SCRAPY_REDIS_COMMON,
+     "DUPEFILTER_CLASS": "scrapy_redis_bloomfilter.dupefilter.RFPDupeFilter"},
+    start="argument")
+MEMORY = Contender(
+    "memory", "Scrapy in-memory (ceiling)",
+    {"SCHEDULER": "scrapy.core.scheduler.Scheduler",
+     "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter",
+     "SPIDER_MODULES": "crawlbench.spiders",
+     "SPIDER_MIDDLEWARES": "{}",
+     "DOWNLOADER_MIDDLEWARES": "{}"},
+    start="argument", shared=False)
+
+ITEM_PIPELINES = {
+    "none": "{}",
+    "redis": json.dumps({"bloomcrawl.pipelines.RedisItemsPipeline": 300}),
+}
+
+
+class CrawlFailed(RuntimeError):
+    """A worker failed or the crawl did not finish in time."""
+
+
+@dataclass(frozen=True)
+class RedisSample:
+    commands: dict[str, tuple[int, int]]  # name: (calls, usec) from INFO commandstats
+    cpu: CpuSample
+    used_memory: int
+
+
+def redis_sample(client: redis.Redis) -> RedisSample:
+    stats = client.info("commandstats")
+    commands = {name.removeprefix("cmdstat_"): (int(value["calls"]), int(value["usec"]))
+                for name, value in stats.items()}
+    cpu = cpu_sample(client)
+    memory = int(client.info("memory")["used_memory"])
+    return RedisSample(commands, cpu, memory)
+
+
+def command_delta(before: RedisSample, after: RedisSample) -> dict[str, tuple[int, int]]:
+    """Commands executed between two samples as name: (calls, usec), Lua's calls included.
+
+    A script's usec include those of the commands it calls. INFO itself is left out.
+    """
+    delta = {}
+    for name, (calls, usec) in after.commands.items():
+        calls0, usec0 = before.commands.get(name, (0, 0))
+        if name != "info" and calls > calls0:
+            delta[name] = (calls - calls0, usec - usec0)
+    return delta
+
+
+class Worker:
+    """One ``scrapy crawl site`` process with the bench settings; its log goes to a file."""
+
+    def __init__(self, name: str, contender: Contender, workdir: Path, *, redis_url: str,
+                 start_url: str, settings: dict[str, str]) -> None:
+        self.name = name
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.log = workdir / ("%s.log" % name)
+        self.probe_file = workdir / ("%s.json" % name)
+        cmd = [sys.executable, "-m", "scrapy", "crawl", "site",
+               "-s", "REDIS_URL=" + redis_url, "-s", "BENCH_PROBE_FILE=%s" % self.probe_file]
+        for key, value in {**contender.settings, **settings}.items():
+            cmd += ["-s", "%s=%s" % (key, value)]
+        if contender.start == "argument":
+            cmd += ["-a", "start_url=" + start_url]
+        env = dict(os.environ)
+        env["HOME"] = str(workdir / "home")  # Scrapy writes job state under ~
+        env["PYTHONPATH"] = os.pathsep.join([str(CRAWLER), str(BENCH)])
+        env["SCRAPY_SETTINGS_MODULE"] = "crawlbench.settings"
+        self._logfile = self.log.open("wb")
+        self.proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=self._logfile, stderr=subprocess.STDOUT)
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL this worker's process, by pid."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(STOP_TIMEOUT_S)
+
+    def close(self) -> None:
+        self.kill()
+        if not self._logfile.closed:
+            self._logfile.close()
+
+    def probe(self) -> dict[str, Any]:
+        if not self.probe_file.exists():
+            return {}
+        data: dict[str, Any] = json.loads(self.probe_file.read_text())
+        return data
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+
+
+@dataclass
+class CrawlRun:
+    """What one run measured."""
+
+    contender: Contender
+    workers: int
+    pages: int
+    site: dict[str, Any]  # the demo site's /__stats at the end, hits included
+    span_s: float  # first page fetched to last page fetched
+    commands: dict[str, tuple[int, int]]  # Redis (calls, usec) during the crawl, by command
+    redis_cpu_s: float  # Redis main thread CPU during the crawl
+    #: Redis main thread CPU per page once a tenth of the pages were fetched (the
+    #: filter's memory is allocated, workers are up), or None when not sampled
+    steady_redis_cpu_per_page_s: float | None
+    used_memory: int  # Redis used_memory at the end of the crawl
+    probes: list[dict[str, Any]]  # per worker, see crawlbench.probe.Probe
+    exit_codes: list[int | None]
+    killed: list[str] = field(default_factory=list)
+    killed_at: int | None = None  # distinct pages fetched when the worker was killed
+    #: bloomcrawl's shared crawl stats (``site:stats``) at the end; empty for the others
+    shared_stats: dict[str, int] = field(default_factory=dict)
+    #: items per page number, from ``site:items`` (when items go to Redis)
+    item_pages: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def items_missing(self) -> int:
+        """Pages no item was stored for: their response was never processed."""
+        return self.pages - len(self.item_pages)
+
+    @property
+    def items_twice(self) -> int:
+        return sum(n - 1 for n in self.item_pages.values())
+
+    @property
+    def distinct(self) -> int:
+        return int(self.site["distinct"])
+
+    @property
+    def missing(self) -> int:
+        return int(self.site["missing"])
+
+    @property
+    def duplicates(self) -> int:
+        return int(self.site["duplicates"])
+
+    @property
+    def pages_per_second(self) -> float:
+        return self.distinct / self.span_s if self.span_s > 0 else 0.0
+
+    @property
+    def command_count(self) -> int:
+        return sum(calls for calls, _ in self.commands.values())
+
+    @property
+    def worker_cpu_s(self) -> float:
+        """CPU time of the workers between their first and last responses, added up."""
+        return sum(float(p.get("cpu_s", 0.0)) for p in self.probes)
+
+    @property
+    def round_trips(self) -> int:
+        return sum(int(p.get("round_trips_at_last_response", 0)) for p in self.probes)
+
+    def per_page(self, value: float) -> float:
+        return value / self.distinct if self.distinct else float("nan")
+
+
+def run_crawl(
+    contender: Contender,
+    *,
+    workers: int,
+    site: SiteProcess,
+    client: redis.Redis,
+    redis_url: str,
+    workdir: Path,
+    timeout: float,
+    settings: dict[str, str],
+    kill_at: float | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> CrawlRun:
+    """One crawl of the whole site by ``workers`` processes of ``contender``.
+
+    ``kill_at``: SIGKILL the first worker once this fraction of the pages was
+    fetched; the run then ends when the other workers close by themselves.
+    """
+    client.flushall()
+    site.reset()
+    if contender.start == "redis":
+        client.rpush("site:start_urls", site.url)
+    pages = site.pages
+    before = redis_sample(client)
+    procs = [Worker("%s-%dw-%d" % (contender.key, workers, i), contender, workdir,
+                    redis_url=redis_url, start_url=site.url, settings=settings)
+             for i in range(workers)]
+    killed: list[str] = []
+    killed_at: int | None = None
+    mid: tuple[int, RedisSample] | None = None
+    try:
+        deadline = time.monotonic() + timeout
+        brief = site.brief()
+        while time.monotonic() < deadline:
+            brief = site.brief()
+            if on_progress is not None:
+                on_progress(brief)
+            if mid is None and brief["distinct"] >= STEADY_FROM * pages:
+                mid = (brief["distinct"], redis_sample(client))
+            if kill_at is not None and not killed and brief["distinct"] >= kill_at * pages:
+                procs[0].kill()
+                killed.append(procs[0].name)
+                killed_at = int(brief["distinct"])
+            if brief["distinct"] >= pages or not any(w.running for w in procs):
+                break
+            time.sleep(POLL_S)
+        else:
+            raise CrawlFailed("%s, %d workers: %d of %d pages after %.0f s\n%s" % (
+                contender.label, workers, brief["distinct"], pages, timeout,
+                _tails(procs)))
+        time.sleep(SETTLE_S)
+        after = redis_sample(client)
+        for w in procs:
+            if w.wait(deadline - time.monotonic()) is None:
+                raise CrawlFailed("%s: worker %s did not close by itself\n%s" % (
+                    contender.label, w.name, w.tail()))
+        failed = [w for w in procs if w.name not in killed and w.proc.returncode != 0]
+        if failed:
+            raise CrawlFailed("%s: worker exited with %s\n%s" % (
+                contender.label, [w.proc.returncode for w in failed], _tails(failed)))
+        stats = site.stats()
+        shared_stats = {k.decode() if isinstance(k, bytes) else k: int(v)
+                        for k, v in client.hgetall("site:stats").items()}
+        item_pages = stored_item_pages(client)
+    finally:
+        for w in procs:
+            w.close()
+    first, last = stats["first_hit"], stats["last_hit"]
+    steady = None
+    if mid is not None and stats["distinct"] > mid[0]:
+        steady = (after.cpu - mid[1].cpu).main_thread_s / (stats["distinct"] - mid[0])
+    return CrawlRun(
+        contender=contender,
+        workers=workers,
+        pages=pages,
+        site=stats,
+        span_s=(last - first) if first is not None and last is not None else 0.0,
+        commands=command_delta(before, after),
+        redis_cpu_s=(after.cpu - before.cpu).main_thread_s,
+        steady_redis_cpu_per_page_s=steady,
+        used_memory=after.used_memory,
+        probes=[w.probe() for w in procs],
+        exit_codes=[w.proc.returncode for w in procs],
+        killed=killed,
+        killed_at=killed_at,
+        shared_stats=shared_stats,
+        item_pages=item_pages,
+    )
+
+
+def stored_item_pages(client: redis.Redis, key: str = "site:items") -> dict[int, int]:
+    """How many items ``key`` holds for each demo-site page."""
+    counts: dict[int, int] = {}
+    for raw in client.lrange(key, 0, -1):
+        page = page_id(json.loads(raw)["url"])
+        if page is not None:
+            counts[page] = counts.get(page, 0) + 1
+    return counts
+
+
+def _tails(workers: list[Worker]) -> str:
+    return "\n".join("--- %s\n%s" % (w.name, w.tail()) for w in workers)

@@ -1,0 +1,302 @@
+"""Crawl benchmark: bloomcrawl's scheduler beside what it replaces, on real crawls.
+
+The demo site (:mod:`bloomcrawl.demo`, no delay, its own process) is crawled
+from ``/`` by 1 and then 2 ``scrapy crawl site`` processes per contender:
+
+* bloomcrawl: the project's settings (leased, partitioned Redis frontier,
+  ``site:start_urls``);
+* scrapy-redis's Scheduler with its SADD RFPDupeFilter, and with
+  scrapy_redis_bloomfilter's RFPDupeFilter (the seeds' recipe: BLOOMFILTER_BIT
+  30, 6 hashes), SCHEDULER_PERSIST=True, pickle, PriorityQueue. Their workers
+  poll an empty queue every 50 ms (``crawlbench.probe.IdlePoll``) where
+  RedisSpider would wait for the engine's 5 s heartbeat, so a second worker
+  joins as soon as the first has queued links;
+* Scrapy's own in-memory scheduler and RFPDupeFilter: the ceiling, one
+  process only (two processes cannot share it: n/a).
+
+All run the same ``site`` spider code (follow same-domain links, one item per
+page) with the same Scrapy settings (CONCURRENT_REQUESTS=16, CONCURRENT_ITEMS=8,
+LOG_LEVEL=INFO, no robots.txt). Items are dropped for every contender by
+default (ITEM_PIPELINES={}), so Redis counts only the frontier's work;
+``--items redis`` sends them to Redis with the project's pipeline for all
+contenders, the in-memory one included.
+
+Measured per run, over the crawl only (not process start-up, not the idle
+wait before the workers close):
+
+* pages/s: distinct pages over the time from the first to the last page GET,
+  as the demo site saw them;
+* exactly once: the site's per-page GET counters (missing, fetched twice);
+* Redis commands per page: INFO commandstats before and after, commands run
+  by Lua scripts included, INFO itself excluded;
+* Redis CPU per page: INFO cpu, used_cpu_sys_main_thread +
+  used_cpu_user_main_thread, before and after;
+* round trips per page: counted by the workers' redis-py connections
+  (``crawlbench.probe.CountingConnection``, one per command packet sent, a
+  pipeline being one) up to each worker's last response;
+* the workers' own CPU time per page, between their first and last
+  responses: the same comparison as pages/s, but hardly affected by what
+  else the machine runs.
+
+Targets are printed next to the values (PASS/MISS); nothing is asserted.
+Wall-clock rates depend on what else the machine is doing: compare rows of
+one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+from _crawl import (
+    BLOOMCRAWL,
+    ITEM_PIPELINES,
+    MEMORY,
+    RECIPE,
+    SCRAPY_REDIS,
+    Contender,
+    CrawlFailed,
+    CrawlRun,
+    run_crawl,
+)
+from _redis import PrivateRedis
+from _site import SiteProcess
+
+CONTENDERS = (MEMORY, BLOOMCRAWL, SCRAPY_REDIS, RECIPE)
+CEILING_TARGET = 0.9
+ROUND_TRIPS_TARGET = 3.0
+REDIS_CPU_TARGET_US = 50.0
+TOP_COMMANDS = 8
+ROW = "%-34s %5d %8.1f %8.1f %8s %6.2f %5d %7d %5d %4s %9.1f %8.2f %9.0f %9s %10.2f %8.1f"
+
+ORIENTATION = (
+    "orientation (issue #3, this kind of machine, one process): in-memory 308 pages/s;"
+    " scrapy-redis 0.55 of it, 13 commands and 414 us Redis CPU per page;"
+    " the bloom recipe 0.23, 59 commands and 2 ms"
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    pages: int
+    workers: tuple[int, ...]
+    max_idle: int  # MAX_IDLE_TIME_BEFORE_CLOSE of the shared contenders
+    timeout: float  # per run
+
+
+FULL = Plan(pages=3000, workers=(1, 2), max_idle=2, timeout=240.0)
+QUICK = Plan(pages=300, workers=(1, 2), max_idle=1, timeout=120.0)
+
+
+def run_all(plan: Plan, contenders: list[Contender], items: str,
+            workdir: Path) -> tuple[list[CrawlRun], list[str]]:
+    runs: list[CrawlRun] = []
+    failures: list[str] = []
+    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": str(plan.max_idle),
+                "ITEM_PIPELINES": ITEM_PIPELINES[items]}
+    with PrivateRedis() as server, SiteProcess(plan.pages) as site:
+        client = server.client()
+        try:
+            for workers in plan.workers:
+                for contender in contenders:
+                    if workers > 1 and not contender.shared:
+                        continue
+                    print("  running %s, %d process%s ..." % (
+                        contender.label, workers, "" if workers == 1 else "es"),
+                        file=sys.stderr, flush=True)
+                    try:
+                        runs.append(run_crawl(
+                            contender, workers=workers, site=site, client=client,
+                            redis_url=server.url, workdir=workdir / contender.key,
+                            timeout=plan.timeout, settings=settings))
+                    except CrawlFailed as exc:
+                        failures.append("%s, %d processes: %s" % (contender.label, workers, exc))
+                        print(str(exc), file=sys.stderr)
+        finally:
+            client.close()
+    return runs, failures
+
+
+def ceiling_of(runs: list[CrawlRun]) -> float | None:
+    for run in runs:
+        if run.contender is MEMORY and run.workers == 1:
+            return run.pages_per_second
+    return None
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "MISS")
+
+
+def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
+                items: str) -> None:
+    ceiling = ceiling_of(runs)
+    header = ("%-34s %5s %8s %8s %8s %6s %5s %7s %5s %4s %9s %8s %9s %9s %10s %8s" % (
+        "contender", "procs", "pages/s", "per proc", "/ceiling", "span s", "pages", "missing",
+        "twice", "once", "cmds/page", "RTT/page", "CPU us/pg", "steady us", "wkr ms/pg",
+        "Redis MB"))
+    print(header)
+    print("-" * len(header))
+    for workers in plan.workers:
+        for contender in contenders:
+            run = next((r for r in runs if r.contender is contender and r.workers == workers),
+                       None)
+            if run is None:
+                reason = "n/a (one process only)" if not contender.shared and workers > 1 \
+                    else "FAILED (see stderr)"
+                print("%-34s %5d %8s   %s" % (contender.label, workers, "n/a", reason))
+                continue
+            rate = run.pages_per_second
+            per_proc = rate / workers
+            steady = run.steady_redis_cpu_per_page_s
+            print(ROW
+                  % (contender.label, workers, rate, per_proc,
+                     fmt(per_proc / ceiling if ceiling else None, ".2f"),
+                     run.span_s, run.distinct, run.missing, run.duplicates,
+                     "yes" if run.missing == 0 and run.duplicates == 0 else "NO",
+                     run.per_page(run.command_count), run.per_page(run.round_trips),
+                     run.per_page(run.redis_cpu_s) * 1e6,
+                     fmt(None if steady is None else steady * 1e6, ".0f"),
+                     run.per_page(run.worker_cpu_s) * 1e3, run.used_memory / 2**20))
+    print()
+    print("pages/s: distinct pages / (last page GET - first page GET) at the demo site;"
+          " /ceiling: per process, over the in-memory scheduler's one-process rate")
+    print("once: every page fetched exactly once (the site's GET counters: missing, twice)")
+    print("cmds/page: Redis commands executed, Lua's calls included; RTT/page: the workers'"
+          " round trips to Redis (command packets sent, a pipeline is one)")
+    print("CPU us/pg: Redis main thread CPU per page; steady us: the same from a tenth of the"
+          " pages on; wkr ms/pg: the workers' own CPU per page")
+    print("items: %s" % ("dropped for every contender (ITEM_PIPELINES={})" if items == "none"
+                         else "RPUSHed to Redis by bloomcrawl's pipeline, every contender"))
+    print()
+    print("Redis commands per page, 1 process: calls (us of command time, INFO commandstats;"
+          " a script's time includes its calls')")
+    for run in runs:
+        if run.workers != 1 or not run.commands:
+            continue
+        top = sorted(run.commands.items(), key=lambda kv: -kv[1][0])[:TOP_COMMANDS]
+        print("  %-34s %s" % (run.contender.label, ", ".join(
+            "%s %.2f (%.0f)" % (name, run.per_page(calls), run.per_page(usec))
+            for name, (calls, usec) in top)))
+    print()
+    print_targets(runs, ceiling)
+    print()
+    print(ORIENTATION)
+
+
+def print_targets(runs: list[CrawlRun], ceiling: float | None) -> None:
+    mine = next((r for r in runs if r.contender is BLOOMCRAWL and r.workers == 1), None)
+    memory = next((r for r in runs if r.contender is MEMORY and r.workers == 1), None)
+    print("targets, bloomcrawl with 1 process:")
+    if mine is None:
+        print("  (bloomcrawl was not run)")
+        return
+    ratio = mine.pages_per_second / ceiling if ceiling else None
+    rtt = mine.per_page(mine.round_trips)
+    cpu_us = mine.per_page(mine.redis_cpu_s) * 1e6
+    once = mine.missing == 0 and mine.duplicates == 0
+    rows = [
+        ("pages/s / in-memory ceiling", fmt(ratio, ".2f"), ">= %.1f" % CEILING_TARGET,
+         verdict(None if ratio is None else ratio >= CEILING_TARGET)),
+        ("round trips per page", "%.2f" % rtt, "<= %g" % ROUND_TRIPS_TARGET,
+         verdict(rtt <= ROUND_TRIPS_TARGET)),
+        ("Redis CPU per page (us)", "%.0f" % cpu_us, "<= %g" % REDIS_CPU_TARGET_US,
+         verdict(cpu_us <= REDIS_CPU_TARGET_US)),
+        ("every page exactly once", "yes" if once else "no", "yes", verdict(once)),
+    ]
+    for name, value, target, result in rows:
+        print("  %-40s %8s  %-8s %s" % (name, value, target, result))
+    if memory is not None and mine.worker_cpu_s > 0:
+        # the same ratio from CPU time: does not depend on what else the machine runs
+        print("  %-40s %8.2f  (cross-check, no target)" % (
+            "worker CPU per page: ceiling / bloomcrawl", memory.worker_cpu_s / mine.worker_cpu_s))
+
+
+def as_json(plan: Plan, runs: list[CrawlRun], failures: list[str]) -> dict[str, Any]:
+    ceiling = ceiling_of(runs)
+    return {
+        "pages": plan.pages,
+        "ceiling_pages_per_second": ceiling,
+        "failures": failures,
+        "runs": [{
+            "contender": r.contender.key,
+            "workers": r.workers,
+            "pages_per_second": r.pages_per_second,
+            "span_s": r.span_s,
+            "distinct": r.distinct,
+            "missing": r.missing,
+            "duplicates": r.duplicates,
+            "commands_per_page": r.per_page(r.command_count),
+            "round_trips_per_page": r.per_page(r.round_trips),
+            "redis_cpu_us_per_page": r.per_page(r.redis_cpu_s) * 1e6,
+            "steady_redis_cpu_us_per_page": None if r.steady_redis_cpu_per_page_s is None
+            else r.steady_redis_cpu_per_page_s * 1e6,
+            "worker_cpu_ms_per_page": r.per_page(r.worker_cpu_s) * 1e3,
+            "used_memory": r.used_memory,
+            "commands": {name: {"calls": calls, "usec": usec}
+                         for name, (calls, usec) in r.commands.items()},
+            "probes": r.probes,
+        } for r in runs],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="a small site (%d pages): checks that the benchmark works"
+                        % QUICK.pages)
+    parser.add_argument("--pages", type=int, help="demo site pages (default %d)" % FULL.pages)
+    parser.add_argument("--contenders", default=",".join(c.key for c in CONTENDERS),
+                        help="comma-separated subset of %(default)s")
+    parser.add_argument("--items", choices=sorted(ITEM_PIPELINES), default="none",
+                        help="drop items, or RPUSH them to Redis (every contender)")
+    parser.add_argument("--json", type=Path, help="also write the numbers here")
+    args = parser.parse_args(argv)
+
+    plan = QUICK if args.quick else FULL
+    if args.pages:
+        plan = Plan(args.pages, plan.workers, plan.max_idle, plan.timeout)
+    by_key = {c.key: c for c in CONTENDERS}
+    try:
+        contenders = [by_key[k.strip()] for k in args.contenders.split(",") if k.strip()]
+    except KeyError as exc:
+        parser.error("unknown contender %s; choose from %s" % (exc, ", ".join(by_key)))
+
+    print("bloomcrawl crawl benchmark: %d-page demo site (20 links a page), no delay;"
+          " processes: %s" % (plan.pages, ", ".join(map(str, plan.workers))))
+    print("%s, Python %s, %d CPUs, load average before: %s" % (
+        platform.platform(terse=True), platform.python_version(), os.cpu_count() or 0,
+        " ".join("%.2f" % x for x in os.getloadavg())))
+    sys.stdout.flush()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bloomcrawl-bench-crawl-") as tmp:
+        runs, failures = run_all(plan, contenders, args.items, Path(tmp))
+    print("redis-py %s; finished in %.0f s, load average after: %s" % (
+        redis.__version__, time.monotonic() - started,
+        " ".join("%.2f" % x for x in os.getloadavg())))
+    print()
+    print_table(plan, runs, contenders, args.items)
+    if args.json:
+        args.json.write_text(json.dumps(as_json(plan, runs, failures), indent=2))
+    if failures:
+        print()
+        print("FAILED runs: %d (details on stderr)" % len(failures))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""The bloomcrawl project's settings, plus what the crawl benchmarks measure with.
+
+``SCRAPY_SETTINGS_MODULE=crawlbench.settings``; each contender overrides
+SCHEDULER, DUPEFILTER_CLASS and the middlewares with ``-s`` (see
+``bench/crawl.py``). Only objects that ``-s`` cannot carry live here.
+"""
+
+from bloomcrawl.settings import *  # noqa: F403
+from crawlbench.probe import CountingConnection
+
+# every Redis client the project or scrapy-redis builds from the settings counts its round trips
+REDIS_PARAMS = {"connection_class": CountingConnection}
+
+# the scrapy-redis contenders add crawlbench.probe.IdlePoll (see bench/_crawl.py)
+EXTENSIONS = {"crawlbench.probe.Probe": 0}
+
+LOG_LEVEL = "INFO"
+REMOTE_CONTROL_ENABLED = False
+TELNETCONSOLE_ENABLED = False
+ROBOTSTXT_OBEY = False
+ITEM_PIPELINES = {}  # the bench sets them per run (--items)

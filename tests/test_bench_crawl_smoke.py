@@ -1,0 +1,79 @@
+"""``bench/crawl.py --quick`` runs end to end and prints every contender's row.
+
+A check that the benchmark works, not a timing: no rate is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench" / "crawl.py"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("redis-server") is None,
+                       reason="redis-server is not installed"),
+]
+
+CONTENDERS = {
+    "memory": "Scrapy in-memory (ceiling)",
+    "bloomcrawl": "bloomcrawl",
+    "scrapy_redis": "scrapy-redis (SADD dupefilter)",
+    "recipe": "scrapy-redis + bloomfilter recipe",
+}
+TARGETS = [
+    "pages/s / in-memory ceiling",
+    "round trips per page",
+    "Redis CPU per page (us)",
+    "every page exactly once",
+]
+
+
+def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str, str]) -> None:
+    out = tmp_path / "crawl.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--json", str(out)],
+        cwd=tmp_path, env=env_no_state, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+
+    def rows(label: str) -> list[list[str]]:
+        # a row is the label, then the process count
+        found = []
+        for line in lines:
+            rest = line[len(label):].split() if line.startswith(label) else []
+            if rest and rest[0].isdigit():
+                found.append(rest)
+        return found
+
+    for key, label in CONTENDERS.items():
+        found = rows(label)
+        assert [r[0] for r in found] == ["1", "2"], (label, proc.stdout)
+        if key == "memory":
+            assert found[1][1] == "n/a", found  # one process only
+        else:
+            assert found[1][1] != "n/a", found
+        assert "FAILED" not in " ".join(" ".join(r) for r in found)
+    for name in TARGETS:
+        line = next((x for x in lines if x.strip().startswith(name)), None)
+        assert line is not None, name
+        assert line.split()[-1] in ("PASS", "MISS", "n/a"), line
+
+    numbers = json.loads(out.read_text())
+    assert numbers["failures"] == []
+    runs = {(r["contender"], r["workers"]) for r in numbers["runs"]}
+    assert runs == {("memory", 1), ("bloomcrawl", 1), ("bloomcrawl", 2), ("scrapy_redis", 1),
+                    ("scrapy_redis", 2), ("recipe", 1), ("recipe", 2)}
+    for run in numbers["runs"]:
+        assert run["missing"] == 0, run  # every page reached, whoever crawled it
+        assert run["pages_per_second"] > 0, run
+        if run["contender"] != "memory":
+            assert run["round_trips_per_page"] > 0, run
