@@ -168,6 +168,13 @@ class Worker:
         if not self._logfile.closed:
             self._logfile.close()
 
+    def responses_so_far(self) -> int:
+        """Responses this worker has had, as its probe last wrote them (every 10)."""
+        try:
+            return int(self.probe_file.with_name(self.probe_file.name + ".progress").read_text())
+        except (OSError, ValueError):
+            return 0
+
     def probe(self) -> dict[str, Any]:
         if not self.probe_file.exists():
             return {}
@@ -197,6 +204,7 @@ class CrawlRun:
     exit_codes: list[int | None]
     killed: list[str] = field(default_factory=list)
     killed_at: int | None = None  # distinct pages fetched when the worker was killed
+    killed_responses: int | None = None  # the killed worker's responses by then (to 10)
     #: bloomcrawl's shared crawl stats (``site:stats``) at the end; empty for the others
     shared_stats: dict[str, int] = field(default_factory=dict)
     #: items per page number, from ``site:items`` (when items go to Redis)
@@ -226,6 +234,14 @@ class CrawlRun:
     @property
     def pages_per_second(self) -> float:
         return self.distinct / self.span_s if self.span_s > 0 else 0.0
+
+    @property
+    def join_s(self) -> float:
+        """How long after the first worker's first response the last worker got its first."""
+        firsts = [p["first_response"] for p in self.probes if p.get("first_response")]
+        if len(firsts) < len(self.probes):
+            return float("inf")  # a worker never got a response
+        return max(firsts) - min(firsts) if firsts else 0.0
 
     @property
     def command_count(self) -> int:
@@ -259,8 +275,8 @@ def run_crawl(
 ) -> CrawlRun:
     """One crawl of the whole site by ``workers`` processes of ``contender``.
 
-    ``kill_at``: SIGKILL the first worker once this fraction of the pages was
-    fetched; the run then ends when the other workers close by themselves.
+    ``kill_at``: SIGKILL the busiest worker once this fraction of the pages
+    was fetched; the run then ends when the other workers close by themselves.
     """
     client.flushall()
     site.reset()
@@ -273,6 +289,7 @@ def run_crawl(
              for i in range(workers)]
     killed: list[str] = []
     killed_at: int | None = None
+    killed_responses: int | None = None
     mid: tuple[int, RedisSample] | None = None
     try:
         deadline = time.monotonic() + timeout
@@ -284,8 +301,11 @@ def run_crawl(
             if mid is None and brief["distinct"] >= STEADY_FROM * pages:
                 mid = (brief["distinct"], redis_sample(client))
             if kill_at is not None and not killed and brief["distinct"] >= kill_at * pages:
-                procs[0].kill()
-                killed.append(procs[0].name)
+                # the busiest worker: one that is surely crawling, holding requests
+                victim = max(procs, key=Worker.responses_so_far)
+                killed_responses = victim.responses_so_far()
+                victim.kill()
+                killed.append(victim.name)
                 killed_at = int(brief["distinct"])
             if brief["distinct"] >= pages or not any(w.running for w in procs):
                 break
@@ -329,6 +349,7 @@ def run_crawl(
         exit_codes=[w.proc.returncode for w in procs],
         killed=killed,
         killed_at=killed_at,
+        killed_responses=killed_responses,
         shared_stats=shared_stats,
         item_pages=item_pages,
     )

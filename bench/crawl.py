@@ -76,7 +76,8 @@ CEILING_TARGET = 0.9
 ROUND_TRIPS_TARGET = 3.0
 REDIS_CPU_TARGET_US = 50.0
 TOP_COMMANDS = 8
-ROW = "%-34s %5d %8.1f %8.1f %8s %6.2f %5d %7d %5d %4s %9.1f %8.2f %9.0f %9s %10.2f %8.1f"
+ROW = ("%-34s %5d %8.1f %8.1f %8s %6.2f %6s %5d %7d %5d %4s %9.1f %8.2f %9.0f %9s %10.2f"
+       " %8.1f")
 
 ORIENTATION = (
     "orientation (issue #3, this kind of machine, one process): in-memory 308 pages/s;"
@@ -144,8 +145,9 @@ def verdict(ok: bool | None) -> str:
 def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
                 items: str) -> None:
     ceiling = ceiling_of(runs)
-    header = ("%-34s %5s %8s %8s %8s %6s %5s %7s %5s %4s %9s %8s %9s %9s %10s %8s" % (
-        "contender", "procs", "pages/s", "per proc", "/ceiling", "span s", "pages", "missing",
+    header = ("%-34s %5s %8s %8s %8s %6s %6s %5s %7s %5s %4s %9s %8s %9s %9s %10s %8s" % (
+        "contender", "procs", "pages/s", "per proc", "/ceiling", "span s", "join s", "pages",
+        "missing",
         "twice", "once", "cmds/page", "RTT/page", "CPU us/pg", "steady us", "wkr ms/pg",
         "Redis MB"))
     print(header)
@@ -165,7 +167,8 @@ def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
             print(ROW
                   % (contender.label, workers, rate, per_proc,
                      fmt(per_proc / ceiling if ceiling else None, ".2f"),
-                     run.span_s, run.distinct, run.missing, run.duplicates,
+                     run.span_s, fmt(run.join_s, ".2f") if workers > 1 else "-",
+                     run.distinct, run.missing, run.duplicates,
                      "yes" if run.missing == 0 and run.duplicates == 0 else "NO",
                      run.per_page(run.command_count), run.per_page(run.round_trips),
                      run.per_page(run.redis_cpu_s) * 1e6,
@@ -174,7 +177,8 @@ def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
     print()
     print("pages/s: distinct pages / (last page GET - first page GET) at the demo site;"
           " /ceiling: per process, over the in-memory scheduler's one-process rate")
-    print("once: every page fetched exactly once (the site's GET counters: missing, twice)")
+    print("join s: from the first worker's first response to the last worker's first;"
+          " once: every page fetched exactly once (the site's GET counters: missing, twice)")
     print("cmds/page: Redis commands executed, Lua's calls included; RTT/page: the workers'"
           " round trips to Redis (command packets sent, a pipeline is one)")
     print("CPU us/pg: Redis main thread CPU per page; steady us: the same from a tenth of the"

@@ -2,7 +2,7 @@
 
 Three ``scrapy crawl site`` processes crawl a 2,000-page demo site (its own
 process, no delay) from ``/`` through one private redis-server. When a third
-of the pages have been fetched, the first worker is SIGKILLed; the other two
+of the pages have been fetched, the busiest worker is SIGKILLed; the other two
 go on until the frontier is empty and close after MAX_IDLE_TIME_BEFORE_CLOSE
 idle seconds. The demo site's per-page GET counters then tell:
 
@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as exc:
         parser.error("unknown contender %s; choose from %s" % (exc, ", ".join(by_key)))
 
-    print("SIGKILL comparison: %d workers crawl a %d-page demo site; the first is SIGKILLed"
-          " at 1/3 of the pages" % (WORKERS, args.pages))
+    print("SIGKILL comparison: %d workers crawl a %d-page demo site; the busiest is"
+          " SIGKILLed at 1/3 of the pages" % (WORKERS, args.pages))
     print("CONCURRENT_REQUESTS=%d, MAX_IDLE_TIME_BEFORE_CLOSE=%d; bloomcrawl:"
           " SCHEDULER_LEASE_TIMEOUT=3, SCHEDULER_REAP_INTERVAL=1; %d CPUs, load average %s"
           % (CONCURRENT_REQUESTS, MAX_IDLE_S, os.cpu_count() or 0,
@@ -105,23 +105,26 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
     print("finished in %.0f s" % (time.monotonic() - started))
     print()
-    header = "%-34s %6s %9s %6s %9s %13s %11s %9s %7s" % (
-        "contender", "pages", "killed at", "lost", "unfetched", "fetched twice",
+    header = "%-34s %6s %9s %7s %6s %9s %13s %11s %9s %7s" % (
+        "contender", "pages", "killed at", "victim", "lost", "unfetched", "fetched twice",
         "items twice", "requeued", "span s")
     print(header)
     print("-" * len(header))
     for run in runs:
         requeued = run.shared_stats.get("requeued", 0) if run.contender is BLOOMCRAWL else None
-        print("%-34s %6d %9s %6d %9d %13d %11d %9s %7.1f" % (
+        print("%-34s %6d %9s %7s %6d %9d %13d %11d %9s %7.1f" % (
             run.contender.label, run.pages,
             "-" if run.killed_at is None else str(run.killed_at),
+            "-" if run.killed_responses is None else str(run.killed_responses),
             run.items_missing, run.missing, run.duplicates, run.items_twice,
             "n/a" if requeued is None else str(requeued), run.span_s))
     print()
-    print("killed at: distinct pages fetched when the worker was SIGKILLed; lost: pages no item"
-          " was stored for (never processed); unfetched: never served by the site;")
-    print("fetched twice: extra GETs at the site; items twice: extra items; requeued: expired"
-          " leases put back (bloomcrawl's site:stats); span: first to last page GET")
+    print("killed at: distinct pages fetched when the busiest worker was SIGKILLed; victim: its"
+          " responses by then (to 10)")
+    print("lost: pages no item was stored for (never processed); unfetched: never served by"
+          " the site; fetched twice: extra GETs at the site; items twice: extra items")
+    print("requeued: expired leases put back (bloomcrawl's site:stats); span: first to last"
+          " page GET")
     print("the killed worker could hold up to CONCURRENT_REQUESTS=%d requests in download,"
           " plus downloaded responses waiting for their callback" % CONCURRENT_REQUESTS)
     return 1 if failures else 0

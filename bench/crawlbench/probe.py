@@ -9,6 +9,9 @@
   when the spider closes: responses, the time of the first and last one, the
   process's CPU time between them, and the round trips counted up to the last
   response (so the idle wait before closing is not charged to the crawl).
+  While crawling, it keeps the response count in ``BENCH_PROBE_FILE`` +
+  ``.progress`` (every 10 responses), so the benchmark can tell which workers
+  are busy.
 * :class:`IdlePoll` (enabled for the scrapy-redis contenders): keeps the spider open for
   MAX_IDLE_TIME_BEFORE_CLOSE seconds of idleness and asks the engine for the
   next request every 50 ms meanwhile. scrapy-redis's RedisSpider would
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 IDLE_POLL_S = 0.05
+PROGRESS_EVERY = 10
 REPORTED_STATS = (
     "response_received_count", "item_scraped_count", "scheduler/enqueued/redis",
     "scheduler/dequeued/redis", "dupefilter/filtered", "bloomfilter/filtered",
@@ -56,6 +60,7 @@ class Probe:
     def __init__(self, crawler: Crawler, path: Path) -> None:
         self.crawler = crawler
         self.path = path
+        self.progress_path = path.with_name(path.name + ".progress")
         self.responses = 0
         self.first_response: float | None = None
         self.last_response: float | None = None
@@ -82,6 +87,8 @@ class Probe:
         self.cpu_at_last_response = cpu
         self.responses += 1
         self.round_trips_at_last_response = CountingConnection.round_trips
+        if self.responses % PROGRESS_EVERY == 1:
+            self.progress_path.write_text(str(self.responses))
 
     def spider_closed(self, spider: Any, reason: str) -> None:
         stats = self.crawler.stats
