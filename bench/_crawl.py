@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -271,7 +270,6 @@ def run_crawl(
     timeout: float,
     settings: dict[str, str],
     kill_at: float | None = None,
-    on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> CrawlRun:
     """One crawl of the whole site by ``workers`` processes of ``contender``.
 
@@ -296,8 +294,6 @@ def run_crawl(
         brief = site.brief()
         while time.monotonic() < deadline:
             brief = site.brief()
-            if on_progress is not None:
-                on_progress(brief)
             if mid is None and brief["distinct"] >= STEADY_FROM * pages:
                 mid = (brief["distinct"], redis_sample(client))
             if kill_at is not None and not killed and brief["distinct"] >= kill_at * pages:
