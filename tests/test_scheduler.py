@@ -271,3 +271,29 @@ def test_redis_down_while_crawling_keeps_pending_work(tmp_path) -> None:
         assert [r.url for r in drain(s)] == ["http://a.test/1"]
     finally:
         server.stop()
+
+
+def test_duplicates_this_worker_already_sent_cost_no_round_trip(scheduler: Scheduler,
+                                                                 redis_client) -> None:
+    scheduler.enqueue_request(Request("http://a.test/1"))
+    scheduler._send_pending()
+    calls_before = redis_client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    assert scheduler.enqueue_request(Request("http://a.test/1#again")) is False
+    assert scheduler.enqueue_request(Request("http://a.test/1", dont_filter=True)) is True
+    scheduler._send_pending()
+    calls_after = redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
+    assert calls_after == calls_before + 1  # only the dont_filter request was sent
+    assert scheduler.stats.get_value("bloomcrawl/filtered_locally") == 1
+    assert sorted(r.url for r in drain(scheduler)) == ["http://a.test/1", "http://a.test/1"]
+
+
+def test_filter_deleted_mid_crawl_is_created_again(scheduler: Scheduler) -> None:
+    scheduler.enqueue_request(Request("http://a.test/1"))
+    scheduler._send_pending()
+    assert scheduler.bloom is not None
+    scheduler.bloom.clear()
+    scheduler.enqueue_request(Request("http://a.test/2"))
+    scheduler._send_pending()
+    assert scheduler.bloom.info().items == 1  # a new, empty filter holding /2
+    # what this worker remembered was forgotten with the filter
+    assert scheduler.enqueue_request(Request("http://a.test/1")) is True

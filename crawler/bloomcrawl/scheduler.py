@@ -102,6 +102,7 @@ _RENEW = LuaScript(_load_lua("frontier_renew.lua"))
 _REAP = LuaScript(_load_lua("frontier_reap.lua"))
 
 MAX_BATCH = 500
+MAX_POLL_DELAY = 1.0
 REAP_BATCH = 1000
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError)
 
@@ -163,6 +164,7 @@ class Scheduler:
         reap_interval: float = 5.0,
         max_idle: float = 0.0,
         prefetch: int = 1,
+        seen_cache: int = 200_000,
     ) -> None:
         self.server = server
         self.crawler = crawler
@@ -177,6 +179,10 @@ class Scheduler:
         self.reap_interval = reap_interval
         self.max_idle = max_idle
         self.prefetch = prefetch
+        self.seen_cache = seen_cache
+        # fingerprints this worker already sent through the filter: the filter only
+        # grows, so they are in it for good and need no round trip
+        self._seen: set[bytes] = set()
         self.spider: Spider | None = None
         self.bloom: BloomFilter | None = None
         self._enqueue_script = _ENQUEUE["bitmap"]
@@ -194,6 +200,8 @@ class Scheduler:
         # leases this worker holds: token -> (partition, leased at)
         self._inflight: dict[str, tuple[int, float]] = {}
         self._redis_has_work = True
+        # the engine asked for a request and got none: the poller must wake it
+        self._starved = False
         self._redis_down_since: float | None = None
         self._idle_since: float | None = None
         self._poll_delay = 0.05
@@ -216,6 +224,7 @@ class Scheduler:
             reap_interval=get_float(settings, "SCHEDULER_REAP_INTERVAL", 5.0, 0, None),
             max_idle=get_float(settings, "MAX_IDLE_TIME_BEFORE_CLOSE", 0.0, -1e-9, None),
             prefetch=get_int(settings, "SCHEDULER_PREFETCH", 1, minimum=1),
+            seen_cache=get_int(settings, "SCHEDULER_SEEN_CACHE", 200_000, minimum=0),
         )
         filter_options(settings)
         if crawler.spider is not None:
@@ -329,6 +338,14 @@ class Scheduler:
             self._local.append((partition, token, request))
             return True
         lease = meta.pop(LEASE_META_KEY, None)
+        fp = normalise_fingerprint(self.fingerprinter.fingerprint(request))
+        if not request.dont_filter and fp in self._seen:
+            self._counts["filtered"] += 1
+            self.stats.inc_value("dupefilter/filtered")
+            self.stats.inc_value("bloomcrawl/filtered_locally")
+            if lease is not None:
+                self._ack_later(lease)
+            return False
         try:
             payload = request_to_json(request, self._spider())
         except UnserializableRequest as exc:
@@ -338,7 +355,6 @@ class Scheduler:
             if lease is not None:
                 self._ack_later(lease)
             return False
-        fp = normalise_fingerprint(self.fingerprinter.fingerprint(request))
         self._pending.append((fp, request.dont_filter, priority_score(request), payload))
         if lease is not None:
             # a retry or redirect of a leased request: ack the original once this is queued
@@ -353,11 +369,13 @@ class Scheduler:
             self._send_quietly()
         if not self._local and self._redis_has_work:
             self._lease_into_local()
-        while self._local:
+        if self._local:
             partition, token, request = self._local.popleft()
             request.meta[LEASE_META_KEY] = (partition, token)
             self.stats.inc_value("scheduler/dequeued/redis")
+            self._starved = False
             return request
+        self._starved = True
         return None
 
     def __len__(self) -> int:
@@ -366,15 +384,20 @@ class Scheduler:
     # -- leasing ----------------------------------------------------------------
 
     def _lease_into_local(self) -> None:
-        """Lease from the next partition in rotation, then from all at once if it was empty."""
-        f = self._frontier()
-        parts = f.partitions
-        first = self._rotation % parts
-        self._rotation += 1
+        """Lease from the partitions in rotation until one has work.
+
+        One round trip while the queue has work everywhere; probing one partition
+        at a time keeps a worker from holding more leases than it asked for.
+        """
+        parts = self._frontier().partitions
+        got = 0
         try:
-            got = self._lease([first], self.prefetch)
-            if not got and parts > 1:
-                got = self._lease([p for p in range(parts) if p != first], 1)
+            for _ in range(parts):
+                p = self._rotation % parts
+                self._rotation += 1
+                got = self._lease([p], self.prefetch)
+                if got:
+                    break
         except REDIS_ERRORS as exc:
             self._redis_failed(exc)
             return
@@ -520,6 +543,10 @@ class Scheduler:
             calls.append((_ACK, [f.leases(p), f.deadlines(p)], tokens))
         results = self._run_scripts(calls, counts)
         self._pending, self._pending_acks, self._counts = [], defaultdict(list), defaultdict(int)
+        if self.seen_cache:
+            if len(self._seen) + len(pending) > self.seen_cache:
+                self._seen.clear()
+            self._seen.update(e[0] for e in pending if not e[1])
         queued = sum(r.count(b"1") for r in results[: len(order)])
         filtered = len(pending) - queued
         if queued:
@@ -547,6 +574,17 @@ class Scheduler:
         results = list(pipe.execute(raise_on_error=False))
         missing = [i for i, r in enumerate(results[: len(calls)])
                    if isinstance(r, redis.exceptions.NoScriptError)]
+        cleared = [i for i, r in enumerate(results[: len(calls)])
+                   if isinstance(r, redis.ResponseError) and "BLOOMCRAWL_NOFILTER" in str(r)]
+        if cleared:
+            # the filter was deleted under us (bloomcrawl clear): create it again,
+            # forget what this worker had seen, and send those calls again
+            logger.warning("the Bloom filter %s was deleted; creating it again", f.filter,
+                           extra={"spider": self.spider})
+            self.bloom = bloom_from_settings(self.server, self.crawler.settings, f.spider)
+            self._record_layout()
+            self._seen.clear()
+            missing = sorted(set(missing) | set(cleared))
         if missing:
             for script in {calls[i][0] for i in missing}:
                 self.server.script_load(script.source)
@@ -573,7 +611,7 @@ class Scheduler:
         try:
             found = self._read_start_urls()
             self._send_pending()
-            if not self._local and not self._redis_has_work:
+            if not self._local and (self._starved or not self._redis_has_work):
                 self._lease_into_local()
                 if self._local:
                     found = True
@@ -582,10 +620,10 @@ class Scheduler:
         except REDIS_ERRORS as exc:
             self._redis_failed(exc)
             found = False
-        if found or self._redis_has_work:
+        if found:
             self._poll_delay = 0.05
         else:
-            self._poll_delay = min(2.0, self._poll_delay * 2)
+            self._poll_delay = min(MAX_POLL_DELAY, self._poll_delay * 2)
         self._schedule_poll(self._poll_delay)
 
     def _wake_engine(self) -> None:
@@ -638,8 +676,14 @@ class Scheduler:
             raise DontCloseSpider from exc
         now = time.monotonic()
         if busy:
+            # others are crawling and may queue more: poll for it soon
             self._idle_since = None
-            self._redis_has_work = True
+            self._starved = True
+            if self._poll_delay > 0.2:
+                self._poll_delay = 0.05
+                if self._poll_call is not None:
+                    self._poll_call.cancel()
+                self._schedule_poll(0)
             raise DontCloseSpider
         if self._idle_since is None:
             self._idle_since = now
