@@ -132,6 +132,7 @@ def test_leased_request_stays_in_redis_until_acked(scheduler: Scheduler, redis_c
     queued = sum(redis_client.zcard(f.queue_part(p)) for p in range(f.partitions))
     assert (held, queued) == (1, 0)
     scheduler._on_finished(request, "response")
+    scheduler._send_pending()
     held = sum(redis_client.zcard(f.deadlines(p)) + redis_client.hlen(f.leases(p))
                for p in range(f.partitions))
     assert held == 0
@@ -154,9 +155,11 @@ def test_expired_lease_is_requeued_and_old_holder_cannot_ack_it(redis_server, re
     assert int(redis_client.hget(second.frontier.stats, "requeued")) == 1
     # the first worker finishes late: its ack must not touch the second worker's lease
     first._on_finished(stale, "response")
+    first._send_pending()
     f = second.frontier
     assert sum(redis_client.zcard(f.deadlines(p)) for p in range(f.partitions)) == 1
     second._on_finished(fresh[0], "response")
+    second._send_pending()
     assert sum(redis_client.zcard(f.deadlines(p)) for p in range(f.partitions)) == 0
 
 
@@ -297,3 +300,21 @@ def test_filter_deleted_mid_crawl_is_created_again(scheduler: Scheduler) -> None
     assert scheduler.bloom.info().items == 1  # a new, empty filter holding /2
     # what this worker remembered was forgotten with the filter
     assert scheduler.enqueue_request(Request("http://a.test/1")) is True
+
+
+def test_ack_rides_with_the_next_lease(redis_server, redis_client) -> None:
+    scheduler = make_scheduler(redis_server.url, BLOOMFILTER_PARTITIONS=1)
+    for i in range(2):
+        scheduler.enqueue_request(Request("http://a.test/%d" % i))
+    scheduler._send_pending()
+    scheduler._redis_has_work = True
+    first = scheduler.next_request()
+    assert first is not None
+    scheduler._on_finished(first, "response")
+    before = redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
+    second = scheduler.next_request()
+    assert second is not None and second.url != first.url
+    after = redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
+    assert after - before == 1  # one script call acked the first and leased the second
+    f = scheduler.frontier
+    assert sum(redis_client.zcard(f.deadlines(p)) for p in range(f.partitions)) == 1

@@ -103,6 +103,7 @@ _REAP = LuaScript(_load_lua("frontier_reap.lua"))
 
 MAX_BATCH = 500
 MAX_POLL_DELAY = 1.0
+STATS_INTERVAL = 1.0
 REAP_BATCH = 1000
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError)
 
@@ -197,6 +198,7 @@ class Scheduler:
         self._pending: list[tuple[bytes, bool, float, str]] = []
         self._pending_acks: dict[int, list[str]] = defaultdict(list)
         self._counts: dict[str, int] = defaultdict(int)
+        self._stats_sent_at = 0.0
         # leases this worker holds: token -> (partition, leased at)
         self._inflight: dict[str, tuple[int, float]] = {}
         self._redis_has_work = True
@@ -305,7 +307,7 @@ class Scheduler:
             self._poll_call.cancel()
             self._poll_call = None
         try:
-            self._send_pending()
+            self._send_pending(force_stats=True)
             self._release_local()
         except REDIS_ERRORS as exc:
             logger.error("could not save the frontier on close (%s): unacked leases will be"
@@ -365,10 +367,11 @@ class Scheduler:
         return True
 
     def next_request(self) -> Request | None:
-        if self._pending or self._pending_acks:
-            self._send_quietly()
-        if not self._local and self._redis_has_work:
-            self._lease_into_local()
+        if not self._local:
+            if self._redis_has_work:
+                self._lease_into_local()  # sends what is pending in the same round trip
+            elif self._pending or self._pending_acks:
+                self._send_quietly()
         if self._local:
             partition, token, request = self._local.popleft()
             request.meta[LEASE_META_KEY] = (partition, token)
@@ -384,51 +387,64 @@ class Scheduler:
     # -- leasing ----------------------------------------------------------------
 
     def _lease_into_local(self) -> None:
-        """Lease from the partitions in rotation until one has work.
+        """Send what is pending and lease, in one round trip; probe on if it was empty.
 
-        One round trip while the queue has work everywhere; probing one partition
-        at a time keeps a worker from holding more leases than it asked for.
+        The lease goes to a partition where this worker has leases to ack, so
+        the ack rides along; otherwise to the next in rotation. Probing one
+        partition at a time keeps a worker from holding more than it asked for.
         """
         parts = self._frontier().partitions
-        got = 0
+        first = next((p for p, tokens in self._pending_acks.items() if tokens), None)
+        if first is None:
+            first = self._rotation % parts
+            self._rotation += 1
         try:
-            for _ in range(parts):
-                p = self._rotation % parts
-                self._rotation += 1
-                got = self._lease([p], self.prefetch)
+            got = self._take_leased(first, self._send_pending(lease_partition=first))
+            for _ in range(parts - 1):
                 if got:
                     break
+                p = self._rotation % parts
+                self._rotation += 1
+                if p != first:
+                    got = self._lease([p], self.prefetch)
         except REDIS_ERRORS as exc:
             self._redis_failed(exc)
             return
         self._redis_ok()
         self._redis_has_work = got > 0
 
+    def _lease_args(self) -> list[Any]:
+        self._lease_seq += 1
+        prefix = "%s:%d:" % (self._worker_id, self._lease_seq)
+        return [self.queue_type, self.lease_ms, self.prefetch, prefix]
+
     def _lease(self, partitions: list[int], want: int) -> int:
         f = self._frontier()
         calls = []
         for p in partitions:
-            self._lease_seq += 1
-            prefix = "%s:%d:" % (self._worker_id, self._lease_seq)
-            calls.append(([f.queue_part(p), f.leases(p), f.deadlines(p)],
-                          [self.queue_type, self.lease_ms, want, prefix]))
+            args = self._lease_args()
+            args[2] = want
+            calls.append(([f.queue_part(p), f.leases(p), f.deadlines(p)], args))
         results = _LEASE.run_many(self.server, calls)
+        return sum(self._take_leased(p, r) for p, r in zip(partitions, results, strict=True))
+
+    def _take_leased(self, p: int, result: list[bytes]) -> int:
+        """Turn a lease reply into requests in the local buffer; returns how many."""
         got = 0
         now = time.monotonic()
-        for p, result in zip(partitions, results, strict=True):
-            for i in range(0, len(result), 2):
-                token, payload = result[i].decode(), result[i + 1]
-                self._inflight[token] = (p, now)
-                try:
-                    request = request_from_json(payload, self._spider())
-                except Exception as exc:  # a corrupt entry must not stop the crawl
-                    logger.error("dropping an unreadable queue entry %r: %s", payload[:200], exc,
-                                 extra={"spider": self.spider})
-                    self._counts["errors"] += 1
-                    self._ack_later((p, token))
-                    continue
-                self._local.append((p, token, request))
-                got += 1
+        for i in range(0, len(result), 2):
+            token, payload = result[i].decode(), result[i + 1]
+            self._inflight[token] = (p, now)
+            try:
+                request = request_from_json(payload, self._spider())
+            except Exception as exc:  # a corrupt entry must not stop the crawl
+                logger.error("dropping an unreadable queue entry %r: %s", payload[:200], exc,
+                             extra={"spider": self.spider})
+                self._counts["errors"] += 1
+                self._ack_later((p, token))
+                continue
+            self._local.append((p, token, request))
+            got += 1
         return got
 
     def _ack_later(self, lease: Any) -> None:
@@ -500,8 +516,8 @@ class Scheduler:
         elif outcome in ("spider_error", "download_error"):
             self._counts["errors"] += 1
         if lease is not None:
+            # sent with the next lease (next_request), or by the poller
             self._ack_later(lease)
-        self._send_quietly()
 
     def _on_item(self, item: Any, response: Any, spider: Spider) -> None:
         self._counts["items"] += 1
@@ -511,20 +527,30 @@ class Scheduler:
 
     # -- sending --------------------------------------------------------------------
 
-    def _send_quietly(self) -> None:
+    def _send_quietly(self, force_stats: bool = False) -> None:
         try:
-            self._send_pending()
+            self._send_pending(force_stats=force_stats)
         except REDIS_ERRORS as exc:
             self._redis_failed(exc)
         else:
             self._redis_ok()
 
-    def _send_pending(self) -> None:
-        """Enqueue-if-new the pending requests, then ack, then stats: one round trip."""
-        if not (self._pending or self._pending_acks or self._counts):
-            return
+    def _send_pending(self, lease_partition: int | None = None,
+                      force_stats: bool = False) -> Any:
+        """Enqueue-if-new the pending requests, then ack, then stats: one round trip.
+
+        With ``lease_partition``, the same round trip acks that partition's
+        finished leases and leases from it; the lease reply is returned.
+        """
+        now = time.monotonic()
+        # the shared stats are sent at most once a second (and on idle and close)
+        send_stats = bool(self._counts) and (
+            force_stats or now - self._stats_sent_at >= STATS_INTERVAL)
+        if not (self._pending or self._pending_acks or send_stats) and lease_partition is None:
+            return None
         f = self._frontier()
-        pending, acks, counts = self._pending, self._pending_acks, self._counts
+        pending, acks = self._pending, self._pending_acks
+        counts = self._counts if send_stats else {}
         by_partition: dict[int, list[tuple[bytes, bool, float, str]]] = defaultdict(list)
         parts = f.partitions
         for entry in pending:
@@ -540,9 +566,17 @@ class Scheduler:
                 args += [repr(e[2]), e[3]]
             calls.append((self._enqueue_script, [f.state(p), f.queue_part(p)], args))
         for p, tokens in acks.items():
-            calls.append((_ACK, [f.leases(p), f.deadlines(p)], tokens))
+            if p != lease_partition:
+                calls.append((_ACK, [f.leases(p), f.deadlines(p)], tokens))
+        if lease_partition is not None:
+            p = lease_partition
+            calls.append((_LEASE, [f.queue_part(p), f.leases(p), f.deadlines(p)],
+                          [*self._lease_args(), *acks.get(p, [])]))
         results = self._run_scripts(calls, counts)
-        self._pending, self._pending_acks, self._counts = [], defaultdict(list), defaultdict(int)
+        self._pending, self._pending_acks = [], defaultdict(list)
+        if send_stats:
+            self._counts = defaultdict(int)
+            self._stats_sent_at = now
         if self.seen_cache:
             if len(self._seen) + len(pending) > self.seen_cache:
                 self._seen.clear()
@@ -555,6 +589,7 @@ class Scheduler:
             self.stats.inc_value("dupefilter/filtered", filtered)
             self.stats.inc_value("bloomfilter/filtered", filtered)
             self._counts["filtered"] += filtered
+        return results[len(calls) - 1] if lease_partition is not None else None
 
     def _run_scripts(self, calls: list[tuple[LuaScript, list[str], list[Any]]],
                      counts: dict[str, int]) -> list[Any]:
@@ -667,8 +702,10 @@ class Scheduler:
 
     def _on_idle(self, spider: Spider) -> None:
         if self._local or self._pending or self._pending_acks:
-            self._send_quietly()
+            self._send_quietly(force_stats=True)
             raise DontCloseSpider
+        if self._counts:
+            self._send_quietly(force_stats=True)
         try:
             busy = self._queue_size(with_leases=True) > 0
         except REDIS_ERRORS as exc:

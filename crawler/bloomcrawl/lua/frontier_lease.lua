@@ -1,9 +1,15 @@
--- Lease up to ARGV[3] requests from one partition: each moves from the queue
--- into the lease hash (value "score|payload") with a deadline from Redis's clock.
+-- Ack this worker's finished leases in the partition, then lease up to ARGV[3]
+-- requests from it: each moves from the queue into the lease hash (value
+-- "score|payload") with a deadline from Redis's clock.
 -- KEYS[1] queue, KEYS[2] leases hash, KEYS[3] deadlines zset
--- ARGV[1] queue type, ARGV[2] lease ms, ARGV[3] how many, ARGV[4] token prefix
+-- ARGV[1] queue type, ARGV[2] lease ms, ARGV[3] how many, ARGV[4] token prefix,
+-- ARGV[5..] tokens to ack first (only the holder's own tokens match)
 -- returns {token1, payload1, token2, payload2, ...}
 local qtype, lease_ms, want, prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+for i = 5, #ARGV do
+  redis.call('ZREM', KEYS[3], ARGV[i])
+  redis.call('HDEL', KEYS[2], ARGV[i])
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
