@@ -104,6 +104,7 @@ _REAP = LuaScript(_load_lua("frontier_reap.lua"))
 MAX_BATCH = 500
 MAX_POLL_DELAY = 1.0
 STATS_INTERVAL = 1.0
+ACK_DELAY = 0.05
 REAP_BATCH = 1000
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError)
 
@@ -208,6 +209,7 @@ class Scheduler:
         self._idle_since: float | None = None
         self._poll_delay = 0.05
         self._poll_call: Any = None
+        self._ack_call: Any = None
         self._loops: list[Any] = []
         self._closing = False
 
@@ -303,9 +305,10 @@ class Scheduler:
         for loop in self._loops:
             if loop.running:
                 loop.stop()
-        if self._poll_call is not None:
-            self._poll_call.cancel()
-            self._poll_call = None
+        for call in (self._poll_call, self._ack_call):
+            if call is not None:
+                call.cancel()
+        self._poll_call = self._ack_call = None
         try:
             self._send_pending(force_stats=True)
             self._release_local()
@@ -516,8 +519,16 @@ class Scheduler:
         elif outcome in ("spider_error", "download_error"):
             self._counts["errors"] += 1
         if lease is not None:
-            # sent with the next lease (next_request), or by the poller
+            # sent with the next lease (next_request), or within ACK_DELAY anyway:
+            # a worker killed now must not leave finished pages to be crawled again
             self._ack_later(lease)
+            if self._ack_call is None and self._loops:
+                self._ack_call = call_later(ACK_DELAY, self._flush_acks)
+
+    def _flush_acks(self) -> None:
+        self._ack_call = None
+        if self._pending_acks or self._pending:
+            self._send_quietly()
 
     def _on_item(self, item: Any, response: Any, spider: Spider) -> None:
         self._counts["items"] += 1
