@@ -2,38 +2,68 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from typing import TYPE_CHECKING, Any
 
+import redis
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
 from bloomcrawl import keys
-from bloomcrawl.connection import redis_from_settings
+from bloomcrawl.connection import get_float, redis_from_settings
 
 if TYPE_CHECKING:
-    import redis
     from scrapy.crawler import Crawler
+
+logger = logging.getLogger(__name__)
 
 
 class RedisItemsPipeline:
-    """RPUSH each item, JSON-encoded, to REDIS_ITEMS_KEY (default ``%(spider)s:items``)."""
+    """RPUSH each item, JSON-encoded, to REDIS_ITEMS_KEY (default ``%(spider)s:items``).
 
-    def __init__(self, server: redis.Redis, crawler: Crawler, key_pattern: str) -> None:
+    While Redis is unreachable the item waits and is pushed when it is back
+    (for up to REDIS_ITEMS_RETRY_TIMEOUT seconds, then the error is logged).
+    """
+
+    def __init__(self, server: redis.Redis, crawler: Crawler, key_pattern: str,
+                 retry_timeout: float = 300.0) -> None:
         self.server = server
         self.crawler = crawler
         self.key_pattern = key_pattern
+        self.retry_timeout = retry_timeout
         self.encoder = ScrapyJSONEncoder()
         self.key = ""
+        self._outage = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RedisItemsPipeline:
         settings = crawler.settings
         pattern = settings.get("REDIS_ITEMS_KEY") or keys.DEFAULT_ITEMS_KEY
-        return cls(redis_from_settings(settings), crawler, pattern)
+        retry = get_float(settings, "REDIS_ITEMS_RETRY_TIMEOUT", 300.0, 0, None)
+        return cls(redis_from_settings(settings), crawler, pattern, retry)
 
     def open_spider(self) -> None:
         assert self.crawler.spider is not None
         self.key = keys.spider_key(self.key_pattern, self.crawler.spider.name)
 
-    def process_item(self, item: Any) -> Any:
-        self.server.rpush(self.key, self.encoder.encode(item))
-        return item
+    async def process_item(self, item: Any) -> Any:
+        data = self.encoder.encode(item)
+        deadline = time.monotonic() + self.retry_timeout
+        delay = 0.1
+        while True:
+            try:
+                self.server.rpush(self.key, data)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                if not self._outage:
+                    self._outage = True
+                    logger.warning("Redis unreachable (%s): items wait until it is back", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if self._outage:
+                self._outage = False
+                logger.warning("Redis is back: storing items again")
+            return item
