@@ -103,7 +103,6 @@ _REAP = LuaScript(_load_lua("frontier_reap.lua"))
 
 MAX_BATCH = 500
 MAX_POLL_DELAY = 1.0
-STATS_INTERVAL = 1.0
 ACK_DELAY = 0.05
 REAP_BATCH = 1000
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError)
@@ -199,7 +198,6 @@ class Scheduler:
         self._pending: list[tuple[bytes, bool, float, str]] = []
         self._pending_acks: dict[int, list[str]] = defaultdict(list)
         self._counts: dict[str, int] = defaultdict(int)
-        self._stats_sent_at = 0.0
         # leases this worker holds: token -> (partition, leased at)
         self._inflight: dict[str, tuple[int, float]] = {}
         self._redis_has_work = True
@@ -310,7 +308,7 @@ class Scheduler:
                 call.cancel()
         self._poll_call = self._ack_call = None
         try:
-            self._send_pending(force_stats=True)
+            self._send_pending()
             self._release_local()
         except REDIS_ERRORS as exc:
             logger.error("could not save the frontier on close (%s): unacked leases will be"
@@ -538,25 +536,23 @@ class Scheduler:
 
     # -- sending --------------------------------------------------------------------
 
-    def _send_quietly(self, force_stats: bool = False) -> None:
+    def _send_quietly(self) -> None:
         try:
-            self._send_pending(force_stats=force_stats)
+            self._send_pending()
         except REDIS_ERRORS as exc:
             self._redis_failed(exc)
         else:
             self._redis_ok()
 
-    def _send_pending(self, lease_partition: int | None = None,
-                      force_stats: bool = False) -> Any:
+    def _send_pending(self, lease_partition: int | None = None) -> Any:
         """Enqueue-if-new the pending requests, then ack, then stats: one round trip.
 
         With ``lease_partition``, the same round trip acks that partition's
         finished leases and leases from it; the lease reply is returned.
         """
-        now = time.monotonic()
-        # the shared stats are sent at most once a second (and on idle and close)
-        send_stats = bool(self._counts) and (
-            force_stats or now - self._stats_sent_at >= STATS_INTERVAL)
+        # the shared stats ride along with every send: a page's count goes with
+        # its ack, so the counters stay exact when a worker dies
+        send_stats = bool(self._counts)
         if not (self._pending or self._pending_acks or send_stats) and lease_partition is None:
             return None
         f = self._frontier()
@@ -587,7 +583,6 @@ class Scheduler:
         self._pending, self._pending_acks = [], defaultdict(list)
         if send_stats:
             self._counts = defaultdict(int)
-            self._stats_sent_at = now
         if self.seen_cache:
             if len(self._seen) + len(pending) > self.seen_cache:
                 self._seen.clear()
@@ -713,10 +708,10 @@ class Scheduler:
 
     def _on_idle(self, spider: Spider) -> None:
         if self._local or self._pending or self._pending_acks:
-            self._send_quietly(force_stats=True)
+            self._send_quietly()
             raise DontCloseSpider
         if self._counts:
-            self._send_quietly(force_stats=True)
+            self._send_quietly()
         try:
             busy = self._queue_size(with_leases=True) > 0
         except REDIS_ERRORS as exc:
