@@ -600,7 +600,7 @@ class BloomFilter:
         blobs: dict[int, list[bytes]] = {}
         for i, raw in enumerate(fps):
             fp = normalise_fingerprint(raw)
-            p = int.from_bytes(fp[16:20], "big") % parts
+            p = partition_of(fp, parts)
             if p in groups:
                 groups[p].append(i)
                 blobs[p].append(fp)

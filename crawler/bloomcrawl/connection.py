@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from bloomcrawl.bloom import RedisUnavailableError, describe_redis
+from bloomcrawl.bloom import RedisUnavailableError, describe_redis, redis_errors
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
@@ -61,15 +61,15 @@ def redis_from_settings(settings: BaseSettings) -> redis.Redis:
 
 def ping(client: redis.Redis) -> None:
     try:
-        client.ping()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise RedisUnavailableError(
-            "cannot reach Redis at %s: %s" % (describe_redis(client), exc)
-        ) from exc
-    except redis.AuthenticationError as exc:
-        raise RedisUnavailableError(
-            "Redis at %s refused the credentials: %s" % (describe_redis(client), exc)
-        ) from exc
+        with redis_errors(client):
+            client.ping()
+    except RedisUnavailableError as exc:
+        # AuthenticationError is a ConnectionError: say which it was
+        if isinstance(exc.__cause__, redis.AuthenticationError):
+            raise RedisUnavailableError(
+                "Redis at %s refused the credentials: %s" % (describe_redis(client), exc.__cause__)
+            ) from exc.__cause__
+        raise
 
 
 def get_int(settings: BaseSettings, name: str, default: int, minimum: int | None = None) -> int:

@@ -42,6 +42,7 @@ from bloomcrawl.bloom import (
     backend_script,
     describe_redis,
     normalise_fingerprint,
+    partition_of,
 )
 from bloomcrawl.connection import (
     SettingError,
@@ -198,8 +199,8 @@ class Scheduler:
         self._pending: list[tuple[bytes, bool, float, str]] = []
         self._pending_acks: dict[int, list[str]] = defaultdict(list)
         self._counts: dict[str, int] = defaultdict(int)
-        # leases this worker holds: token -> (partition, leased at)
-        self._inflight: dict[str, tuple[int, float]] = {}
+        # leases this worker holds: token -> partition
+        self._inflight: dict[str, int] = {}
         self._redis_has_work = True
         # the engine asked for a request and got none: the poller must wake it
         self._starved = False
@@ -432,10 +433,9 @@ class Scheduler:
     def _take_leased(self, p: int, result: list[bytes]) -> int:
         """Turn a lease reply into requests in the local buffer; returns how many."""
         got = 0
-        now = time.monotonic()
         for i in range(0, len(result), 2):
             token, payload = result[i].decode(), result[i + 1]
-            self._inflight[token] = (p, now)
+            self._inflight[token] = p
             try:
                 request = request_from_json(payload, self._spider())
             except Exception as exc:  # a corrupt entry must not stop the crawl
@@ -458,7 +458,7 @@ class Scheduler:
         if not self._inflight or self.frontier is None:
             return
         by_partition: dict[int, list[str]] = defaultdict(list)
-        for token, (p, _) in self._inflight.items():
+        for token, p in self._inflight.items():
             by_partition[p].append(token)
         calls = [([self.frontier.deadlines(p)], [self.lease_ms, *tokens])
                  for p, tokens in by_partition.items()]
@@ -502,7 +502,7 @@ class Scheduler:
         self._local.clear()
         if self._inflight:
             pipe = self.server.pipeline(transaction=False)
-            for token, (partition, _) in self._inflight.items():
+            for token, partition in self._inflight.items():
                 pipe.zadd(f.deadlines(partition), {token: 0}, xx=True)
             pipe.execute()
             self._inflight.clear()
@@ -561,7 +561,7 @@ class Scheduler:
         by_partition: dict[int, list[tuple[bytes, bool, float, str]]] = defaultdict(list)
         parts = f.partitions
         for entry in pending:
-            by_partition[int.from_bytes(entry[0][16:20], "big") % parts].append(entry)
+            by_partition[partition_of(entry[0], parts)].append(entry)
         order = list(by_partition)
         calls: list[tuple[LuaScript, list[str], list[Any]]] = []
         for p in order:
