@@ -11,6 +11,7 @@ site counted. Nothing here prints; a run that fails raises
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -363,3 +364,13 @@ def stored_item_pages(client: redis.Redis, key: str = "site:items") -> dict[int,
 
 def _tails(workers: list[Worker]) -> str:
     return "\n".join("--- %s\n%s" % (w.name, w.tail()) for w in workers)
+
+
+def pick_contenders(parser: argparse.ArgumentParser, spec: str,
+                    contenders: tuple[Contender, ...]) -> list[Contender]:
+    """The contenders a comma-separated ``--contenders`` names, or a usage error."""
+    by_key = {c.key: c for c in contenders}
+    try:
+        return [by_key[k.strip()] for k in spec.split(",") if k.strip()]
+    except KeyError as exc:
+        parser.error("unknown contender %s; choose from %s" % (exc, ", ".join(by_key)))

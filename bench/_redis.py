@@ -150,17 +150,10 @@ class PrivateRedis:
             client.close()
 
     def _terminate(self) -> None:
-        """Stop the process this object started, by its pid; SIGKILL if SIGTERM is ignored."""
+        """Stop the process this object started, by its pid."""
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(STOP_TIMEOUT_S)
+        if proc is not None:
+            stop_process(proc)
 
     def stop(self) -> None:
         """Stop the server this object started, then remove its temporary directory."""
@@ -192,3 +185,14 @@ class PrivateRedis:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """Stop a process a benchmark started, by its pid; SIGKILL if SIGTERM is ignored."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(STOP_TIMEOUT_S)

@@ -31,9 +31,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from _redis import stop_process
+
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 10.0
 HTTP_TIMEOUT_S = 10.0
 
 
@@ -153,13 +154,7 @@ class SiteProcess:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(STOP_TIMEOUT_S)
+        stop_process(proc)
         if proc.stdout is not None:
             proc.stdout.close()
 

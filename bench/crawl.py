@@ -66,6 +66,7 @@ from _crawl import (
     Contender,
     CrawlFailed,
     CrawlRun,
+    pick_contenders,
     run_crawl,
 )
 from _redis import PrivateRedis
@@ -273,11 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     if args.pages:
         plan = Plan(args.pages, plan.workers, plan.max_idle, plan.timeout)
-    by_key = {c.key: c for c in CONTENDERS}
-    try:
-        contenders = [by_key[k.strip()] for k in args.contenders.split(",") if k.strip()]
-    except KeyError as exc:
-        parser.error("unknown contender %s; choose from %s" % (exc, ", ".join(by_key)))
+    contenders = pick_contenders(parser, args.contenders, CONTENDERS)
 
     print("bloomcrawl crawl benchmark: %d-page demo site (20 links a page), no delay;"
           " processes: %s" % (plan.pages, ", ".join(map(str, plan.workers))))

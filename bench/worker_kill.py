@@ -41,6 +41,7 @@ from _crawl import (
     SCRAPY_REDIS,
     CrawlFailed,
     CrawlRun,
+    pick_contenders,
     run_crawl,
 )
 from _redis import PrivateRedis
@@ -68,11 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contenders", default=",".join(c.key for c in CONTENDERS),
                         help="comma-separated subset of %(default)s")
     args = parser.parse_args(argv)
-    by_key = {c.key: c for c in CONTENDERS}
-    try:
-        contenders = [by_key[k.strip()] for k in args.contenders.split(",") if k.strip()]
-    except KeyError as exc:
-        parser.error("unknown contender %s; choose from %s" % (exc, ", ".join(by_key)))
+    contenders = pick_contenders(parser, args.contenders, CONTENDERS)
 
     print("SIGKILL comparison: %d workers crawl a %d-page demo site; the busiest is"
           " SIGKILLed at 1/3 of the pages" % (WORKERS, args.pages))
