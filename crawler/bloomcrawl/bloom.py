@@ -563,18 +563,8 @@ class BloomFilter:
     # -- operations -----------------------------------------------------
 
     def add(self, fp: bytes | str) -> bool:
-        """Add one fingerprint; True if it was new. Atomic."""
-        fp = normalise_fingerprint(fp)
-        p = partition_of(fp, self.params.partitions)
-        with redis_errors(self.server):
-            try:
-                result = _ADD[self.params.backend](
-                    self.server, [keys.state_key(self.key, p)], [fp])
-            except redis.ResponseError as exc:
-                self._recreate_if_cleared(exc)
-                result = _ADD[self.params.backend](
-                    self.server, [keys.state_key(self.key, p)], [fp])
-        return bool(result == b"1")
+        """Add one fingerprint; True if it was new. Atomic (one EVALSHA, no pipeline)."""
+        return self.add_many([fp])[0]
 
     def _recreate_if_cleared(self, exc: redis.ResponseError) -> None:
         """Another client cleared the filter: create it again, or re-raise."""
