@@ -564,13 +564,22 @@ class BloomFilter:
 
     def add(self, fp: bytes | str) -> bool:
         """Add one fingerprint; True if it was new. Atomic (one EVALSHA, no pipeline)."""
-        return self.add_many([fp])[0]
+        fp = normalise_fingerprint(fp)
+        p = partition_of(fp, self.params.partitions)
+        call = ([keys.state_key(self.key, p)], [fp])
+        return bool(self._run(_ADD[self.params.backend], [call])[0] == b"1")
 
-    def _recreate_if_cleared(self, exc: redis.ResponseError) -> None:
-        """Another client cleared the filter: create it again, or re-raise."""
-        if "BLOOMCRAWL_NOFILTER" not in str(exc):
-            raise exc
-        self.params = self._open(self.params)
+    def _run(self, script: LuaScript,
+             calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Run script calls; if another client cleared the filter, create it and run again."""
+        with redis_errors(self.server):
+            try:
+                return script.run_many(self.server, calls)
+            except redis.ResponseError as exc:
+                if "BLOOMCRAWL_NOFILTER" not in str(exc):
+                    raise
+                self.params = self._open(self.params)
+                return script.run_many(self.server, calls)
 
     def add_many(self, fps: Sequence[bytes | str]) -> list[bool]:
         """Add fingerprints; one atomic call per partition touched, in one round trip."""
@@ -599,12 +608,7 @@ class BloomFilter:
                 blobs[p] = [fp]
         order = list(groups)
         calls = [([keys.state_key(self.key, p)], [b"".join(blobs[p])]) for p in order]
-        with redis_errors(self.server):
-            try:
-                results = script.run_many(self.server, calls)
-            except redis.ResponseError as exc:
-                self._recreate_if_cleared(exc)
-                results = script.run_many(self.server, calls)
+        results = self._run(script, calls)
         out = [False] * len(fps)
         for p, answer in zip(order, results, strict=True):
             for i, flag in zip(groups[p], answer, strict=True):
