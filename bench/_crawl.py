@@ -31,7 +31,7 @@ import redis  # noqa: E402
 from _redis import CpuSample, cpu_sample  # noqa: E402
 from _site import SiteProcess  # noqa: E402
 
-from bloomcrawl.demo import page_id  # noqa: E402
+from bloomcrawl.ops.demo_site import page_id  # noqa: E402
 
 POLL_S = 0.1
 #: after the last page is fetched, its links are enqueued and its lease acked
@@ -87,7 +87,7 @@ MEMORY = Contender(
 
 ITEM_PIPELINES = {
     "none": "{}",
-    "redis": json.dumps({"bloomcrawl.pipelines.RedisItemsPipeline": 300}),
+    "redis": json.dumps({"bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300}),
 }
 
 

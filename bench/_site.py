@@ -2,7 +2,7 @@
 
 The crawl benchmarks measure Scrapy processes, so the site must not share
 their interpreter (nor its GIL). ``python bench/_site.py --pages N`` serves
-:class:`bloomcrawl.demo.DemoSite` with every page pre-rendered (the first
+:class:`bloomcrawl.ops.demo_site.DemoSite` with every page pre-rendered (the first
 contender would otherwise pay for rendering) and prints ``PORT <n>`` once it
 listens. It adds to ``GET /__stats``:
 
@@ -42,7 +42,7 @@ def _server_main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(ROOT / "crawler"))
     from aiohttp import web
 
-    from bloomcrawl.demo import DemoServer, DemoSite
+    from bloomcrawl.ops.demo_site import DemoServer, DemoSite
 
     class TimedDemoServer(DemoServer):
         """Counts distinct pages as they are hit and remembers the first and last hit."""

@@ -1,6 +1,6 @@
 """Crawl benchmark: bloomcrawl's scheduler beside what it replaces, on real crawls.
 
-The demo site (:mod:`bloomcrawl.demo`, no delay, its own process) is crawled
+The demo site (:mod:`bloomcrawl.ops.demo_site`, no delay, its own process) is crawled
 from ``/`` by 1 and then 2 ``scrapy crawl site`` processes per contender:
 
 * bloomcrawl: the project's settings (leased, partitioned Redis frontier,

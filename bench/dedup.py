@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "crawler"))  # the working tree's bloomcrawl, inst
 import redis  # noqa: E402
 from _redis import CpuSample, PrivateRedis, cpu_sample, redisbloom_module  # noqa: E402
 
-from bloomcrawl.bloom import BloomFilter  # noqa: E402
+from bloomcrawl.core.bloom import BloomFilter  # noqa: E402
 
 ERROR_RATE = 0.001
 ADD_MANY_BATCH = 1000
@@ -461,7 +461,7 @@ def bloomcrawl_dupefilter(url: str, key_pattern: str, capacity: int, backend: st
 
     crawler = get_crawler(BenchSpider, settings_dict={
         "REDIS_URL": url,
-        "DUPEFILTER_CLASS": "bloomcrawl.dupefilter.RedisBloomDupeFilter",
+        "DUPEFILTER_CLASS": "bloomcrawl.crawl.dupefilter.RedisBloomDupeFilter",
         "BLOOMFILTER_KEY": key_pattern,
         "BLOOMFILTER_CAPACITY": capacity,
         "BLOOMFILTER_ERROR_RATE": ERROR_RATE,

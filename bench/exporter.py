@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT / "crawler"))  # the working tree's bloomcrawl, inst
 import redis  # noqa: E402
 from _redis import PrivateRedis, free_port  # noqa: E402
 
-from bloomcrawl import keys  # noqa: E402
-from bloomcrawl.bloom import BloomFilter  # noqa: E402
+from bloomcrawl.core import keys  # noqa: E402
+from bloomcrawl.core.bloom import BloomFilter  # noqa: E402
 
 CAPACITY = 1_000_000_000
 ERROR_RATE = 0.001
@@ -94,7 +94,7 @@ def build_frontier(client: redis.Redis, adds: int) -> tuple[BloomFilter, float]:
 
 def cold_plan_seconds() -> float:
     """Time a fresh process takes to compute the 1e9 filter's slice plan (cached after)."""
-    code = ("import time; from bloomcrawl.bloom import FilterParams; t = time.perf_counter();"
+    code = ("import time; from bloomcrawl.core.sizing import FilterParams; t = time.perf_counter();"
             f" FilterParams(capacity={CAPACITY}, error_rate={ERROR_RATE}).plan();"
             " print(time.perf_counter() - t)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         log_path = Path(tmp) / "exporter.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "bloomcrawl.exporter", "--port", str(port),
+                [sys.executable, "-m", "bloomcrawl.ops.exporter", "--port", str(port),
                  "--bind", "127.0.0.1", "--redis-url", server.url, "--log-level", "WARNING"],
                 env=env, stdout=log, stderr=subprocess.STDOUT)
         try:

@@ -3,6 +3,10 @@
 scrapyd-client builds eggs from a ``setup.py`` next to ``scrapy.cfg``; the
 ``scrapy`` entry point tells scrapyd which settings module the project uses.
 The library itself is installed from ``pyproject.toml`` at the repository root.
+
+The egg holds what a worker runs: the library (``bloomcrawl.core``) and the
+Scrapy integration (``bloomcrawl.crawl``); the operations tooling
+(``bloomcrawl.ops``: CLI, exporter, demo site) never ships in it.
 """
 
 import re
@@ -18,8 +22,9 @@ VERSION = re.search(
 setup(
     name="bloomcrawl",
     version=VERSION,
-    packages=find_packages(include=["bloomcrawl", "bloomcrawl.*"]),
-    package_data={"bloomcrawl": ["lua/*.lua", "py.typed"]},
-    entry_points={"scrapy": ["settings = bloomcrawl.settings"]},
+    packages=find_packages(include=["bloomcrawl", "bloomcrawl.core", "bloomcrawl.core.*",
+                                    "bloomcrawl.crawl", "bloomcrawl.crawl.*"]),
+    package_data={"bloomcrawl": ["py.typed"], "bloomcrawl.core": ["lua/*.lua"]},
+    entry_points={"scrapy": ["settings = bloomcrawl.crawl.settings"]},
     zip_safe=True,
 )

@@ -1,7 +1,7 @@
 """What the exporter and monitoring tests build on: a frontier in Redis, a real scrapyd.
 
 ``populate_frontier`` writes a spider's frontier the way the scheduler lays it
-out (keys from :mod:`bloomcrawl.keys`), with a real Bloom filter, so these
+out (keys from :mod:`bloomcrawl.core.keys`), with a real Bloom filter, so these
 tests do not depend on the scheduler.
 
 ``scrapyd_node`` is a real scrapyd process on a free 127.0.0.1 port, with basic
@@ -34,8 +34,8 @@ from typing import Any
 import pytest
 import redis
 
-from bloomcrawl import keys
-from bloomcrawl.bloom import BloomFilter
+from bloomcrawl.core import keys
+from bloomcrawl.core.bloom import BloomFilter
 
 from conftest import free_port
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bloomcrawl.demo import RunningSite, serve_in_thread
+from bloomcrawl.ops.demo_site import RunningSite, serve_in_thread
 
 DEMO_SITE_PAGES = 2000
 

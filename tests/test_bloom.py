@@ -11,13 +11,15 @@ import random
 import pytest
 import redis
 
-from bloomcrawl import bloom, keys
-from bloomcrawl.bloom import (
-    BloomFilter,
+from bloomcrawl.core import keys, sizing
+from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.errors import (
+    BloomFilterError,
     FilterMismatchError,
     InvalidFilterParameters,
     RedisUnavailableError,
 )
+from bloomcrawl.core.sizing import blocked_false_positive_rate
 
 
 def fingerprints(n: int, salt: str = "") -> list[bytes]:
@@ -228,7 +230,7 @@ def test_open_reads_stored_parameters(redis_client: redis.Redis) -> None:
     opened = BloomFilter.open(redis_client, "o:bloomfilter")
     assert opened.params.capacity == 1234
     assert opened.params.partitions == 2
-    with pytest.raises(bloom.BloomFilterError, match="no Bloom filter"):
+    with pytest.raises(BloomFilterError, match="no Bloom filter"):
         BloomFilter.open(redis_client, "absent:bloomfilter")
 
 
@@ -244,6 +246,6 @@ def test_sizing_formula_matches_standard_filter_for_large_blocks() -> None:
     # with one huge block the blocked formula is the classic one
     c, k = 14.4, 10
     classic = (1 - math.exp(-k / c)) ** k
-    assert bloom.blocked_false_positive_rate(c, k, 1 << 22) == pytest.approx(classic, rel=0.02)
-    k2, bits = bloom.size_slice(0.001)
-    assert bloom.blocked_false_positive_rate(bits, k2, bloom.BLOCK_BITS) <= 0.001
+    assert blocked_false_positive_rate(c, k, 1 << 22) == pytest.approx(classic, rel=0.02)
+    k2, bits = sizing.size_slice(0.001)
+    assert blocked_false_positive_rate(bits, k2, sizing.BLOCK_BITS) <= 0.001

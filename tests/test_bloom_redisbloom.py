@@ -9,8 +9,9 @@ import pytest
 import redis
 from scrapy import Request
 
-from bloomcrawl import keys
-from bloomcrawl.bloom import BloomFilter, BloomFilterError, FilterMismatchError
+from bloomcrawl.core import keys
+from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.errors import BloomFilterError, FilterMismatchError
 
 from test_bloom import fill, fingerprints, measure_false_positives
 from test_scheduler import drain, make_scheduler
@@ -74,7 +75,7 @@ def test_scheduler_enqueue_if_new_with_redisbloom(redismod_server, mod_client) -
     for _ in range(2):
         s.enqueue_request(Request("http://a.test/1"))
         s.enqueue_request(Request("http://a.test/2", dont_filter=True))
-    s._send_pending()
+    s.send_pending()
     assert sorted(r.url for r in drain(s)) == ["http://a.test/1", "http://a.test/2",
                                                "http://a.test/2"]
     assert fingerprints(1)  # helper import used

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from bloomcrawl import cli
+from bloomcrawl.ops import cli
 
 from conftest import ROOT, free_port
 
@@ -95,7 +95,7 @@ def test_unreachable_node_is_a_one_line_error() -> None:
 
 
 def bloomcrawl(env: dict[str, str], *args: str, timeout: float = 180) -> str:
-    result = subprocess.run([sys.executable, "-m", "bloomcrawl.cli", *args], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.cli", *args], cwd=ROOT, env=env,
                             text=True, capture_output=True, timeout=timeout)
     assert result.returncode == 0, "bloomcrawl %s: %s%s" % (args, result.stdout, result.stderr)
     return result.stdout

@@ -25,7 +25,7 @@ from scrapy.linkextractors import LinkExtractor
 from scrapy.utils.test import get_crawler
 from w3lib.url import canonicalize_url
 
-from bloomcrawl.demo import (
+from bloomcrawl.ops.demo_site import (
     DEFAULT_LINKS_PER_PAGE,
     DemoSite,
     RunningSite,
@@ -291,7 +291,7 @@ def wait_until_serving(base: str, proc: subprocess.Popen[bytes]) -> dict[str, An
 def start_cli(args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "crawler"), **(extra_env or {})}
     return subprocess.Popen(
-        [sys.executable, "-m", "bloomcrawl.demo", *args],
+        [sys.executable, "-m", "bloomcrawl.ops.demo_site", *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
 

@@ -10,9 +10,8 @@ from scrapy import Request, Spider
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
-from bloomcrawl.bloom import RedisUnavailableError
-from bloomcrawl.connection import SettingError
-from bloomcrawl.dupefilter import RedisBloomDupeFilter
+from bloomcrawl.core.errors import RedisUnavailableError, SettingError
+from bloomcrawl.crawl.dupefilter import RedisBloomDupeFilter
 
 from crawl_helpers import Worker, run_workers
 
@@ -89,7 +88,7 @@ def test_incremental_crawl_with_scrapys_own_scheduler(redis_server, redis_client
     settings = {
         "SPIDER_MODULES": "testspiders",
         "SCHEDULER": "scrapy.core.scheduler.Scheduler",
-        "DUPEFILTER_CLASS": "bloomcrawl.dupefilter.RedisBloomDupeFilter",
+        "DUPEFILTER_CLASS": "bloomcrawl.crawl.dupefilter.RedisBloomDupeFilter",
         "SPIDER_MIDDLEWARES": "{}",
         "DOWNLOADER_MIDDLEWARES": "{}",
         "ITEM_PIPELINES": "{}",
@@ -124,7 +123,7 @@ def test_drop_in_under_scrapy_redis_scheduler(redis_server, redis_client, demo_s
         "SPIDER_MODULES": "testspiders",
         "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
         "SCHEDULER_PERSIST": "True",
-        "DUPEFILTER_CLASS": "bloomcrawl.dupefilter.RedisBloomDupeFilter",
+        "DUPEFILTER_CLASS": "bloomcrawl.crawl.dupefilter.RedisBloomDupeFilter",
         "SPIDER_MIDDLEWARES": "{}",
         "DOWNLOADER_MIDDLEWARES": "{}",
         "ITEM_PIPELINES": "{}",

@@ -21,10 +21,12 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-from bloomcrawl import exporter, inspect, keys
-from bloomcrawl.bloom import BloomFilter
-from bloomcrawl.exporter import ClusterCollector, ScrapydNodes, build_registry
-from bloomcrawl.exporter import redis_client as exporter_client
+from bloomcrawl.core import keys
+from bloomcrawl.ops import exporter
+from bloomcrawl.ops import inspection as inspect
+from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.ops.exporter import ClusterCollector, ScrapydNodes, build_registry
+from bloomcrawl.ops.exporter import redis_client as exporter_client
 
 from cluster_fixtures import (
     ScrapydNode,
@@ -214,7 +216,7 @@ def test_unreadable_parameters_do_not_break_the_scrape(redis_server: RedisServer
     populate_frontier(redis_client, "good")
     redis_client.hset("bad:bloomfilter:meta", mapping={"params": "{not json", "ready": "1"})
     _, registry = collector(redis_server.url)
-    with caplog.at_level(logging.WARNING, logger="bloomcrawl.exporter"):
+    with caplog.at_level(logging.WARNING, logger="bloomcrawl.ops.exporter"):
         assert registry.get_sample_value("bloomcrawl_up") == 1
         assert registry.get_sample_value("bloomcrawl_filter_items", {"spider": "good"}) == 300
         assert registry.get_sample_value("bloomcrawl_filter_items", {"spider": "bad"}) is None
@@ -235,7 +237,7 @@ def test_redis_down_reports_up_0_logs_once_and_recovers(
         assert registry.get_sample_value("bloomcrawl_up") == 1
 
         server.stop()
-        with caplog.at_level(logging.DEBUG, logger="bloomcrawl.exporter"):
+        with caplog.at_level(logging.DEBUG, logger="bloomcrawl.ops.exporter"):
             for _ in range(3):
                 started = time.monotonic()
                 assert registry.get_sample_value("bloomcrawl_up") == 0
@@ -249,7 +251,7 @@ def test_redis_down_reports_up_0_logs_once_and_recovers(
 
         caplog.clear()
         server.start()  # same port, empty data
-        with caplog.at_level(logging.INFO, logger="bloomcrawl.exporter"):
+        with caplog.at_level(logging.INFO, logger="bloomcrawl.ops.exporter"):
             assert registry.get_sample_value("bloomcrawl_up") == 1
             assert registry.get_sample_value("bloomcrawl_spiders") == 0
             populate_frontier(server.client(), "site")
@@ -452,7 +454,7 @@ def test_scrapyd_nodes_real_and_closed(scrapyd_node: ScrapydNode, redis_server: 
         scrapyd_node.schedule(seconds=60)
         scrapyd_node.schedule(seconds=60)
         status = scrapyd_node.wait_for(running=1, pending=1)
-        with caplog.at_level(logging.WARNING, logger="bloomcrawl.exporter"):
+        with caplog.at_level(logging.WARNING, logger="bloomcrawl.ops.exporter"):
             started = time.monotonic()
             assert get("bloomcrawl_scrapyd_nodes") == 2
             assert time.monotonic() - started < 3
@@ -561,7 +563,7 @@ def test_once_reads_flags_from_the_environment(scrapyd_node: ScrapydNode,
     env = exporter_env(REDIS_URL=redis_server.url, SCRAPYD_NODES=scrapyd_node.url,
                        SCRAPYD_USERNAME=scrapyd_node.username,
                        SCRAPYD_PASSWORD=scrapyd_node.password)
-    out = subprocess.run([sys.executable, "-m", "bloomcrawl.exporter", "--once"], env=env,
+    out = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.exporter", "--once"], env=env,
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert "bloomcrawl_up 1.0" in out
     assert 'bloomcrawl_filter_items{spider="site"} 300.0' in out
@@ -574,10 +576,10 @@ def test_bad_settings_exit_with_a_message() -> None:
         (["--redis-url", "http://nope"], "scheme must be redis://"),
         (["--port", "0"], "--port must be in 1..65535"),
     ]:
-        done = subprocess.run([sys.executable, "-m", "bloomcrawl.exporter", *argv, "--once"],
+        done = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.exporter", *argv, "--once"],
                               env=exporter_env(), capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and message in done.stderr, done.stderr
-    done = subprocess.run([sys.executable, "-m", "bloomcrawl.exporter", "--once"],
+    done = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.exporter", "--once"],
                           env=exporter_env(BLOOMCRAWL_EXPORTER_PORT="x"),
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "BLOOMCRAWL_EXPORTER_PORT='x'" in done.stderr
@@ -588,7 +590,7 @@ def test_entry_point_serves_metrics_and_stops_on_sigterm(redis_server: RedisServ
     populate_frontier(redis_client, "site")
     port = free_port()
     binary = Path(sys.executable).parent / "bloomcrawl-exporter"
-    cmd = [str(binary)] if binary.exists() else [sys.executable, "-m", "bloomcrawl.exporter"]
+    cmd = [str(binary)] if binary.exists() else [sys.executable, "-m", "bloomcrawl.ops.exporter"]
     proc = subprocess.Popen(
         [*cmd, "--redis-url", redis_server.url],
         env=exporter_env(BLOOMCRAWL_EXPORTER_PORT=str(port),

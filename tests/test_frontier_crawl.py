@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from bloomcrawl import keys
+from bloomcrawl.core import keys
 
 from conftest import RedisServer
 from crawl_helpers import Worker, run_workers, wait_until

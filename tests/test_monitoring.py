@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import redis
 
-from bloomcrawl.demo import serve_in_thread
+from bloomcrawl.ops.demo_site import serve_in_thread
 
 from cluster_fixtures import ScrapydNode, scrapyd_node_fixture  # noqa: F401  (fixture)
 from conftest import RedisServer, free_port
@@ -276,7 +276,7 @@ def monitored_crawl(
     prometheus: Prometheus | None = None
     try:
         processes.append(start_process(
-            [sys.executable, "-m", "bloomcrawl.exporter", "--port", str(exporter_port),
+            [sys.executable, "-m", "bloomcrawl.ops.exporter", "--port", str(exporter_port),
              "--bind", "127.0.0.1", "--redis-url", redis_server.url,
              "--scrapyd-nodes", f"{scrapyd_node.url},{closed_node}"],
             tmp_path / "exporter.log", cwd=tmp_path,

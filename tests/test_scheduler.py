@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,11 +13,12 @@ from scrapy import Request, Spider
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
-from bloomcrawl import keys
-from bloomcrawl.connection import SettingError
-from bloomcrawl.scheduler import Scheduler, parse_start_entry
-from bloomcrawl.serialization import (
-    LEASE_META_KEY,
+from bloomcrawl.core import keys
+from bloomcrawl.core.errors import SettingError
+from bloomcrawl.core.frontier import parse_start_entry
+from bloomcrawl.crawl.lease import LEASE_META_KEY, request_finished
+from bloomcrawl.crawl.scheduler import Scheduler
+from bloomcrawl.crawl.serialization import (
     UnserializableRequest,
     request_from_json,
     request_to_json,
@@ -52,13 +55,17 @@ def make_scheduler(redis_url: str, **settings: Any) -> Scheduler:
     return scheduler
 
 
+def finish(s: Scheduler, request: Request, outcome: str = "response") -> None:
+    """What the middlewares do when a leased request's outcome is final."""
+    s.crawler.signals.send_catch_log(request_finished, request=request, outcome=outcome)
+
+
 @pytest.fixture
 def scheduler(redis_server, redis_client) -> Iterator[Scheduler]:
     yield make_scheduler(redis_server.url)
 
 
 def drain(s: Scheduler) -> list[Request]:
-    s._redis_has_work = True
     out = []
     while (r := s.next_request()) is not None:
         out.append(r)
@@ -70,7 +77,7 @@ def test_enqueue_if_new_filters_duplicates_but_not_dont_filter(scheduler: Schedu
         scheduler.enqueue_request(Request("http://a.test/1"))
         scheduler.enqueue_request(Request("http://a.test/1#fragment"))  # same fingerprint
         scheduler.enqueue_request(Request("http://a.test/2", dont_filter=True))
-    scheduler._send_pending()
+    scheduler.send_pending()
     urls = sorted(r.url for r in drain(scheduler))
     assert urls == ["http://a.test/1", "http://a.test/2", "http://a.test/2"]
     assert scheduler.stats.get_value("dupefilter/filtered") == 3
@@ -84,7 +91,7 @@ def test_priority_order_and_callbacks_survive_the_queue(scheduler: Scheduler) ->
                                       errback=scheduler.spider.on_error,
                                       cb_kwargs={"page": 3}, meta={"depth": 2}))
     scheduler.enqueue_request(Request("http://a.test/mid"))
-    scheduler._send_pending()
+    scheduler.send_pending()
     got = drain(scheduler)
     # priority holds within a partition; across partitions, roughly: check the top one
     assert got[0].url == "http://a.test/high"
@@ -105,7 +112,7 @@ def test_fifo_and_lifo(redis_server, redis_client, queue_class, expected) -> Non
                        BLOOMFILTER_PARTITIONS=1)
     for i in range(3):
         s.enqueue_request(Request("http://a.test/%d" % i))
-    s._send_pending()
+    s.send_pending()
     assert [r.url for r in drain(s)] == expected
 
 
@@ -117,22 +124,22 @@ def test_unknown_queue_class_is_a_setting_error(redis_server, redis_client) -> N
 def test_changing_queue_type_of_a_nonempty_queue_is_refused(redis_server, redis_client) -> None:
     s = make_scheduler(redis_server.url)
     s.enqueue_request(Request("http://a.test/1"))
-    s._send_pending()
+    s.send_pending()
     with pytest.raises(SettingError, match="holds a priority queue, asked for fifo"):
         make_scheduler(redis_server.url, SCHEDULER_QUEUE_CLASS="fifo")
 
 
 def test_leased_request_stays_in_redis_until_acked(scheduler: Scheduler, redis_client) -> None:
     scheduler.enqueue_request(Request("http://a.test/1"))
-    scheduler._send_pending()
+    scheduler.send_pending()
     request = drain(scheduler)[0]
-    f = scheduler.frontier
+    f = scheduler.frontier.keys
     assert f is not None
     held = sum(redis_client.zcard(f.deadlines(p)) for p in range(f.partitions))
     queued = sum(redis_client.zcard(f.queue_part(p)) for p in range(f.partitions))
     assert (held, queued) == (1, 0)
-    scheduler._on_finished(request, "response")
-    scheduler._send_pending()
+    finish(scheduler, request)
+    scheduler.send_pending()
     held = sum(redis_client.zcard(f.deadlines(p)) + redis_client.hlen(f.leases(p))
                for p in range(f.partitions))
     assert held == 0
@@ -145,33 +152,42 @@ def test_leased_request_stays_in_redis_until_acked(scheduler: Scheduler, redis_c
 def test_expired_lease_is_requeued_and_old_holder_cannot_ack_it(redis_server, redis_client) -> None:
     first = make_scheduler(redis_server.url, SCHEDULER_LEASE_TIMEOUT=0.2)
     first.enqueue_request(Request("http://a.test/slow"))
-    first._send_pending()
+    first.send_pending()
     stale = drain(first)[0]
     time.sleep(0.3)
     second = make_scheduler(redis_server.url, SCHEDULER_LEASE_TIMEOUT=5)
-    assert second.reap() == 0 or True  # open_frontier already reaped at start
+    # opening reaped the expired lease already: nothing is left to reap
+    assert second.reap() == 0
     fresh = drain(second)
     assert [r.url for r in fresh] == ["http://a.test/slow"]
-    assert int(redis_client.hget(second.frontier.stats, "requeued")) == 1
+    assert int(redis_client.hget(second.frontier.keys.stats, "requeued")) == 1
     # the first worker finishes late: its ack must not touch the second worker's lease
-    first._on_finished(stale, "response")
-    first._send_pending()
-    f = second.frontier
+    finish(first, stale)
+    first.send_pending()
+    f = second.frontier.keys
     assert sum(redis_client.zcard(f.deadlines(p)) for p in range(f.partitions)) == 1
-    second._on_finished(fresh[0], "response")
-    second._send_pending()
+    finish(second, fresh[0])
+    second.send_pending()
     assert sum(redis_client.zcard(f.deadlines(p)) for p in range(f.partitions)) == 0
 
 
 def test_renewal_keeps_a_slow_request_from_being_handed_on(redis_server, redis_client) -> None:
-    holder = make_scheduler(redis_server.url, SCHEDULER_LEASE_TIMEOUT=0.5)
+    holder = make_scheduler(redis_server.url, SCHEDULER_LEASE_TIMEOUT=1.5)
     holder.enqueue_request(Request("http://a.test/slow"))
-    holder._send_pending()
+    holder.send_pending()
     drain(holder)
-    other = make_scheduler(redis_server.url, SCHEDULER_LEASE_TIMEOUT=0.5)
-    for _ in range(6):  # 1.2 s: more than twice the lease
-        time.sleep(0.2)
+    f = holder.frontier
+    (deadlines,) = [f.keys.deadlines(p) for p in range(f.partitions)
+                    if redis_client.zcard(f.keys.deadlines(p))]
+    other = make_scheduler(redis_server.url, SCHEDULER_LEASE_TIMEOUT=1.5)
+    last = redis_client.zrange(deadlines, 0, 0, withscores=True)[0][1]
+    started = time.monotonic()
+    while time.monotonic() - started < 3.5:  # more than twice the lease
+        time.sleep(0.3)  # renewing every 0.3 s leaves 1.2 s for a loaded machine's delays
         holder.renew()
+        deadline = redis_client.zrange(deadlines, 0, 0, withscores=True)[0][1]
+        assert deadline > last  # each renewal moved the deadline on
+        last = deadline
         assert other.reap() == 0
     assert drain(other) == []
 
@@ -180,7 +196,7 @@ def test_close_puts_unprocessed_leases_back(redis_server, redis_client) -> None:
     s = make_scheduler(redis_server.url)
     for i in range(3):
         s.enqueue_request(Request("http://a.test/%d" % i))
-    s._send_pending()
+    s.send_pending()
     drain(s)
     s.close("shutdown")
     other = make_scheduler(redis_server.url)
@@ -204,7 +220,12 @@ def test_request_json_round_trip(scheduler: Scheduler) -> None:
                        headers={"X-Test": "v1"}, cookies={"c": "1"}, priority=3,
                        meta={"nested": {"a": [1, 2]}}, callback=spider.parse_item)
     text = request_to_json(original, spider)
-    assert "pickle" not in text
+    # stored as plain JSON: text anyone can read, with the callback by name, never code
+    stored = json.loads(text)
+    assert stored["url"] == "http://a.test/form"
+    assert stored["callback"] == "parse_item"
+    assert base64.b64decode(stored["body"]) == b"\x00\xffa=1"
+    assert stored["meta"] == {"nested": {"a": [1, 2]}}
     copy = request_from_json(text, spider)
     assert (copy.url, copy.method, copy.body, copy.priority) == (
         original.url, original.method, original.body, original.priority)
@@ -243,7 +264,7 @@ def test_layout_recorded_for_the_exporter(scheduler: Scheduler, redis_client) ->
 
 
 def test_unreachable_redis_names_the_url(closed_port_url: str) -> None:
-    from bloomcrawl.bloom import RedisUnavailableError
+    from bloomcrawl.core.errors import RedisUnavailableError
 
     with pytest.raises(RedisUnavailableError, match=closed_port_url.replace("/0", "")):
         make_scheduler(closed_port_url)
@@ -257,6 +278,8 @@ def test_malformed_redis_url_is_a_setting_error() -> None:
 
 
 def test_redis_down_while_crawling_keeps_pending_work(tmp_path) -> None:
+    from bloomcrawl.core.errors import RedisUnavailableError
+
     from conftest import RedisServer
 
     server = RedisServer(tmp_path / "r", appendonly=True)
@@ -265,12 +288,12 @@ def test_redis_down_while_crawling_keeps_pending_work(tmp_path) -> None:
         s = make_scheduler(server.url)
         s.enqueue_request(Request("http://a.test/1"))
         server.stop()
-        s._send_quietly()  # fails: kept for later, no exception
-        assert s._pending
-        assert s.next_request() is None
+        with pytest.raises(RedisUnavailableError):
+            s.send_pending()
+        assert s.next_request() is None  # the engine is told "nothing now", not an error
+        assert s.has_pending_requests()
         server.start()
-        s._send_quietly()
-        assert not s._pending
+        # the request was kept in the worker and is sent with the next lease
         assert [r.url for r in drain(s)] == ["http://a.test/1"]
     finally:
         server.stop()
@@ -279,11 +302,11 @@ def test_redis_down_while_crawling_keeps_pending_work(tmp_path) -> None:
 def test_duplicates_this_worker_already_sent_cost_no_round_trip(scheduler: Scheduler,
                                                                  redis_client) -> None:
     scheduler.enqueue_request(Request("http://a.test/1"))
-    scheduler._send_pending()
+    scheduler.send_pending()
     calls_before = redis_client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     assert scheduler.enqueue_request(Request("http://a.test/1#again")) is False
     assert scheduler.enqueue_request(Request("http://a.test/1", dont_filter=True)) is True
-    scheduler._send_pending()
+    scheduler.send_pending()
     calls_after = redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
     assert calls_after == calls_before + 1  # only the dont_filter request was sent
     assert scheduler.stats.get_value("bloomcrawl/filtered_locally") == 1
@@ -292,11 +315,11 @@ def test_duplicates_this_worker_already_sent_cost_no_round_trip(scheduler: Sched
 
 def test_filter_deleted_mid_crawl_is_created_again(scheduler: Scheduler) -> None:
     scheduler.enqueue_request(Request("http://a.test/1"))
-    scheduler._send_pending()
+    scheduler.send_pending()
     assert scheduler.bloom is not None
     scheduler.bloom.clear()
     scheduler.enqueue_request(Request("http://a.test/2"))
-    scheduler._send_pending()
+    scheduler.send_pending()
     assert scheduler.bloom.info().items == 1  # a new, empty filter holding /2
     # what this worker remembered was forgotten with the filter
     assert scheduler.enqueue_request(Request("http://a.test/1")) is True
@@ -306,15 +329,14 @@ def test_ack_rides_with_the_next_lease(redis_server, redis_client) -> None:
     scheduler = make_scheduler(redis_server.url, BLOOMFILTER_PARTITIONS=1)
     for i in range(2):
         scheduler.enqueue_request(Request("http://a.test/%d" % i))
-    scheduler._send_pending()
-    scheduler._redis_has_work = True
+    scheduler.send_pending()
     first = scheduler.next_request()
     assert first is not None
-    scheduler._on_finished(first, "response")
+    finish(scheduler, first)
     before = redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
     second = scheduler.next_request()
     assert second is not None and second.url != first.url
     after = redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
     assert after - before == 1  # one script call acked the first and leased the second
-    f = scheduler.frontier
+    f = scheduler.frontier.keys
     assert sum(redis_client.zcard(f.deadlines(p)) for p in range(f.partitions)) == 1

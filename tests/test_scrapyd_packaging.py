@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bloomcrawl import cli
+from bloomcrawl.ops import cli
 
 from conftest import ROOT, RedisServer, free_port
 
@@ -56,17 +56,20 @@ def test_egg_holds_the_project_and_its_settings_entry_point(egg: Path) -> None:
     with zipfile.ZipFile(egg) as z:
         names = set(z.namelist())
         entry_points = z.read("EGG-INFO/entry_points.txt").decode()
-    assert {"bloomcrawl/settings.py", "bloomcrawl/spiders/site.py",
-            "bloomcrawl/scheduler.py", "bloomcrawl/lua/bloom_add.lua"} <= names
+    assert {"bloomcrawl/crawl/settings.py", "bloomcrawl/crawl/spiders/site.py",
+            "bloomcrawl/crawl/scheduler.py", "bloomcrawl/core/frontier.py",
+            "bloomcrawl/core/lua/bloom_add.lua"} <= names
+    # the operations tooling (CLI, exporter, demo site) never ships to a worker
+    assert not [n for n in names if n.startswith("bloomcrawl/ops/")]
     parser = configparser.ConfigParser()
     parser.read_string(entry_points)
-    assert parser["scrapy"]["settings"] == "bloomcrawl.settings"
+    assert parser["scrapy"]["settings"] == "bloomcrawl.crawl.settings"
 
 
 def test_scrapy_cfg_names_the_settings_and_a_deploy_target() -> None:
     parser = configparser.ConfigParser(interpolation=None)
     parser.read(CRAWLER / "scrapy.cfg")
-    assert parser["settings"]["default"] == "bloomcrawl.settings"
+    assert parser["settings"]["default"] == "bloomcrawl.crawl.settings"
     assert parser["deploy"]["project"] == "bloomcrawl"
     assert not parser["deploy"]["url"].endswith("/")
     # credentials come from the environment, never from the file
@@ -129,7 +132,7 @@ def run_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env.update(SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD,
                BLOOMCRAWL_STATE_DIR=str(tmp_path / "state"),
                BLOOMCRAWL_ENV_FILE=str(tmp_path / "no.env"), BLOOMCRAWL_ROOT=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "bloomcrawl.cli", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "bloomcrawl.ops.cli", *args], cwd=ROOT, env=env,
                           text=True, capture_output=True, timeout=180)
 
 

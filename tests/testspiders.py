@@ -6,7 +6,7 @@ from typing import Any
 
 import scrapy
 
-from bloomcrawl.spiders.site import SiteSpider
+from bloomcrawl.crawl.spiders.site import SiteSpider
 
 
 class SiteWithBadRequest(SiteSpider):

@@ -5,7 +5,7 @@ SCHEDULER, DUPEFILTER_CLASS and the middlewares with ``-s`` (see
 ``bench/crawl.py``). Only objects that ``-s`` cannot carry live here.
 """
 
-from bloomcrawl.settings import *  # noqa: F403
+from bloomcrawl.crawl.settings import *  # noqa: F403
 from crawlbench.probe import CountingConnection
 
 # every Redis client the project or scrapy-redis builds from the settings counts its round trips

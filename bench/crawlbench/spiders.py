@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from bloomcrawl.spiders.site import SiteSpider
+from bloomcrawl.crawl.spiders.site import SiteSpider
 
 
 class StartArgumentSiteSpider(SiteSpider):

@@ -40,7 +40,9 @@ from typing import Any
 
 import redis
 
-from bloomcrawl import __version__, inspect, keys
+from bloomcrawl import __version__
+from bloomcrawl.core import defaults, keys
+from bloomcrawl.ops import inspection as inspect
 
 DEFAULT_PROJECT = "bloomcrawl"
 DEFAULT_SPIDER = "site"
@@ -889,7 +891,7 @@ class LocalCluster:
             int(self.env.get("EXPORTER_PORT") or 9410), self._taken_ports(cluster))
         cluster.ports["exporter"] = port
         record = self._spawn("exporter", [
-            self.python, "-m", "bloomcrawl.exporter", "--bind", "127.0.0.1",
+            self.python, "-m", "bloomcrawl.ops.exporter", "--bind", "127.0.0.1",
             "--port", str(port), "--redis-url", cluster.redis_url,
         ], env=self._exporter_env(cluster), port=port)
         cluster.processes.append(record)
@@ -916,7 +918,7 @@ class LocalCluster:
             if record.name == "demo" and is_ours(record):
                 return "http://127.0.0.1:%s/" % record.port
         port = pick_port(int(self.env.get("DEMO_PORT") or 8000), self._taken_ports(cluster))
-        cmd = [self.python, "-m", "bloomcrawl.demo", "--host", "127.0.0.1", "--port", str(port),
+        cmd = [self.python, "-m", "bloomcrawl.ops.demo_site", "--host", "127.0.0.1", "--port", str(port),
                "--pages", str(pages or int(self.env.get("DEMO_PAGES") or 2000))]
         cmd += ["--delay-ms", str(delay_ms if delay_ms is not None
                                   else float(self.env.get("DEMO_DELAY_MS") or 0))]
@@ -1052,7 +1054,7 @@ def cmd_schedule(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def seed(client: redis.Redis, spider: str, urls: Sequence[str]) -> int:
-    key = keys.spider_key(keys.DEFAULT_START_URLS_KEY, spider)
+    key = keys.spider_key(defaults.START_URLS_KEY, spider)
     for url in urls:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -1066,7 +1068,7 @@ def cmd_seed(args: argparse.Namespace, paths: Paths) -> int:
     target = resolve_target(args, paths, need_nodes=False)
     count = seed(target.redis(), args.spider, args.urls)
     say("pushed %d start URL(s) to %s" % (count, keys.spider_key(
-        keys.DEFAULT_START_URLS_KEY, args.spider)))
+        defaults.START_URLS_KEY, args.spider)))
     return 0
 
 
@@ -1104,11 +1106,11 @@ def job_states(target: Target, project: str, jobs: dict[str, str]) -> dict[str, 
 def frontier_line(client: redis.Redis, spider: str) -> tuple[str, inspect.SpiderState | None]:
     state = None
     with contextlib.suppress(redis.RedisError):
-        meta = keys.meta_key(keys.spider_key(keys.DEFAULT_FILTER_KEY, spider))
+        meta = keys.meta_key(keys.spider_key(defaults.FILTER_KEY, spider))
         state = inspect.spider_state(client, meta)
     stats: dict[str, int] = {}
     with contextlib.suppress(redis.RedisError):
-        raw = client.hgetall(keys.spider_key(keys.DEFAULT_STATS_KEY, spider))
+        raw = client.hgetall(keys.spider_key(defaults.STATS_KEY, spider))
         stats = {cli_text(k): int(v) for k, v in raw.items()}
     if state is None:
         return ("pages %d  items %d" % (stats.get("pages", 0), stats.get("items", 0)), None)
@@ -1233,7 +1235,7 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
 def cmd_filter_info(args: argparse.Namespace, paths: Paths) -> int:
     target = resolve_target(args, paths, need_nodes=False)
     client = target.redis()
-    name = args.filter or keys.spider_key(keys.DEFAULT_FILTER_KEY, args.spider)
+    name = args.filter or keys.spider_key(defaults.FILTER_KEY, args.spider)
     state = inspect.spider_state(client, keys.meta_key(name))
     if state is None or state.filter is None:
         raise CliError(f"no Bloom filter {name!r} in Redis")

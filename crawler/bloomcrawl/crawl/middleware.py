@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
 
-from bloomcrawl.scheduler import _LOCAL_META_KEY, request_finished
-from bloomcrawl.serialization import LEASE_META_KEY
+from bloomcrawl.crawl.lease import INTERNAL_META_KEYS, LEASE_META_KEY, request_finished
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -42,8 +41,8 @@ class _Reporter:
 def _child(output: Any) -> Any:
     if isinstance(output, Request):
         # a child request must not carry its parent's lease (spiders copy meta around)
-        output.meta.pop(LEASE_META_KEY, None)
-        output.meta.pop(_LOCAL_META_KEY, None)
+        for key in INTERNAL_META_KEYS:
+            output.meta.pop(key, None)
     return output
 
 

@@ -15,12 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.request import request_from_dict
 
+from bloomcrawl.crawl.lease import INTERNAL_META_KEYS
+
 if TYPE_CHECKING:
     from scrapy import Request, Spider
-
-#: meta keys bloomcrawl uses internally; never written to Redis
-LEASE_META_KEY = "_bloomcrawl_lease"
-INTERNAL_META_KEYS = frozenset({LEASE_META_KEY})
 
 
 class UnserializableRequest(ValueError):

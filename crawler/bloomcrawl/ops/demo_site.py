@@ -585,7 +585,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from bloomcrawl.demo import main as _main  # log as bloomcrawl.demo, not __main__
+    from bloomcrawl.ops.demo_site import main as _main  # log as bloomcrawl.ops.demo_site
 
     _main()
 

@@ -36,9 +36,12 @@ from prometheus_client.registry import Collector
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from bloomcrawl import __version__, inspect, keys
-from bloomcrawl.bloom import BloomInfo, RedisUnavailableError, describe_redis
-from bloomcrawl.connection import DEFAULT_REDIS_URL, SettingError, redis_from_url
+from bloomcrawl import __version__
+from bloomcrawl.core import defaults, keys
+from bloomcrawl.ops import inspection as inspect
+from bloomcrawl.core.bloom import BloomInfo
+from bloomcrawl.core.connection import describe_redis, redis_from_url
+from bloomcrawl.core.errors import RedisUnavailableError, SettingError
 
 logger = logging.getLogger(__name__)
 
@@ -407,7 +410,7 @@ def parse_args(
         except ValueError:
             parser.error(f"{name}={raw!r} is not an integer")
 
-    parser.add_argument("--redis-url", default=_env("REDIS_URL", DEFAULT_REDIS_URL),
+    parser.add_argument("--redis-url", default=_env("REDIS_URL", defaults.REDIS_URL),
                         help="Redis holding the frontier (REDIS_URL; default %(default)s)")
     parser.add_argument("--port", type=int,
                         default=env_int("BLOOMCRAWL_EXPORTER_PORT", DEFAULT_PORT),

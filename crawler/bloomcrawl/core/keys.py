@@ -20,14 +20,9 @@ slot.
 
 from __future__ import annotations
 
-FORMAT_VERSION = 1
+from bloomcrawl.core import defaults
 
-DEFAULT_FILTER_KEY = "%(spider)s:bloomfilter"
-DEFAULT_QUEUE_KEY = "%(spider)s:requests"
-DEFAULT_START_URLS_KEY = "%(spider)s:start_urls"
-DEFAULT_ITEMS_KEY = "%(spider)s:items"
-DEFAULT_STATS_KEY = "%(spider)s:stats"
-DEFAULT_NODE_PAGES_KEY = "%(spider)s:pages_by_node"
+FORMAT_VERSION = 1
 
 META_SUFFIX = ":meta"
 STATE_SUFFIX = ":state"
@@ -132,17 +127,17 @@ class FrontierKeys:
         self,
         spider: str,
         *,
-        filter_pattern: str = DEFAULT_FILTER_KEY,
-        queue_pattern: str = DEFAULT_QUEUE_KEY,
+        filter_pattern: str = defaults.FILTER_KEY,
+        queue_pattern: str = defaults.QUEUE_KEY,
         partitions: int = 1,
     ) -> None:
         self.spider = spider
         self.filter = spider_key(filter_pattern, spider)
         self.queue = spider_key(queue_pattern, spider)
-        self.stats = spider_key(DEFAULT_STATS_KEY, spider)
-        self.pages_by_node = spider_key(DEFAULT_NODE_PAGES_KEY, spider)
-        self.start_urls = spider_key(DEFAULT_START_URLS_KEY, spider)
-        self.items = spider_key(DEFAULT_ITEMS_KEY, spider)
+        self.stats = spider_key(defaults.STATS_KEY, spider)
+        self.pages_by_node = spider_key(defaults.NODE_PAGES_KEY, spider)
+        self.start_urls = spider_key(defaults.START_URLS_KEY, spider)
+        self.items = spider_key(defaults.ITEMS_KEY, spider)
         self.meta = meta_key(self.filter)
         self.partitions = partitions
 

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 import redis
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
-from bloomcrawl import keys
-from bloomcrawl.connection import get_float, redis_from_settings
+from bloomcrawl.core import defaults, keys
+from bloomcrawl.core.connection import OutageLog
+from bloomcrawl.crawl.config import get_float, redis_from_settings
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -27,20 +28,21 @@ class RedisItemsPipeline:
     """
 
     def __init__(self, server: redis.Redis, crawler: Crawler, key_pattern: str,
-                 retry_timeout: float = 300.0) -> None:
+                 retry_timeout: float = defaults.ITEMS_RETRY_TIMEOUT) -> None:
         self.server = server
         self.crawler = crawler
         self.key_pattern = key_pattern
         self.retry_timeout = retry_timeout
         self.encoder = ScrapyJSONEncoder()
         self.key = ""
-        self._outage = False
+        self._outage = OutageLog(logger, server, "items wait until it is back")
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RedisItemsPipeline:
         settings = crawler.settings
-        pattern = settings.get("REDIS_ITEMS_KEY") or keys.DEFAULT_ITEMS_KEY
-        retry = get_float(settings, "REDIS_ITEMS_RETRY_TIMEOUT", 300.0, 0, None)
+        pattern = settings.get("REDIS_ITEMS_KEY") or defaults.ITEMS_KEY
+        retry = get_float(settings, "REDIS_ITEMS_RETRY_TIMEOUT", defaults.ITEMS_RETRY_TIMEOUT,
+                          0, None)
         return cls(redis_from_settings(settings), crawler, pattern, retry)
 
     def open_spider(self) -> None:
@@ -57,13 +59,9 @@ class RedisItemsPipeline:
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if time.monotonic() > deadline:
                     raise
-                if not self._outage:
-                    self._outage = True
-                    logger.warning("Redis unreachable (%s): items wait until it is back", exc)
+                self._outage.failed(exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            if self._outage:
-                self._outage = False
-                logger.warning("Redis is back: storing items again")
+            self._outage.ok()
             return item

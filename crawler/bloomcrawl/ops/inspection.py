@@ -25,14 +25,11 @@ from urllib.parse import urlsplit
 
 import redis
 
-from bloomcrawl import keys
-from bloomcrawl.bloom import (
-    BloomFilter,
-    BloomFilterError,
-    BloomInfo,
-    FilterParams,
-    redis_errors,
-)
+from bloomcrawl.core import defaults, keys
+from bloomcrawl.core.bloom import BloomFilter, BloomInfo
+from bloomcrawl.core.connection import redis_errors
+from bloomcrawl.core.errors import BloomFilterError
+from bloomcrawl.core.sizing import FilterParams
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +43,7 @@ QUEUE_TYPES = ("priority", "fifo", "lifo")
 #: Worker hosts reported per spider at most (those with the most pages): a label bound.
 MAX_NODES_PER_SPIDER = 256
 
-_FILTER_PREFIX, _FILTER_SUFFIX = keys.DEFAULT_FILTER_KEY.split("%(spider)s")
+_FILTER_PREFIX, _FILTER_SUFFIX = defaults.FILTER_KEY.split("%(spider)s")
 # scrapyd nodes are on the cluster's own network: never through an HTTP proxy
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -207,7 +204,7 @@ def _read_meta(client: redis.Redis, meta_keys: Sequence[str]) -> list[dict[str, 
 
 def _frontier_keys(filter_name: str, meta: dict[str, str], spider: str,
                    partitions: int) -> keys.FrontierKeys:
-    queue = meta.get("queue") or keys.spider_key(keys.DEFAULT_QUEUE_KEY, spider)
+    queue = meta.get("queue") or keys.spider_key(defaults.QUEUE_KEY, spider)
     frontier = keys.FrontierKeys(
         spider,
         filter_pattern=filter_name.replace("%", "%%"),

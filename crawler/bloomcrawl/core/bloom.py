@@ -2,7 +2,8 @@
 
 No Scrapy import here: the exporter and outside tools use this module alone.
 
-Layout (key names in :mod:`bloomcrawl.keys`):
+Layout (key names in :mod:`bloomcrawl.core.keys`, sizing in
+:mod:`bloomcrawl.core.sizing`):
 
 * The filter is split into ``partitions`` by fingerprint bytes 17-20. Each
   partition is an independent scalable Bloom filter in one hash slot, so a
@@ -12,10 +13,9 @@ Layout (key names in :mod:`bloomcrawl.keys`):
   tightening**i``; the compound false-positive rate stays below
   ``error_rate`` however many slices are added.
 * Within a slice, all k bits of an item lie in one block of
-  :data:`BLOCK_BITS` bits (a blocked Bloom filter), one bit in each of k
-  lanes of the block: one read and at most one write per item instead of k.
-  Slices are sized with the blocked filter's own false-positive formula, so
-  the target holds despite the blocking.
+  :data:`~bloomcrawl.core.sizing.BLOCK_BITS` bits (a blocked Bloom filter),
+  one bit in each of k lanes of the block: one read and at most one write
+  per item instead of k.
 * Slices are stored in chunks of at most ``chunk_bytes`` (well below Redis's
   512 MiB string limit). ``bits_set`` is counted exactly by the same call.
 """
@@ -26,275 +26,29 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from functools import lru_cache
-from importlib import resources
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
-from bloomcrawl import keys
-
-if TYPE_CHECKING:
-    from redis.client import Pipeline
-
-FINGERPRINT_BYTES = 20
-BLOCK_BITS = 2048
-DEFAULT_CAPACITY = 100_000_000
-DEFAULT_ERROR_RATE = 0.001
-DEFAULT_PARTITIONS = 4
-DEFAULT_GROWTH = 2.0
-DEFAULT_TIGHTENING = 0.4
-# just under 32 MiB: with the string header the allocation stays in the 32 MiB size class
-DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024 - 4096
-MAX_SLICES = 24
-MAX_CHUNK_BYTES = 256 * 1024 * 1024
-#: "bitmap": plain Redis strings and Lua, any Redis; "redisbloom": the bf module's
-#: BF.MADD inside the same atomic scripts; "auto" picks redisbloom when loaded
-BACKENDS = ("bitmap", "redisbloom")
-#: RedisBloom's scalable filter halves the error of each new sub-filter
-REDISBLOOM_TIGHTENING = 0.5
-
-
-class BloomFilterError(Exception):
-    """Base class of the errors this module raises."""
-
-
-class InvalidFilterParameters(BloomFilterError, ValueError):
-    """A parameter is out of range; raised before Redis is touched."""
-
-
-class FilterMismatchError(BloomFilterError):
-    """The filter stored in Redis was created with other parameters."""
-
-
-class RedisUnavailableError(BloomFilterError, ConnectionError):
-    """Redis could not be reached."""
-
-
-def describe_redis(client: Any) -> str:
-    """A redis:// URL naming the server a client talks to, without its password."""
-    try:
-        kwargs = client.connection_pool.connection_kwargs
-    except AttributeError:
-        return repr(client)
-    if "path" in kwargs:
-        return "unix://%s?db=%s" % (kwargs["path"], kwargs.get("db", 0))
-    scheme = "rediss" if kwargs.get("ssl") else "redis"
-    return "%s://%s:%s/%s" % (
-        scheme,
-        kwargs.get("host", "localhost"),
-        kwargs.get("port", 6379),
-        kwargs.get("db", 0),
-    )
-
-
-@contextmanager
-def redis_errors(client: Any) -> Iterator[None]:
-    """Turn connection failures into :class:`RedisUnavailableError` naming the server."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise RedisUnavailableError(
-            "cannot reach Redis at %s: %s" % (describe_redis(client), exc)
-        ) from exc
-
-
-# --- sizing ---------------------------------------------------------------
-
-
-def blocked_false_positive_rate(bits_per_item: float, hashes: int, block_bits: int) -> float:
-    """False-positive rate of the blocked, lane-partitioned filter the Lua scripts keep.
-
-    The number of items in a block is Poisson with mean ``block_bits /
-    bits_per_item``; each item sets one bit in each of k lanes of
-    ``w = block_bits // k`` bits, so a block holding j items leaves a given
-    lane bit unset with probability ``(1 - 1/w)**j``.
-    """
-    if bits_per_item <= 0:
-        return 1.0
-    if math.isinf(bits_per_item):
-        return 0.0
-    load = block_bits / bits_per_item
-    spread = 10 * math.sqrt(load) + 10
-    lo = max(0, int(load - spread))
-    hi = int(load + spread) + 1
-    unset = 1.0 - 1.0 / (block_bits // hashes)
-    # Poisson weights and unset**j by recurrence from j = lo
-    weight = math.exp(lo * math.log(load) - load - math.lgamma(lo + 1)) if load > 0 else 1.0
-    power = unset**lo
-    total = 0.0
-    for j in range(lo, hi):
-        total += weight * (1.0 - power) ** hashes
-        weight *= load / (j + 1)
-        power *= unset
-    return total
-
-
-@lru_cache(maxsize=256)
-def size_slice(error_rate: float, block_bits: int = BLOCK_BITS) -> tuple[int, float]:
-    """The (hashes, bits per item) of the smallest blocked filter meeting ``error_rate``."""
-    ideal = -math.log(error_rate) / math.log(2) ** 2
-    ideal_k = max(1, round(ideal * math.log(2)))
-    best: tuple[int, float] | None = None
-    for k in range(max(1, ideal_k - 1), ideal_k + 3):
-        lo, hi = ideal * 0.95, ideal * 2
-        for _ in range(30):
-            mid = (lo + hi) / 2
-            if blocked_false_positive_rate(mid, k, block_bits) <= error_rate:
-                hi = mid
-            else:
-                lo = mid
-        if best is None or hi < best[1]:
-            best = (k, hi)
-    assert best is not None
-    return best
-
-
-@dataclass(frozen=True)
-class SlicePlan:
-    """One slice of one partition."""
-
-    capacity: int
-    error_rate: float
-    hashes: int
-    blocks: int
-
-    @property
-    def bits(self) -> int:
-        return self.blocks * BLOCK_BITS
-
-
-@dataclass(frozen=True)
-class FilterParams:
-    """What is stored in ``NAME:meta``; two openers must agree on all of it."""
-
-    capacity: int
-    error_rate: float
-    partitions: int = DEFAULT_PARTITIONS
-    growth: float = DEFAULT_GROWTH
-    tightening: float = DEFAULT_TIGHTENING
-    bit_exponent: int | None = None
-    hashes: int | None = None
-    block_bits: int = BLOCK_BITS
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    backend: str = "bitmap"
-    version: int = keys.FORMAT_VERSION
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.backend not in BACKENDS:
-            problems.append("backend must be one of %s, got %r" % (", ".join(BACKENDS),
-                                                                   self.backend))
-        elif self.backend == "redisbloom":
-            if self.bit_exponent is not None:
-                problems.append("the redisbloom backend sizes from capacity and error rate:"
-                                " BLOOMFILTER_BIT/HASH_NUMBER need the bitmap backend")
-            if float(self.growth) != int(self.growth):
-                problems.append("the redisbloom backend needs an integer growth, got %r"
-                                % (self.growth,))
-            if self.tightening != REDISBLOOM_TIGHTENING:
-                problems.append("the redisbloom backend tightens by %s, got tightening=%r"
-                                % (REDISBLOOM_TIGHTENING, self.tightening))
-        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int):
-            problems.append("capacity must be an integer, got %r" % (self.capacity,))
-        elif self.capacity <= 0:
-            problems.append("capacity must be > 0, got %r" % (self.capacity,))
-        if not isinstance(self.error_rate, float | int) or not 0 < self.error_rate < 1:
-            problems.append("error_rate must be in (0, 1), got %r" % (self.error_rate,))
-        if not isinstance(self.partitions, int) or not 1 <= self.partitions <= 16384:
-            problems.append("partitions must be in 1..16384, got %r" % (self.partitions,))
-        if not isinstance(self.growth, float | int) or self.growth < 1:
-            problems.append("growth must be >= 1, got %r" % (self.growth,))
-        if not isinstance(self.tightening, float | int) or not 0 < self.tightening < 1:
-            problems.append("tightening must be in (0, 1), got %r" % (self.tightening,))
-        if self.bit_exponent is not None and (
-            not isinstance(self.bit_exponent, int) or not 10 <= self.bit_exponent <= 40
-        ):
-            problems.append("bit_exponent (BLOOMFILTER_BIT) must be in 10..40, got %r"
-                            % (self.bit_exponent,))
-        if self.hashes is not None and (not isinstance(self.hashes, int)
-                                        or not 1 <= self.hashes <= 64):
-            problems.append("hashes (BLOOMFILTER_HASH_NUMBER) must be in 1..64, got %r"
-                            % (self.hashes,))
-        if (self.bit_exponent is None) != (self.hashes is None):
-            problems.append("bit_exponent and hashes (BLOOMFILTER_BIT, BLOOMFILTER_HASH_NUMBER)"
-                            " go together: set both or neither")
-        block_bytes = self.block_bits // 8
-        if not isinstance(self.chunk_bytes, int) or not (
-            block_bytes <= self.chunk_bytes <= MAX_CHUNK_BYTES
-        ):
-            problems.append("chunk_bytes must be in %d..%d, got %r"
-                            % (block_bytes, MAX_CHUNK_BYTES, self.chunk_bytes))
-        if problems:
-            raise InvalidFilterParameters("invalid Bloom filter parameters: " + "; ".join(problems))
-
-    @classmethod
-    def fixed(cls, bit_exponent: int, hashes: int, **kwargs: Any) -> FilterParams:
-        """The seeds' sizing: m = 2**bit_exponent bits and k = hashes.
-
-        Capacity is where the first slice is half full (n = m ln 2 / k); the
-        error rate is what such a slice gives, compounded over growth slices.
-        """
-        m = 1 << bit_exponent
-        capacity = max(1, int(m * math.log(2) / hashes))
-        first = blocked_false_positive_rate(m / capacity, hashes, BLOCK_BITS)
-        tightening = float(kwargs.get("tightening", DEFAULT_TIGHTENING))
-        error_rate = min(0.5, first / (1 - tightening))
-        return cls(capacity=capacity, error_rate=error_rate, bit_exponent=bit_exponent,
-                   hashes=hashes, **kwargs)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> FilterParams:
-        data = json.loads(text)
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-    def differences(self, other: FilterParams) -> list[str]:
-        """``name: stored X, asked for Y`` for each differing parameter."""
-        mine, theirs = asdict(self), asdict(other)
-        out = []
-        for name in mine:
-            a, b = mine[name], theirs[name]
-            if isinstance(a, float) or isinstance(b, float):
-                same = a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9)
-            else:
-                same = a == b
-            if not same:
-                out.append("%s: stored %r, asked for %r" % (name, a, b))
-        return out
-
-    def plan(self) -> list[SlicePlan]:
-        """Slice plans of one partition, slice 0 first."""
-        return list(_plan(self))
-
-
-@lru_cache(maxsize=64)
-def _plan(params: FilterParams) -> tuple[SlicePlan, ...]:
-    # Fingerprints split over partitions binomially: give each partition four
-    # standard deviations of headroom, so a filter holding its capacity has
-    # not grown yet.
-    share = params.capacity / params.partitions
-    spread = math.sqrt(share * (1 - 1 / params.partitions))
-    per_partition = math.ceil(share + 4 * spread)
-    slices = []
-    for i in range(MAX_SLICES):
-        capacity = max(1, int(per_partition * params.growth**i))
-        error = params.error_rate * (1 - params.tightening) * params.tightening**i
-        if i == 0 and params.bit_exponent is not None and params.hashes is not None:
-            k = params.hashes
-            bits = max(BLOCK_BITS, (1 << params.bit_exponent) // params.partitions)
-        else:
-            k, bits_per_item = size_slice(error, params.block_bits)
-            bits = math.ceil(capacity * bits_per_item)
-        blocks = max(1, math.ceil(bits / params.block_bits))
-        slices.append(SlicePlan(capacity=capacity, error_rate=error, hashes=k, blocks=blocks))
-    return tuple(slices)
+from bloomcrawl.core import defaults, keys
+from bloomcrawl.core.connection import describe_redis, redis_errors
+from bloomcrawl.core.errors import (
+    BloomFilterError,
+    FilterMismatchError,
+    InvalidFilterParameters,
+)
+from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
+from bloomcrawl.core.sizing import (
+    BACKENDS,
+    DEFAULT_CHUNK_BYTES,
+    FINGERPRINT_BYTES,
+    REDISBLOOM_TIGHTENING,
+    FilterParams,
+    SlicePlan,
+    blocked_false_positive_rate,
+)
 
 
 @dataclass
@@ -317,20 +71,6 @@ class BloomInfo:
     slice_capacity: int = 0
     partition_slices: list[int] = field(default_factory=list)
 
-
-def _load_lua(*names: str) -> str:
-    base = resources.files("bloomcrawl") / "lua"
-    return "\n".join((base / name).read_text() for name in names)
-
-
-BACKEND_LUA = {"bitmap": "bloom_common.lua", "redisbloom": "redisbloom_common.lua"}
-
-
-def backend_script(backend: str, body: str) -> str:
-    """The source of a partition script: the backend's prelude, then the body."""
-    return _load_lua(BACKEND_LUA[backend], body)
-
-
 def normalise_fingerprint(fp: bytes | str) -> bytes:
     """20 bytes for any fingerprint: SHA-1 digests pass through unchanged.
 
@@ -351,48 +91,8 @@ def normalise_fingerprint(fp: bytes | str) -> bytes:
 def partition_of(fp: bytes, partitions: int) -> int:
     return int.from_bytes(fp[16:20], "big") % partitions
 
-
-class LuaScript:
-    """A script called by SHA, loaded on first NOSCRIPT (also inside pipelines)."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-    def __call__(self, client: Any, keys_: Sequence[str], args: Sequence[Any]) -> Any:
-        try:
-            return client.evalsha(self.sha, len(keys_), *keys_, *args)
-        except redis.exceptions.NoScriptError:
-            client.script_load(self.source)
-            return client.evalsha(self.sha, len(keys_), *keys_, *args)
-
-    def queue(self, pipe: Pipeline, keys_: Sequence[str], args: Sequence[Any]) -> None:
-        pipe.execute_command("EVALSHA", self.sha, len(keys_), *keys_, *args)  # type: ignore[no-untyped-call]
-
-    def run_many(
-        self, client: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
-    ) -> list[Any]:
-        """Run several calls in one pipeline (one network round trip)."""
-        if len(calls) == 1:
-            return [self(client, *calls[0])]
-        for attempt in (1, 2):
-            pipe = client.pipeline(transaction=False)
-            for keys_, args in calls:
-                self.queue(pipe, keys_, args)
-            results = pipe.execute(raise_on_error=False)
-            missing = any(isinstance(r, redis.exceptions.NoScriptError) for r in results)
-            if missing and attempt == 1:
-                client.script_load(self.source)
-                continue
-            for r in results:
-                if isinstance(r, Exception):
-                    raise r
-            return list(results)
-        raise AssertionError("unreachable")
-
-
-_ADD = {b: LuaScript(backend_script(b, "bloom_add.lua")) for b in BACKENDS}
-_CONTAINS = {b: LuaScript(backend_script(b, "bloom_contains.lua")) for b in BACKENDS}
+_ADD = {b: Script.for_backend(b, "bloom_add.lua") for b in BACKENDS}
+_CONTAINS = {b: Script.for_backend(b, "bloom_contains.lua") for b in BACKENDS}
 
 
 def has_redisbloom(server: Any) -> bool:
@@ -420,12 +120,12 @@ class BloomFilter:
         self,
         server: redis.Redis,
         key: str,
-        capacity: int = DEFAULT_CAPACITY,
-        error_rate: float = DEFAULT_ERROR_RATE,
+        capacity: int = defaults.FILTER_CAPACITY,
+        error_rate: float = defaults.FILTER_ERROR_RATE,
         *,
-        partitions: int = DEFAULT_PARTITIONS,
-        growth: float = DEFAULT_GROWTH,
-        tightening: float = DEFAULT_TIGHTENING,
+        partitions: int = defaults.FILTER_PARTITIONS,
+        growth: float = defaults.FILTER_GROWTH,
+        tightening: float = defaults.FILTER_TIGHTENING,
         bit_exponent: int | None = None,
         hashes: int | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -473,7 +173,7 @@ class BloomFilter:
             if params.bit_exponent is not None or float(params.growth) != int(params.growth):
                 return params  # cannot: stay on the bitmap backend
         else:
-            changes["tightening"] = DEFAULT_TIGHTENING
+            changes["tightening"] = defaults.FILTER_TIGHTENING
         return dataclasses.replace(params, **changes)
 
     @classmethod
@@ -566,20 +266,23 @@ class BloomFilter:
         """Add one fingerprint; True if it was new. Atomic (one EVALSHA, no pipeline)."""
         fp = normalise_fingerprint(fp)
         p = partition_of(fp, self.params.partitions)
-        call = ([keys.state_key(self.key, p)], [fp])
-        return bool(self._run(_ADD[self.params.backend], [call])[0] == b"1")
+        call = ScriptCall(_ADD[self.params.backend], [keys.state_key(self.key, p)], [fp])
+        return bool(self.run_scripts([call])[0] == b"1")
 
-    def _run(self, script: LuaScript,
-             calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
-        """Run script calls; if another client cleared the filter, create it and run again."""
+    def run_scripts(self, calls: Sequence[ScriptCall], **options: Any) -> list[Any]:
+        """:func:`~bloomcrawl.core.scripts.run_scripts` for calls that touch this filter.
+
+        A call that finds its partition missing (another client cleared the
+        filter) makes the filter be created again, and only that call is
+        sent again.
+        """
+        options.setdefault("recreate_filter", self.recreate)
         with redis_errors(self.server):
-            try:
-                return script.run_many(self.server, calls)
-            except redis.ResponseError as exc:
-                if "BLOOMCRAWL_NOFILTER" not in str(exc):
-                    raise
-                self.params = self._open(self.params)
-                return script.run_many(self.server, calls)
+            return run_scripts(self.server, calls, **options)
+
+    def recreate(self) -> None:
+        """Create the filter again with the same parameters (after it was deleted)."""
+        self.params = self._open(self.params)
 
     def add_many(self, fps: Sequence[bytes | str]) -> list[bool]:
         """Add fingerprints; one atomic call per partition touched, in one round trip."""
@@ -591,7 +294,7 @@ class BloomFilter:
     def contains_many(self, fps: Sequence[bytes | str]) -> list[bool]:
         return self._batched(_CONTAINS[self.params.backend], fps)
 
-    def _batched(self, script: LuaScript, fps: Sequence[bytes | str]) -> list[bool]:
+    def _batched(self, script: Script, fps: Sequence[bytes | str]) -> list[bool]:
         if not fps:
             return []
         parts = self.params.partitions
@@ -607,8 +310,9 @@ class BloomFilter:
                 groups[p] = [i]
                 blobs[p] = [fp]
         order = list(groups)
-        calls = [([keys.state_key(self.key, p)], [b"".join(blobs[p])]) for p in order]
-        results = self._run(script, calls)
+        calls = [ScriptCall(script, [keys.state_key(self.key, p)], [b"".join(blobs[p])])
+                 for p in order]
+        results = self.run_scripts(calls)
         out = [False] * len(fps)
         for p, answer in zip(order, results, strict=True):
             for i, flag in zip(groups[p], answer, strict=True):

@@ -1,7 +1,7 @@
 """``site``: follow links within the allowed domains, one item per page.
 
 Start URLs come from the Redis list ``site:start_urls`` (see
-:mod:`bloomcrawl.scheduler`). Spider arguments (scrapyd passes them too):
+:mod:`bloomcrawl.crawl.scheduler`). Spider arguments (scrapyd passes them too):
 
 ``allowed_domains``
     comma-separated; by default, the domains of the start URLs

@@ -1,0 +1,1 @@
+"""The library: Bloom filter, frontier protocol, keys, defaults, errors. No Scrapy import."""

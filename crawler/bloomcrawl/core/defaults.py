@@ -1,0 +1,40 @@
+"""Every default value, in one place: the library, the Scrapy components, the tools."""
+
+from __future__ import annotations
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_SOCKET_CONNECT_TIMEOUT = 5.0
+REDIS_SOCKET_TIMEOUT = 30.0
+REDIS_HEALTH_CHECK_INTERVAL = 30
+
+# the Bloom filter (BLOOMFILTER_*)
+FILTER_KEY = "%(spider)s:bloomfilter"
+FILTER_CAPACITY = 100_000_000
+FILTER_ERROR_RATE = 0.001
+FILTER_PARTITIONS = 4
+FILTER_GROWTH = 2.0
+FILTER_TIGHTENING = 0.4
+FILTER_BACKEND = "auto"
+# the seeds' BLOOMFILTER_BIT / BLOOMFILTER_HASH_NUMBER when only one is set
+SEEDS_BIT_EXPONENT = 30
+SEEDS_HASHES = 6
+
+# the frontier (SCHEDULER_*)
+QUEUE_KEY = "%(spider)s:requests"
+QUEUE_TYPE = "priority"
+SCHEDULER_PERSIST = True
+SCHEDULER_FLUSH_ON_START = False
+LEASE_TIMEOUT = 30.0
+REAP_INTERVAL = 5.0
+MAX_IDLE_TIME_BEFORE_CLOSE = 0.0
+PREFETCH = 1
+SEEN_CACHE = 200_000
+
+# the other per-spider keys
+START_URLS_KEY = "%(spider)s:start_urls"
+ITEMS_KEY = "%(spider)s:items"
+STATS_KEY = "%(spider)s:stats"
+NODE_PAGES_KEY = "%(spider)s:pages_by_node"
+
+# the items pipeline
+ITEMS_RETRY_TIMEOUT = 300.0

@@ -1,0 +1,27 @@
+"""Every error bloomcrawl raises on purpose; each message names what is wrong."""
+
+from __future__ import annotations
+
+
+class BloomcrawlError(Exception):
+    """Base class of bloomcrawl's own errors."""
+
+
+class SettingError(BloomcrawlError, ValueError):
+    """A setting has a value bloomcrawl cannot use; the message names it."""
+
+
+class BloomFilterError(BloomcrawlError):
+    """A Bloom filter cannot be opened or used."""
+
+
+class InvalidFilterParameters(BloomFilterError, ValueError):
+    """A filter parameter is out of range; raised before Redis is touched."""
+
+
+class FilterMismatchError(BloomFilterError):
+    """The filter stored in Redis was created with other parameters."""
+
+
+class RedisUnavailableError(BloomFilterError, ConnectionError):
+    """Redis could not be reached; the message names the server (never its password)."""

@@ -1,0 +1,292 @@
+"""One spider's shared frontier in Redis: enqueue-if-new, lease, ack, renew, reap, release.
+
+No Scrapy and no engine here: requests are opaque JSON payloads with a
+fingerprint and a score. The Scrapy scheduler
+(:mod:`bloomcrawl.crawl.scheduler`) buffers and polls around this protocol.
+
+* Enqueue-if-new is one atomic call per partition: the Bloom check-and-set
+  and the push into the partition's queue happen together, so no crash can
+  leave a request seen but not queued.
+* A lease moves a request from the queue into the partition's lease hash
+  with a deadline from Redis's clock; it stays in Redis until its token is
+  acked. Renewal extends a held lease (never recreates a lost one); the
+  reaper puts expired leases back into the queue.
+* :meth:`Frontier.exchange` sends a worker's new requests, its acks, the
+  next lease and the shared stats in one round trip.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import redis
+
+from bloomcrawl.core import keys
+from bloomcrawl.core.bloom import partition_of
+from bloomcrawl.core.connection import describe_redis
+from bloomcrawl.core.errors import SettingError
+from bloomcrawl.core.scripts import Script, ScriptCall
+from bloomcrawl.core.sizing import BACKENDS
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
+
+    from bloomcrawl.core.bloom import BloomFilter
+
+QUEUE_TYPES = ("priority", "fifo", "lifo")
+REAP_BATCH = 1000
+START_ENTRY_FIELDS = frozenset({"url", "meta", "priority", "dont_filter"})
+
+_ENQUEUE = {b: Script.for_backend(b, "frontier_enqueue.lua") for b in BACKENDS}
+_LEASE = Script("frontier_lease.lua")
+_ACK = Script("frontier_ack.lua")
+_RENEW = Script("frontier_renew.lua")
+_REAP = Script("frontier_reap.lua")
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A request on its way into the queue."""
+
+    fingerprint: bytes
+    dont_filter: bool
+    score: float
+    payload: str
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A request leased from ``partition``; ``token`` acks, renews or releases it."""
+
+    partition: int
+    token: str
+    payload: bytes
+
+
+@dataclass
+class Exchanged:
+    """What one :meth:`Frontier.exchange` did."""
+
+    queued: int = 0
+    filtered: int = 0
+    leases: list[Lease] = field(default_factory=list)
+
+
+def parse_start_entry(raw: bytes | str) -> dict[str, Any]:
+    """One ``<spider>:start_urls`` entry: a URL, or JSON ``{"url", "meta", "priority"}``."""
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    text = text.strip()
+    if text.startswith("{"):
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        unknown = set(data) - START_ENTRY_FIELDS
+        if unknown:
+            raise ValueError("unknown fields %s" % sorted(unknown))
+    else:
+        data = {"url": text}
+    url = data.get("url")
+    if not isinstance(url, str):
+        raise ValueError("no url")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL: %r" % url)
+    if not isinstance(data.get("meta", {}), dict):
+        raise ValueError("meta must be an object")
+    priority = data.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError("priority must be an integer")
+    if not isinstance(data.get("dont_filter", False), bool):
+        raise ValueError("dont_filter must be true or false")
+    return data
+
+
+class Frontier:
+    """The Redis protocol of one spider's frontier, shared by every worker.
+
+    ``worker_id`` names this worker's leases; ``node`` is the host name its
+    pages are counted under in ``<spider>:pages_by_node``.
+    """
+
+    def __init__(self, server: redis.Redis, bloom: BloomFilter, frontier_keys: keys.FrontierKeys,
+                 *, queue_type: str, lease_timeout: float, worker_id: str, node: str) -> None:
+        if queue_type not in QUEUE_TYPES:
+            raise ValueError("queue_type must be one of %s, got %r" % (QUEUE_TYPES, queue_type))
+        self.server = server
+        self.bloom = bloom
+        self.keys = frontier_keys
+        self.queue_type = queue_type
+        self.lease_ms = int(lease_timeout * 1000)
+        self.worker_id = worker_id
+        self.node = node
+        #: bumped each time the filter had to be created again (it was deleted):
+        #: a worker's memory of fingerprints it sent is stale from then on
+        self.filter_generation = 0
+        self._lease_seq = 0
+
+    @property
+    def partitions(self) -> int:
+        return self.keys.partitions
+
+    def describe(self) -> str:
+        return "%s (%s, %d partitions) at %s" % (
+            self.keys.queue, self.queue_type, self.partitions, describe_redis(self.server))
+
+    # -- layout ---------------------------------------------------------------
+
+    def record_layout(self) -> None:
+        """Tell the exporter and CLI where this spider's keys are; refuse a queue-type change."""
+        f = self.keys
+        raw: bytes | None = self.server.hget(f.meta, "queue_type")  # type: ignore[assignment]
+        stored = raw.decode() if raw is not None else None
+        if stored is not None and stored != self.queue_type and self.size() > 0:
+            raise SettingError(
+                "SCHEDULER_QUEUE_CLASS: the queue %r holds a %s queue, asked for %s; finish or"
+                " flush it first (SCHEDULER_FLUSH_ON_START)" % (f.queue, stored, self.queue_type))
+        self.server.hset(f.meta, mapping={
+            "spider": f.spider, "queue": f.queue, "queue_type": self.queue_type,
+            "stats": f.stats, "start_urls": f.start_urls, "items": f.items,
+            "pages_by_node": f.pages_by_node,
+        })
+
+    def _recreate_filter(self) -> None:
+        """The filter was deleted under a running crawl: create it and the layout again."""
+        self.bloom.recreate()
+        self.record_layout()
+        self.filter_generation += 1
+
+    def flush(self) -> None:
+        """Delete the queue, the leases and the filter's contents; the filter stays usable."""
+        f = self.keys
+        doomed = []
+        for p in range(f.partitions):
+            doomed += [f.queue_part(p), f.leases(p), f.deadlines(p)]
+        self.server.unlink(*doomed)
+        self.bloom.clear()
+        self.bloom.recreate()
+        self.record_layout()
+
+    # -- the protocol -----------------------------------------------------------
+
+    def exchange(self, outgoing: Sequence[Outgoing], acks: Mapping[int, Sequence[str]],
+                 counts: Mapping[str, int], *, lease_from: int | None = None,
+                 want: int = 1) -> Exchanged:
+        """One round trip: enqueue-if-new, acks, shared stats and, optionally, a lease.
+
+        With ``lease_from``, that partition's acks ride in the same script call
+        as the lease of up to ``want`` requests from it.
+        """
+        f = self.keys
+        by_partition: dict[int, list[Outgoing]] = defaultdict(list)
+        for entry in outgoing:
+            by_partition[partition_of(entry.fingerprint, f.partitions)].append(entry)
+        enqueue = _ENQUEUE[self.bloom.params.backend]
+        calls = []
+        for p, entries in by_partition.items():
+            args: list[Any] = [b"".join(e.fingerprint for e in entries),
+                               "".join("1" if e.dont_filter else "0" for e in entries),
+                               self.queue_type]
+            for e in entries:
+                args += [repr(e.score), e.payload]
+            calls.append(ScriptCall(enqueue, [f.state(p), f.queue_part(p)], args))
+        for p, tokens in acks.items():
+            if p != lease_from and tokens:
+                calls.append(ScriptCall(_ACK, [f.leases(p), f.deadlines(p)], list(tokens)))
+        if lease_from is not None:
+            calls.append(self._lease_call(lease_from, want, acks.get(lease_from, ())))
+
+        def add_stats(pipe: Pipeline) -> None:
+            for name, value in counts.items():
+                pipe.hincrby(f.stats, name, value)
+            if counts.get("pages"):
+                pipe.hincrby(f.pages_by_node, self.node, counts["pages"])
+
+        if not calls and not counts:
+            return Exchanged()
+        results = self.bloom.run_scripts(calls, also=add_stats if counts else None,
+                                         recreate_filter=self._recreate_filter)
+        queued = sum(r.count(b"1") for r in results[: len(by_partition)])
+        done = Exchanged(queued=queued, filtered=len(outgoing) - queued)
+        if lease_from is not None:
+            done.leases = self._leases(lease_from, results[-1])
+        return done
+
+    def lease(self, partition: int, want: int) -> list[Lease]:
+        """Lease up to ``want`` requests from one partition."""
+        return self.exchange((), {}, {}, lease_from=partition, want=want).leases
+
+    def _lease_call(self, partition: int, want: int, acks: Sequence[str]) -> ScriptCall:
+        f = self.keys
+        self._lease_seq += 1
+        prefix = "%s:%d:" % (self.worker_id, self._lease_seq)
+        return ScriptCall(_LEASE, [f.queue_part(partition), f.leases(partition),
+                                   f.deadlines(partition)],
+                          [self.queue_type, self.lease_ms, want, prefix, *acks])
+
+    @staticmethod
+    def _leases(partition: int, reply: list[bytes]) -> list[Lease]:
+        return [Lease(partition, reply[i].decode(), reply[i + 1])
+                for i in range(0, len(reply), 2)]
+
+    def renew(self, held: Mapping[str, int]) -> int:
+        """Extend the deadlines of the leases ``held`` (token -> partition); returns how many."""
+        if not held:
+            return 0
+        by_partition: dict[int, list[str]] = defaultdict(list)
+        for token, p in held.items():
+            by_partition[p].append(token)
+        calls = [ScriptCall(_RENEW, [self.keys.deadlines(p)], [self.lease_ms, *tokens])
+                 for p, tokens in by_partition.items()]
+        return int(sum(self.bloom.run_scripts(calls)))
+
+    def reap(self, most: int = REAP_BATCH) -> int:
+        """Put expired leases back into their queues; returns how many (also counted shared)."""
+        f = self.keys
+        calls = [ScriptCall(_REAP, [f.queue_part(p), f.leases(p), f.deadlines(p)],
+                            [self.queue_type, most])
+                 for p in range(f.partitions)]
+        requeued = int(sum(self.bloom.run_scripts(calls)))
+        if requeued:
+            self.server.hincrby(f.stats, "requeued", requeued)
+        return requeued
+
+    def release(self, held: Mapping[str, int]) -> int:
+        """Put the leases ``held`` back into the queue now (a worker closing)."""
+        if not held:
+            return 0
+        pipe = self.server.pipeline(transaction=False)
+        for token, partition in held.items():
+            pipe.zadd(self.keys.deadlines(partition), {token: 0}, xx=True)
+        pipe.execute()
+        return self.reap()
+
+    def size(self, with_leases: bool = False) -> int:
+        """Requests queued (plus, ``with_leases``, leased and waiting as start URLs)."""
+        f = self.keys
+        pipe = self.server.pipeline(transaction=False)
+        for p in range(f.partitions):
+            if self.queue_type == "priority":
+                pipe.zcard(f.queue_part(p))
+            else:
+                pipe.llen(f.queue_part(p))
+            if with_leases:
+                pipe.zcard(f.deadlines(p))
+        if with_leases:
+            pipe.llen(f.start_urls)
+        try:
+            return int(sum(pipe.execute()))
+        except redis.ResponseError as exc:
+            if "WRONGTYPE" in str(exc):
+                return 1
+            raise
+
+    def pop_start_entries(self, most: int) -> list[bytes]:
+        """Take up to ``most`` entries from ``<spider>:start_urls``."""
+        entries: list[bytes] | None = self.server.lpop(  # type: ignore[assignment]
+            self.keys.start_urls, most)
+        return entries or []

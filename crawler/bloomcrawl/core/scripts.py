@@ -1,0 +1,127 @@
+"""The Lua scripts and the one way they are run.
+
+Scripts are called by SHA. :func:`run_scripts` sends a batch of calls in one
+pipeline (one round trip) and has one partial-failure policy: a call that
+did nothing because Redis lost its script cache (NOSCRIPT, after a restart)
+or because its filter partition was missing (``BLOOMCRAWL_NOFILTER``, the
+filter was deleted) is sent again, once, after the cause was mended. Calls
+that succeeded are never sent twice: their effects already happened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
+
+#: error prefix the bitmap and RedisBloom preludes reply with when a partition is missing
+NOFILTER = "BLOOMCRAWL_NOFILTER"
+BACKEND_PRELUDES = {"bitmap": "bloom_common.lua", "redisbloom": "redisbloom_common.lua"}
+
+
+@cache
+def load_lua(*names: str) -> str:
+    """The concatenated source of scripts in ``bloomcrawl/core/lua``."""
+    base = resources.files("bloomcrawl.core") / "lua"
+    return "\n".join((base / name).read_text() for name in names)
+
+
+class Script:
+    """A Lua script called by SHA."""
+
+    def __init__(self, *names: str) -> None:
+        self.source = load_lua(*names)
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    @classmethod
+    def for_backend(cls, backend: str, body: str) -> Script:
+        """A partition script: the filter backend's prelude, then ``body``."""
+        return cls(BACKEND_PRELUDES[backend], body)
+
+    def queue(self, pipe: Pipeline, keys: Sequence[str], args: Sequence[Any]) -> None:
+        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    script: Script
+    keys: Sequence[str]
+    args: Sequence[Any]
+
+
+def is_missing_filter(reply: Any) -> bool:
+    return isinstance(reply, redis.ResponseError) and NOFILTER in str(reply)
+
+
+def run_scripts(
+    client: Any,
+    calls: Sequence[ScriptCall],
+    *,
+    also: Callable[[Pipeline], None] | None = None,
+    recreate_filter: Callable[[], None] | None = None,
+) -> list[Any]:
+    """Run ``calls`` in order in one pipeline and return their replies.
+
+    ``also`` queues plain commands after the calls, in the same round trip
+    (their replies are not returned and they are never sent twice).
+    ``recreate_filter``, when given, is called once if a call found its
+    filter partition missing; those calls are then sent again. Any other
+    error reply is raised after every call has been tried.
+    """
+    if len(calls) == 1 and also is None:
+        return [_run_one(client, calls[0], recreate_filter)]
+    pipe = client.pipeline(transaction=False)
+    for call in calls:
+        call.script.queue(pipe, call.keys, call.args)
+    if also is not None:
+        also(pipe)
+    replies = list(pipe.execute(raise_on_error=False))
+    results = replies[: len(calls)]
+    unloaded = [i for i, r in enumerate(results) if isinstance(r, redis.exceptions.NoScriptError)]
+    no_filter = [i for i, r in enumerate(results) if is_missing_filter(r)]
+    if recreate_filter is None:
+        no_filter = []
+    if no_filter:
+        recreate_filter()  # type: ignore[misc]
+    again = sorted(set(unloaded) | set(no_filter))
+    if again:
+        for script in {calls[i].script for i in unloaded}:
+            client.script_load(script.source)
+        pipe = client.pipeline(transaction=False)
+        for i in again:
+            calls[i].script.queue(pipe, calls[i].keys, calls[i].args)
+        for i, reply in zip(again, pipe.execute(raise_on_error=False), strict=True):
+            results[i] = reply
+    for reply in replies[len(calls):]:
+        if isinstance(reply, Exception):
+            raise reply
+    for reply in results:
+        if isinstance(reply, Exception):
+            raise reply
+    return results
+
+
+def _run_one(client: Any, call: ScriptCall,
+             recreate_filter: Callable[[], None] | None) -> Any:
+    """One call without a pipeline (the cheapest round trip), same policy."""
+    def send() -> Any:
+        return client.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+
+    try:
+        return send()
+    except redis.exceptions.NoScriptError:
+        client.script_load(call.script.source)
+        return send()
+    except redis.ResponseError as exc:
+        if recreate_filter is None or not is_missing_filter(exc):
+            raise
+        recreate_filter()
+        return send()

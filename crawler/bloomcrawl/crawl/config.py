@@ -1,0 +1,224 @@
+"""Scrapy settings read once, checked, and turned into the library's plain values.
+
+Only ``from_crawler`` methods call these. Every error is a
+:class:`~bloomcrawl.core.errors.SettingError` naming the setting and its value,
+raised before anything touches Redis. Defaults come from
+:mod:`bloomcrawl.core.defaults`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from bloomcrawl.core import defaults, keys
+from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.connection import ping, redis_from_url
+from bloomcrawl.core.errors import InvalidFilterParameters, SettingError
+from bloomcrawl.core.sizing import BACKENDS, REDISBLOOM_TIGHTENING, FilterParams
+
+if TYPE_CHECKING:
+    import redis
+    from scrapy.settings import BaseSettings
+
+#: SCHEDULER_QUEUE_CLASS values (bloomcrawl's names and scrapy-redis's classes)
+QUEUE_TYPES = {
+    "priority": "priority",
+    "fifo": "fifo",
+    "lifo": "lifo",
+    "scrapy_redis.queue.PriorityQueue": "priority",
+    "scrapy_redis.queue.FifoQueue": "fifo",
+    "scrapy_redis.queue.LifoQueue": "lifo",
+    "scrapy_redis_bloomfilter.queue.PriorityQueue": "priority",
+    "scrapy_redis_bloomfilter.queue.FifoQueue": "fifo",
+    "scrapy_redis_bloomfilter.queue.LifoQueue": "lifo",
+}
+
+
+def get_int(settings: BaseSettings, name: str, default: int, minimum: int | None = None) -> int:
+    """An integer setting; 0 is a value, not "unset"."""
+    raw = settings.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+        if isinstance(raw, float) and raw != value:
+            raise ValueError(raw)
+    except (TypeError, ValueError) as exc:
+        raise SettingError("%s must be an integer, got %r" % (name, raw)) from exc
+    if minimum is not None and value < minimum:
+        raise SettingError("%s must be >= %d, got %r" % (name, minimum, raw))
+    return value
+
+
+def get_optional_int(settings: BaseSettings, name: str) -> int | None:
+    raw = settings.get(name)
+    if raw is None or raw == "":
+        return None
+    return get_int(settings, name, 0)
+
+
+def get_float(
+    settings: BaseSettings,
+    name: str,
+    default: float,
+    low: float | None = None,
+    high: float | None = None,
+) -> float:
+    """A float setting, optionally in the open interval (low, high)."""
+    raw = settings.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except (TypeError, ValueError) as exc:
+        raise SettingError("%s must be a number, got %r" % (name, raw)) from exc
+    if (low is not None and value <= low) or (high is not None and value >= high):
+        raise SettingError("%s must be in (%s, %s), got %r" % (name, low, high, raw))
+    return value
+
+
+def redis_from_settings(settings: BaseSettings) -> redis.Redis:
+    """A client for REDIS_URL (plus REDIS_PARAMS), checked with a PING."""
+    url = settings.get("REDIS_URL") or defaults.REDIS_URL
+    params = dict(settings.getdict("REDIS_PARAMS"))
+    params.pop("decode_responses", None)
+    client = redis_from_url(url, **params)
+    ping(client)
+    return client
+
+
+def spider_key(settings: BaseSettings, name: str, default: str, spider: str) -> str:
+    """The key a ``%(spider)s`` pattern setting names for ``spider``."""
+    pattern = settings.get(name) or default
+    try:
+        return keys.spider_key(pattern, spider)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise SettingError("%s %r: %s" % (name, pattern, exc)) from exc
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    """The BLOOMFILTER_* settings, checked: how to open a spider's filter."""
+
+    key_pattern: str
+    capacity: int
+    error_rate: float
+    partitions: int
+    growth: float
+    tightening: float
+    bit_exponent: int | None
+    hashes: int | None
+    backend: str
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings, spider: str | None = None) -> FilterConfig:
+        """Check the settings (the key pattern against ``spider``'s name when known)."""
+        key_pattern = settings.get("BLOOMFILTER_KEY") or defaults.FILTER_KEY
+        if spider is not None:
+            spider_key(settings, "BLOOMFILTER_KEY", defaults.FILTER_KEY, spider)
+        capacity = get_int(settings, "BLOOMFILTER_CAPACITY", defaults.FILTER_CAPACITY, 1)
+        error_rate = get_float(settings, "BLOOMFILTER_ERROR_RATE", defaults.FILTER_ERROR_RATE,
+                               0, 1)
+        bit_exponent = get_optional_int(settings, "BLOOMFILTER_BIT")
+        hashes = get_optional_int(settings, "BLOOMFILTER_HASH_NUMBER")
+        if (bit_exponent is None) != (hashes is None):
+            # the seeds' recipe defaults the other one; so do we
+            bit_exponent = defaults.SEEDS_BIT_EXPONENT if bit_exponent is None else bit_exponent
+            hashes = defaults.SEEDS_HASHES if hashes is None else hashes
+        backend = settings.get("BLOOMFILTER_BACKEND") or defaults.FILTER_BACKEND
+        if backend not in (*BACKENDS, "auto"):
+            raise SettingError("BLOOMFILTER_BACKEND must be bitmap, redisbloom or auto, got %r"
+                               % (backend,))
+        config = cls(
+            key_pattern=key_pattern,
+            capacity=capacity,
+            error_rate=error_rate,
+            partitions=get_int(settings, "BLOOMFILTER_PARTITIONS", defaults.FILTER_PARTITIONS,
+                               1),
+            growth=get_float(settings, "BLOOMFILTER_GROWTH", defaults.FILTER_GROWTH, 1, None),
+            tightening=get_float(settings, "BLOOMFILTER_TIGHTENING",
+                                 defaults.FILTER_TIGHTENING, 0, 1),
+            bit_exponent=bit_exponent,
+            hashes=hashes,
+            backend=backend,
+        )
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """Validate the parameters as the filter would, naming the settings."""
+        concrete = self.backend if self.backend != "auto" else "bitmap"
+        tightening = REDISBLOOM_TIGHTENING if concrete == "redisbloom" else self.tightening
+        common: dict[str, Any] = dict(partitions=self.partitions, growth=self.growth,
+                                      tightening=tightening, backend=concrete)
+        try:
+            if self.bit_exponent is not None and self.hashes is not None:
+                FilterParams.fixed(self.bit_exponent, self.hashes, **common)
+            else:
+                FilterParams(capacity=self.capacity, error_rate=self.error_rate, **common)
+        except InvalidFilterParameters as exc:
+            raise SettingError("BLOOMFILTER_* settings: %s" % exc) from exc
+
+    def key(self, spider: str) -> str:
+        try:
+            return keys.spider_key(self.key_pattern, spider)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise SettingError("BLOOMFILTER_KEY %r: %s" % (self.key_pattern, exc)) from exc
+
+    def open(self, server: Any, spider: str) -> BloomFilter:
+        """Open (or create) ``spider``'s filter; a mismatch with the stored one is an error."""
+        return BloomFilter(
+            server, self.key(spider), self.capacity, self.error_rate, partitions=self.partitions,
+            growth=self.growth, tightening=self.tightening, bit_exponent=self.bit_exponent,
+            hashes=self.hashes, backend=self.backend)
+
+
+def queue_type_from_settings(value: Any) -> str:
+    name = value if isinstance(value, str) else getattr(value, "__module__", "") + "." + getattr(
+        value, "__qualname__", "")
+    try:
+        return QUEUE_TYPES[name]
+    except KeyError:
+        raise SettingError(
+            "SCHEDULER_QUEUE_CLASS %r: choose priority, fifo or lifo (or the scrapy-redis"
+            " PriorityQueue, FifoQueue, LifoQueue)" % (value,)
+        ) from None
+
+
+@dataclass(frozen=True)
+class FrontierConfig:
+    """The SCHEDULER_* settings, checked."""
+
+    queue_pattern: str = defaults.QUEUE_KEY
+    queue_type: str = defaults.QUEUE_TYPE
+    persist: bool = defaults.SCHEDULER_PERSIST
+    flush_on_start: bool = defaults.SCHEDULER_FLUSH_ON_START
+    lease_timeout: float = defaults.LEASE_TIMEOUT
+    reap_interval: float = defaults.REAP_INTERVAL
+    max_idle: float = defaults.MAX_IDLE_TIME_BEFORE_CLOSE
+    prefetch: int = defaults.PREFETCH
+    seen_cache: int = defaults.SEEN_CACHE
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings, spider: str | None) -> FrontierConfig:
+        queue_pattern = settings.get("SCHEDULER_QUEUE_KEY") or defaults.QUEUE_KEY
+        if spider is not None:
+            spider_key(settings, "SCHEDULER_QUEUE_KEY", defaults.QUEUE_KEY, spider)
+        return cls(
+            queue_pattern=queue_pattern,
+            queue_type=queue_type_from_settings(
+                settings.get("SCHEDULER_QUEUE_CLASS") or defaults.QUEUE_TYPE),
+            persist=settings.getbool("SCHEDULER_PERSIST", defaults.SCHEDULER_PERSIST),
+            flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START",
+                                            defaults.SCHEDULER_FLUSH_ON_START),
+            lease_timeout=get_float(settings, "SCHEDULER_LEASE_TIMEOUT",
+                                    defaults.LEASE_TIMEOUT, 0, None),
+            reap_interval=get_float(settings, "SCHEDULER_REAP_INTERVAL",
+                                    defaults.REAP_INTERVAL, 0, None),
+            max_idle=get_float(settings, "MAX_IDLE_TIME_BEFORE_CLOSE",
+                               defaults.MAX_IDLE_TIME_BEFORE_CLOSE, -1e-9, None),
+            prefetch=get_int(settings, "SCHEDULER_PREFETCH", defaults.PREFETCH, minimum=1),
+            seen_cache=get_int(settings, "SCHEDULER_SEEN_CACHE", defaults.SEEN_CACHE,
+                               minimum=0),
+        )

@@ -1,0 +1,115 @@
+"""DUPEFILTER_CLASS = "bloomcrawl.crawl.dupefilter.RedisBloomDupeFilter".
+
+Works under Scrapy's own scheduler (the filter outlives the process: a second
+run only crawls what is new) and under ``scrapy_redis.scheduler.Scheduler``
+as a drop-in replacement for scrapy_redis_bloomfilter's RFPDupeFilter.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from scrapy.dupefilters import BaseDupeFilter
+
+from bloomcrawl.crawl.config import FilterConfig, redis_from_settings
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
+    from scrapy.utils.request import RequestFingerprinterProtocol
+
+    from bloomcrawl.core.bloom import BloomFilter
+
+
+logger = logging.getLogger(__name__)
+
+
+class RedisBloomDupeFilter(BaseDupeFilter):
+    """Request duplicates filter backed by :class:`bloomcrawl.core.bloom.BloomFilter`.
+
+    Settings: REDIS_URL, REDIS_PARAMS, DUPEFILTER_DEBUG and the BLOOMFILTER_*
+    settings (BLOOMFILTER_KEY, default ``%(spider)s:bloomfilter``).
+    """
+
+    def __init__(
+        self,
+        bloomfilter: BloomFilter,
+        fingerprinter: RequestFingerprinterProtocol,
+        *,
+        debug: bool = False,
+        stats: StatsCollector | None = None,
+    ) -> None:
+        self.bloom = bloomfilter
+        self.server = bloomfilter.server
+        self.key = bloomfilter.key
+        self.fingerprinter = fingerprinter
+        self.debug = debug
+        self.stats = stats
+        self.logdupes = True
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> RedisBloomDupeFilter:
+        settings = crawler.settings
+        name = crawler.spider.name if crawler.spider is not None else settings.get("BOT_NAME")
+        config = FilterConfig.from_settings(settings, name)
+        server = redis_from_settings(settings)
+        return cls(
+            config.open(server, name),
+            crawler.request_fingerprinter,
+            debug=settings.getbool("DUPEFILTER_DEBUG"),
+            stats=crawler.stats,
+        )
+
+    @classmethod
+    def from_spider(cls, spider: Spider) -> RedisBloomDupeFilter:
+        """What ``scrapy_redis.scheduler.Scheduler`` calls."""
+        return cls.from_crawler(spider.crawler)
+
+    def request_fingerprint(self, request: Request) -> bytes:
+        fp: bytes = self.fingerprinter.fingerprint(request)
+        return fp
+
+    def request_seen(self, request: Request) -> bool:
+        if request.dont_filter:
+            return False
+        seen = not self.bloom.add(self.request_fingerprint(request))
+        if seen and self.stats is not None:
+            self.stats.inc_value("bloomfilter/filtered")
+        return seen
+
+    def requests_seen(self, requests: Sequence[Request]) -> list[bool]:
+        """:meth:`request_seen` for many requests in one round trip per partition."""
+        todo = [i for i, r in enumerate(requests) if not r.dont_filter]
+        answers = self.bloom.add_many([self.request_fingerprint(requests[i]) for i in todo])
+        seen = [False] * len(requests)
+        for i, new in zip(todo, answers, strict=True):
+            seen[i] = not new
+        dupes = len(todo) - sum(answers)
+        if dupes and self.stats is not None:
+            self.stats.inc_value("bloomfilter/filtered", dupes)
+        return seen
+
+    def log(self, request: Request, spider: Spider) -> None:
+        if self.debug:
+            logger.debug("Filtered duplicate request: %(request)s", {"request": request},
+                         extra={"spider": spider})
+        elif self.logdupes:
+            logger.debug(
+                "Filtered duplicate request: %(request)s - no more duplicates will be shown"
+                " (see DUPEFILTER_DEBUG to show all duplicates)",
+                {"request": request},
+                extra={"spider": spider},
+            )
+            self.logdupes = False
+        if self.stats is not None:
+            self.stats.inc_value("dupefilter/filtered")
+
+    def clear(self) -> None:
+        """Forget every fingerprint (scrapy-redis calls this unless SCHEDULER_PERSIST)."""
+        self.bloom.clear()
+
+    def close(self, reason: str = "") -> None:
+        """The filter stays in Redis: that is what makes the next run incremental."""

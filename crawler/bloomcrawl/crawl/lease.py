@@ -1,0 +1,19 @@
+"""What the scheduler and the middlewares share about a leased request.
+
+A request the scheduler leased carries its lease in ``meta[LEASE_META_KEY]``
+as ``(partition, token)``. When its outcome is final, a middleware sends the
+:data:`request_finished` signal and the scheduler acks the lease.
+"""
+
+from __future__ import annotations
+
+#: sent when a leased request's outcome is final; arguments: request, outcome
+#: ("response", "spider_error", "download_error", "ignored")
+request_finished = object()
+
+#: meta key holding a leased request's ``(partition, token)``
+LEASE_META_KEY = "_bloomcrawl_lease"
+#: meta key marking a request the scheduler leased and handed back to itself
+LOCAL_META_KEY = "_bloomcrawl_local"
+#: meta keys bloomcrawl uses internally; never written to Redis, never copied to children
+INTERNAL_META_KEYS = frozenset({LEASE_META_KEY, LOCAL_META_KEY})
