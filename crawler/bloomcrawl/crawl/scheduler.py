@@ -31,6 +31,7 @@ import socket
 import time
 import uuid
 from collections import defaultdict, deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -166,7 +167,7 @@ class Scheduler:
         """The idle handler, lease renewal, reaping and polling (need a running reactor)."""
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         for func, interval in ((self.renew, self.config.lease_timeout / 3),
-                               (self._reap_quietly, self.config.reap_interval)):
+                               (lambda: self._guarded(self.reap), self.config.reap_interval)):
             loop = create_looping_call(func)
             loop.start(interval, now=False)
             self._loops.append(loop)
@@ -297,7 +298,7 @@ class Scheduler:
         except REDIS_ERRORS as exc:
             self._redis_failed(exc)
             return
-        self._redis_ok()
+        self._outage.ok()
         self._redis_may_have_work = got > 0
 
     def _take(self, leases: list[Lease]) -> int:
@@ -324,14 +325,11 @@ class Scheduler:
 
     def renew(self) -> None:
         """Extend the deadlines of every lease this worker still holds."""
-        if not self._inflight or self.frontier is None:
-            return
-        try:
-            renewed = self.frontier.renew(self._inflight)
-        except REDIS_ERRORS as exc:
-            self._redis_failed(exc)
-            return
-        self._redis_ok()
+        if self._inflight and self.frontier is not None:
+            self._guarded(self._renew)
+
+    def _renew(self) -> None:
+        renewed = self._frontier().renew(self._inflight)
         lost = len(self._inflight) - renewed
         if lost > 0:
             self.stats.inc_value("bloomcrawl/leases_lost", lost)
@@ -350,14 +348,6 @@ class Scheduler:
             self.stats.inc_value("bloomcrawl/requeued", requeued)
             self._redis_may_have_work = True
             logger.info("requeued %d expired leases", requeued, extra={"spider": self.spider})
-
-    def _reap_quietly(self) -> None:
-        try:
-            self.reap()
-        except REDIS_ERRORS as exc:
-            self._redis_failed(exc)
-        else:
-            self._redis_ok()
 
     # -- outcomes ---------------------------------------------------------------------
 
@@ -397,12 +387,7 @@ class Scheduler:
         self._send()
 
     def _send_quietly(self) -> None:
-        try:
-            self._send()
-        except REDIS_ERRORS as exc:
-            self._redis_failed(exc)
-        else:
-            self._redis_ok()
+        self._guarded(self._send)
 
     def _send(self, lease_from: int | None = None) -> list[Lease]:
         frontier = self._frontier()
@@ -447,7 +432,7 @@ class Scheduler:
                 if self._local:
                     found = True
                     self._wake_engine()
-            self._redis_ok()
+            self._outage.ok()
         except REDIS_ERRORS as exc:
             self._redis_failed(exc)
             found = False
@@ -523,12 +508,19 @@ class Scheduler:
 
     # -- Redis outages (logged once per outage) --------------------------------------
 
+    def _guarded(self, action: Callable[[], object]) -> bool:
+        """Run a Redis action; an outage is logged (once) and counted, never raised."""
+        try:
+            action()
+        except REDIS_ERRORS as exc:
+            self._redis_failed(exc)
+            return False
+        self._outage.ok()
+        return True
+
     def _redis_failed(self, exc: Exception) -> None:
         self._outage.failed(exc)
         self.stats.inc_value("bloomcrawl/redis_errors")
-
-    def _redis_ok(self) -> None:
-        self._outage.ok()
 
     @property
     def bloom(self) -> BloomFilter | None:
