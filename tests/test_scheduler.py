@@ -157,7 +157,7 @@ def test_expired_lease_is_requeued_and_old_holder_cannot_ack_it(redis_server, re
     time.sleep(0.3)
     second = make_scheduler(redis_server.url, SCHEDULER_LEASE_TIMEOUT=5)
     # opening reaped the expired lease already: nothing is left to reap
-    assert second.reap() == 0
+    assert second.frontier.reap() == 0
     fresh = drain(second)
     assert [r.url for r in fresh] == ["http://a.test/slow"]
     assert int(redis_client.hget(second.frontier.keys.stats, "requeued")) == 1
@@ -188,7 +188,7 @@ def test_renewal_keeps_a_slow_request_from_being_handed_on(redis_server, redis_c
         deadline = redis_client.zrange(deadlines, 0, 0, withscores=True)[0][1]
         assert deadline > last  # each renewal moved the deadline on
         last = deadline
-        assert other.reap() == 0
+        assert other.frontier.reap() == 0
     assert drain(other) == []
 
 

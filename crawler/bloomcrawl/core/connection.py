@@ -88,29 +88,74 @@ def ping(client: redis.Redis) -> None:
         raise
 
 
-class OutageLog:
-    """Logs a Redis outage once when it starts and once when it ends, whatever the retries.
+#: error replies that say "not now" (memory, a replica, a busy script, loading):
+#: the same call may succeed later, so they are retried like a lost connection
+TRANSIENT_REPLIES = frozenset({"OOM", "READONLY", "MISCONF", "BUSY", "LOADING", "MASTERDOWN",
+                               "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"})
+#: what a loop talking to Redis catches: every failure redis-py reports, and ours
+REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, RedisUnavailableError)
 
-    ``consequence`` says what the caller does meanwhile (``"retrying; nothing
-    leased is lost"``); ``extra`` goes to every log record (Scrapy's spider).
+
+def error_kind(exc: BaseException) -> str:
+    """A short name for a Redis failure: "unreachable", the reply's code ("OOM"), or the type."""
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | RedisUnavailableError):
+        return "unreachable"
+    if isinstance(exc, redis.ResponseError):
+        return str(exc).split(" ", 1)[0] or "ResponseError"
+    return type(exc).__name__
+
+
+class RedisErrorPolicy:
+    """One policy for every loop that talks to Redis: log each kind once, back off, resume.
+
+    A loop calls :meth:`failed` with any error it caught (it never re-raises:
+    a loop that dies leaves a worker wedged) and waits the delay it returns;
+    :meth:`ok` after a success logs the recovery once. ``consequence`` says
+    what the caller does meanwhile (``"retrying; nothing leased is lost"``);
+    ``extra`` goes to every log record (Scrapy's spider).
     """
 
     def __init__(self, logger: logging.Logger, client: Any, consequence: str,
-                 extra: dict[str, Any] | None = None) -> None:
+                 extra: dict[str, Any] | None = None, *, first_delay: float = 0.05,
+                 max_delay: float = 2.0) -> None:
         self.logger = logger
         self.client = client
         self.consequence = consequence
         self.extra = extra
+        self.first_delay = first_delay
+        self.max_delay = max_delay
         self.down_since: float | None = None
+        self.failures = 0
+        self._kinds: set[str] = set()
+        self._delay = first_delay
 
-    def failed(self, exc: BaseException) -> None:
+    def failed(self, exc: BaseException) -> float:
+        """Log ``exc`` if its kind is new in this outage; returns the delay before a retry."""
+        kind = error_kind(exc)
+        self.failures += 1
         if self.down_since is None:
             self.down_since = time.monotonic()
-            self.logger.warning("Redis at %s unreachable (%s): %s", describe_redis(self.client),
-                                exc, self.consequence, extra=self.extra)
+        if kind not in self._kinds:
+            self._kinds.add(kind)
+            where = describe_redis(self.client)
+            if kind == "unreachable":
+                self.logger.warning("Redis at %s unreachable (%s): %s", where, exc,
+                                    self.consequence, extra=self.extra)
+            elif kind in TRANSIENT_REPLIES:
+                self.logger.warning("Redis at %s refused a command (%s): %s", where, exc,
+                                    self.consequence, extra=self.extra)
+            else:
+                self.logger.error("Redis at %s failed a command (%s: %s): %s", where, kind, exc,
+                                  self.consequence, extra=self.extra,
+                                  exc_info=not isinstance(exc, redis.RedisError))
+        delay = self._delay
+        self._delay = min(self.max_delay, self._delay * 2)
+        return delay
 
     def ok(self) -> None:
         if self.down_since is not None:
             self.logger.warning("Redis at %s is back after %.1f s", describe_redis(self.client),
                                 time.monotonic() - self.down_since, extra=self.extra)
             self.down_since = None
+            self._kinds.clear()
+        self._delay = self.first_delay

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 import redis
+from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.serialize import ScrapyJSONEncoder
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
 
 from bloomcrawl.core import defaults, keys
-from bloomcrawl.core.connection import OutageLog
+from bloomcrawl.core.connection import REDIS_ERRORS, TRANSIENT_REPLIES, RedisErrorPolicy, error_kind
 from bloomcrawl.crawl.config import get_float, redis_from_settings
 
 if TYPE_CHECKING:
@@ -23,8 +25,11 @@ logger = logging.getLogger(__name__)
 class RedisItemsPipeline:
     """RPUSH each item, JSON-encoded, to REDIS_ITEMS_KEY (default ``%(spider)s:items``).
 
-    While Redis is unreachable the item waits and is pushed when it is back
-    (for up to REDIS_ITEMS_RETRY_TIMEOUT seconds, then the error is logged).
+    The push runs on a thread: the reactor never waits on Redis. While Redis
+    is unreachable or refuses writes for a while (OOM, READONLY, MISCONF,
+    BUSY, ...) the item waits and is pushed when it can be, for up to
+    REDIS_ITEMS_RETRY_TIMEOUT seconds; then, or at once for any other error,
+    the error is raised and Scrapy logs it with the item.
     """
 
     def __init__(self, server: redis.Redis, crawler: Crawler, key_pattern: str,
@@ -35,7 +40,8 @@ class RedisItemsPipeline:
         self.retry_timeout = retry_timeout
         self.encoder = ScrapyJSONEncoder()
         self.key = ""
-        self._outage = OutageLog(logger, server, "items wait until it is back")
+        self.errors = RedisErrorPolicy(logger, server, "items wait until they can be stored",
+                                       max_delay=5.0)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RedisItemsPipeline:
@@ -52,16 +58,17 @@ class RedisItemsPipeline:
     async def process_item(self, item: Any) -> Any:
         data = self.encoder.encode(item)
         deadline = time.monotonic() + self.retry_timeout
-        delay = 0.1
         while True:
             try:
-                self.server.rpush(self.key, data)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if time.monotonic() > deadline:
+                await maybe_deferred_to_future(deferToThread(self.server.rpush, self.key, data))
+            except REDIS_ERRORS as exc:
+                kind = error_kind(exc)
+                if (kind != "unreachable" and kind not in TRANSIENT_REPLIES) or (
+                        time.monotonic() > deadline):
                     raise
-                self._outage.failed(exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                from twisted.internet import reactor  # the one Scrapy installed
+
+                await maybe_deferred_to_future(deferLater(reactor, self.errors.failed(exc)))
                 continue
-            self._outage.ok()
+            self.errors.ok()
             return item

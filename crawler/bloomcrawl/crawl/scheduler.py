@@ -2,15 +2,22 @@
 
 A thin adapter between Scrapy's engine and :class:`bloomcrawl.core.frontier.Frontier`:
 
-* ``enqueue_request`` buffers; the buffer goes to Redis with the next lease
-  (one round trip per page), within ``ACK_DELAY`` when a page finished, or
-  at ``MAX_BATCH`` requests.
-* ``next_request`` hands out a leased request; the lease is acked when the
-  middlewares (:mod:`bloomcrawl.crawl.middleware`) report its outcome
-  through :data:`bloomcrawl.crawl.lease.request_finished`.
-* A poller reads ``<spider>:start_urls``, retries what could not be sent and
-  wakes the engine when other workers queued work; lease renewal and the
-  reaper run on timers.
+* ``enqueue_request`` buffers; ``next_request`` hands out leased requests
+  from a local buffer. Neither waits on Redis: one *exchange* at a time
+  (:meth:`Frontier.exchange`: the buffered requests, the acks of finished
+  leases, the shared stats and the next lease, in one round trip) runs on
+  the :class:`~bloomcrawl.crawl.redis_io.RedisIO` thread, and its leases
+  reach the engine through ``engine.crawl()``. The reactor never blocks on
+  Redis, so a stalled Redis stalls no download.
+* A leased request is acked when the middlewares
+  (:mod:`bloomcrawl.crawl.middleware`) report its outcome through
+  :data:`bloomcrawl.crawl.lease.request_finished`.
+* A poller reads ``<spider>:start_urls`` and asks for work when the engine is
+  starved; lease renewal and the reaper run on timers.
+* Every Redis failure goes through one
+  :class:`~bloomcrawl.core.connection.RedisErrorPolicy`: logged once per
+  kind, retried with back-off, what was not sent kept in the worker. No loop
+  ever dies of a Redis error.
 * The spider stays open while the queue, the leases or the start URLs are
   non-empty anywhere, and closes after MAX_IDLE_TIME_BEFORE_CLOSE seconds of
   all being empty (0: never).
@@ -31,20 +38,21 @@ import socket
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import redis
 from scrapy import Request, signals
 from scrapy.exceptions import DontCloseSpider
+from scrapy.utils.log import failure_to_exc_info
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import normalise_fingerprint
-from bloomcrawl.core.connection import OutageLog
-from bloomcrawl.core.errors import RedisUnavailableError, SettingError
-from bloomcrawl.core.frontier import Frontier, Lease, Outgoing, parse_start_entry
+from bloomcrawl.core.connection import REDIS_ERRORS, RedisErrorPolicy
+from bloomcrawl.core.errors import SettingError
+from bloomcrawl.core.frontier import Exchanged, Frontier, Lease, Outgoing, parse_start_entry
 from bloomcrawl.crawl.config import FilterConfig, FrontierConfig, redis_from_settings
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LOCAL_META_KEY, request_finished
+from bloomcrawl.crawl.redis_io import RedisIO
 from bloomcrawl.crawl.serialization import (
     UnserializableRequest,
     priority_score,
@@ -63,9 +71,11 @@ except ImportError:  # Scrapy < 2.14
 
 
 if TYPE_CHECKING:
+    import redis
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
+    from twisted.python.failure import Failure
 
     from bloomcrawl.core.bloom import BloomFilter
 
@@ -75,7 +85,26 @@ MAX_BATCH = 500
 MAX_POLL_DELAY = 1.0
 ACK_DELAY = 0.05
 START_URLS_BATCH = 100
-REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, RedisUnavailableError)
+
+
+@dataclass
+class _Batch:
+    """What one exchange carries; given back to the buffers if it fails."""
+
+    outgoing: list[Outgoing]
+    acks: dict[int, list[str]]
+    counts: dict[str, int]
+    lease_from: int | None
+    check_idle: bool
+
+
+@dataclass
+class _Reply:
+    """What the I/O thread brings back from one exchange."""
+
+    done: Exchanged
+    leases: list[Lease] = field(default_factory=list)
+    frontier_size: int | None = None
 
 
 class Scheduler:
@@ -93,6 +122,8 @@ class Scheduler:
         self.worker_id = "%s-%d-%s" % (self.node[:24], os.getpid(), uuid.uuid4().hex[:6])
         self.spider: Spider | None = None
         self.frontier: Frontier | None = None
+        self.io = RedisIO()
+        self.errors = RedisErrorPolicy(logger, server, "retrying; nothing leased is lost")
         # fingerprints this worker already sent through the filter: the filter only
         # grows, so they are in it for good and need no round trip
         self._seen: set[bytes] = set()
@@ -107,13 +138,16 @@ class Scheduler:
         self._inflight: dict[str, int] = {}
         self._rotation = 0
         self._redis_may_have_work = True
-        # the engine asked for a request and got none: the poller must wake it
+        # the engine asked for a request and got none: the next lease must wake it
         self._starved = False
-        self._outage = OutageLog(logger, server, "retrying; nothing leased is lost")
-        self._idle_since: float | None = None
-        self._poll_delay = 0.05
-        self._poll_call: Any = None
+        self._exchanging = False
+        self._retry_call: Any = None
         self._ack_call: Any = None
+        self._poll_call: Any = None
+        self._poll_delay = 0.05
+        # requests, leases and start URLs anywhere in the cluster, as last seen (None: unknown)
+        self._frontier_size: int | None = None
+        self._idle_since: float | None = None
         self._loops: list[Any] = []
         self._closing = False
 
@@ -136,10 +170,11 @@ class Scheduler:
     def open_frontier(self, spider: Spider) -> None:
         """Open the filter and the queue, record the layout, reap expired leases.
 
-        Everything :meth:`open` does that needs no running reactor.
+        Everything :meth:`open` does that needs no running reactor; until
+        :meth:`open` starts the I/O thread, Redis work runs inline.
         """
         self.spider = spider
-        self._outage.extra = {"spider": spider}
+        self.errors.extra = {"spider": spider}
         bloom = self.filter_config.open(self.server, spider.name)
         try:
             frontier_keys = keys.FrontierKeys(
@@ -155,7 +190,7 @@ class Scheduler:
         self.frontier.record_layout()
         if self.config.flush_on_start:
             self.frontier.flush()
-        self.reap()
+        self._count_requeued(self.frontier.reap())
         s = self.crawler.signals
         s.connect(self._on_finished, signal=request_finished)
         s.connect(self._on_item, signal=signals.item_scraped)
@@ -164,10 +199,11 @@ class Scheduler:
                     self.config.lease_timeout, extra={"spider": spider})
 
     def _start_background(self) -> None:
-        """The idle handler, lease renewal, reaping and polling (need a running reactor)."""
+        """The I/O thread, the idle handler, renewal, reaping and polling."""
+        self.io.start()
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         for func, interval in ((self.renew, self.config.lease_timeout / 3),
-                               (lambda: self._guarded(self.reap), self.config.reap_interval)):
+                               (self.reap, self.config.reap_interval)):
             loop = create_looping_call(func)
             loop.start(interval, now=False)
             self._loops.append(loop)
@@ -176,25 +212,25 @@ class Scheduler:
     def close(self, reason: str) -> None:
         """Called by the engine when the spider closes.
 
-        Sends what this worker still owes Redis and puts the leases it did not
-        finish straight back into the queue; without SCHEDULER_PERSIST, deletes
-        the frontier.
+        Waits for the exchange under way, sends what this worker still owes
+        Redis and puts the leases it did not finish straight back into the
+        queue; without SCHEDULER_PERSIST, deletes the frontier.
         """
         self._closing = True
         for loop in self._loops:
             if loop.running:
                 loop.stop()
-        for call in (self._poll_call, self._ack_call):
+        for call in (self._poll_call, self._ack_call, self._retry_call):
             if call is not None:
                 call.cancel()
-        self._poll_call = self._ack_call = None
+        self._poll_call = self._ack_call = self._retry_call = None
+        self.io.stop()  # from here on, Redis work runs inline
         frontier = self._frontier()
         try:
-            self.send_pending()
+            self._exchange_now()
             self._local.clear()
-            released = frontier.release(self._inflight)
+            self._count_requeued(frontier.release(self._inflight))
             self._inflight.clear()
-            self._count_requeued(released)
         except REDIS_ERRORS as exc:
             logger.error("could not save the frontier on close (%s): unacked leases will be"
                          " requeued when they expire", exc, extra={"spider": self.spider})
@@ -205,15 +241,16 @@ class Scheduler:
 
     def has_pending_requests(self) -> bool:
         """True while this worker holds requests or Redis may have some for it."""
-        return bool(self._local or self._outgoing or self._redis_may_have_work)
+        return bool(self._local or self._outgoing or self._redis_may_have_work
+                    or self._exchanging)
 
     def enqueue_request(self, request: Request) -> bool:
-        """Queue a request in the shared frontier (buffered, sent in the next round trip).
+        """Queue a request in the shared frontier (buffered, sent with the next exchange).
 
         Returns False when it was not queued (a duplicate this worker already
         sent, or a request that cannot be stored as JSON); the engine then
         fires ``request_dropped``. Duplicates found by the filter in Redis are
-        counted in ``dupefilter/filtered`` when the buffer is sent.
+        counted in ``dupefilter/filtered`` when the exchange returns.
         """
         meta = request.meta
         if meta.pop(LOCAL_META_KEY, False):
@@ -245,18 +282,20 @@ class Scheduler:
         self.stats.inc_value("scheduler/enqueued")
         self.stats.inc_value("scheduler/enqueued/redis")
         if len(self._outgoing) >= MAX_BATCH:
-            self._send_quietly()
+            self._exchange()
         return True
 
     def next_request(self) -> Request | None:
         """The next leased request, or None when there is none right now.
 
-        What this worker owes Redis (new requests, acks, stats) goes in the
-        same round trip as the lease. None is not the end of the crawl: the
-        engine asks again, and the poller wakes it when work appears.
+        None starts an exchange that sends what this worker owes Redis and
+        leases the next request in the same round trip; the lease reaches the
+        engine through ``engine.crawl()``. (Before :meth:`open` started the
+        I/O thread the exchange runs inline and its lease is returned here.)
         """
-        if not self._local and (self._redis_may_have_work or self._outgoing or self._acks):
-            self._lease_into_local()
+        if not self._local:
+            self._starved = True
+            self._exchange(lease=self._redis_may_have_work)
         if self._local:
             lease, request = self._local.popleft()
             request.meta[LEASE_META_KEY] = (lease.partition, lease.token)
@@ -264,42 +303,131 @@ class Scheduler:
             self.stats.inc_value("scheduler/dequeued/redis")
             self._starved = False
             return request
-        self._starved = True
         return None
 
     def __len__(self) -> int:
-        """Requests queued in Redis for this spider (all workers)."""
+        """Requests queued in Redis for this spider (all workers); asks Redis."""
         return self._frontier().size()
 
-    # -- leasing ----------------------------------------------------------------------
+    # -- exchanges --------------------------------------------------------------------
 
-    def _lease_into_local(self) -> None:
-        """Send what is owed and lease, in one round trip; probe on if it was empty.
+    def send_pending(self) -> None:
+        """Send the buffered requests, acks and shared stats now, and wait for Redis.
 
-        The lease goes to a partition where this worker has leases to ack, so
-        the ack rides along; otherwise to the next in rotation. Probing one
-        partition at a time keeps a worker from holding more than it asked for.
+        Raises the Redis error when the send fails; what was buffered is kept
+        for the next try. Tools call this; the scheduler itself never waits.
         """
-        frontier = self._frontier()
-        parts = frontier.partitions
-        first = next((p for p, tokens in self._acks.items() if tokens), None)
-        if first is None:
-            first = self._rotation % parts
-            self._rotation += 1
-        try:
-            got = self._take(self._send(lease_from=first))
-            for _ in range(parts - 1):
-                if got:
-                    break
-                p = self._rotation % parts
-                self._rotation += 1
-                if p != first:
-                    got = self._take(frontier.lease(p, self.config.prefetch))
-        except REDIS_ERRORS as exc:
-            self._redis_failed(exc)
+        self._exchange_now()
+
+    def _exchange_now(self) -> None:
+        """Exchanges until nothing is owed (inline: the I/O thread is stopped or never ran)."""
+        assert not self.io.threaded, "the I/O thread is running"
+        for _ in range(3):  # an exchange can owe a little more (its duplicates count)
+            if not (self._outgoing or self._acks or self._counts):
+                return
+            failure: list[Failure] = []
+            self._exchange(lease=False, errors=failure)
+            if failure:
+                failure[0].raiseException()
+
+    def _exchange(self, *, lease: bool = True, check_idle: bool = False,
+                  errors: list[Failure] | None = None) -> None:
+        """Start one exchange unless one is under way (its reply starts the next).
+
+        While a retry is waiting out its back-off, nothing starts (it will).
+        """
+        if self._exchanging or self._retry_call is not None or self.frontier is None:
             return
-        self._outage.ok()
-        self._redis_may_have_work = got > 0
+        want = lease and not self._local and (self._starved or self._redis_may_have_work)
+        if not (self._outgoing or self._acks or self._counts or want or check_idle):
+            return
+        lease_from = None
+        if want:
+            lease_from = next((p for p, tokens in self._acks.items() if tokens), None)
+            if lease_from is None:
+                lease_from = self._rotation % self.frontier.partitions
+                self._rotation += 1
+        batch = _Batch(self._outgoing, self._acks, self._counts, lease_from, check_idle)
+        self._outgoing, self._acks, self._counts = [], defaultdict(list), defaultdict(int)
+        self._exchanging = True
+        d = self.io.run(self._exchange_in_thread, batch, self._rotation)
+        d.addCallbacks(self._exchanged, self._exchange_failed, callbackArgs=(batch,),
+                       errbackArgs=(batch, errors))
+        d.addErrback(self._bug)
+
+    def _exchange_in_thread(self, batch: _Batch, rotation: int) -> _Reply:
+        """The Redis side of an exchange (on the I/O thread: touches no scheduler state)."""
+        frontier = self._frontier()
+        reply = _Reply(Exchanged())
+        reply.done = frontier.exchange(batch.outgoing, batch.acks, batch.counts,
+                                       lease_from=batch.lease_from, want=self.config.prefetch)
+        reply.leases = reply.done.leases
+        if batch.lease_from is not None:
+            # the partition was empty: probe the others one at a time, so a worker
+            # never holds more than it asked for
+            for i in range(1, frontier.partitions):
+                if reply.leases:
+                    break
+                p = (batch.lease_from + i) % frontier.partitions
+                reply.leases = frontier.lease(p, self.config.prefetch)
+        if batch.check_idle and not reply.leases:
+            reply.frontier_size = frontier.size(with_leases=True)
+        return reply
+
+    def _exchanged(self, reply: _Reply, batch: _Batch) -> None:
+        self._exchanging = False
+        self.errors.ok()
+        frontier = self._frontier()
+        if frontier.filter_generation != self._seen_generation:
+            logger.warning("the Bloom filter %s was deleted; it was created again",
+                           frontier.keys.filter, extra={"spider": self.spider})
+            self._seen.clear()
+            self._seen_generation = frontier.filter_generation
+        if self.config.seen_cache:
+            if len(self._seen) + len(batch.outgoing) > self.config.seen_cache:
+                self._seen.clear()
+            self._seen.update(e.fingerprint for e in batch.outgoing if not e.dont_filter)
+        done = reply.done
+        if done.filtered:
+            self.stats.inc_value("dupefilter/filtered", done.filtered)
+            self.stats.inc_value("bloomfilter/filtered", done.filtered)
+            self._counts["filtered"] += done.filtered
+        if reply.frontier_size is not None:
+            self._frontier_size = reply.frontier_size
+        got = self._take(reply.leases)
+        if batch.lease_from is not None:
+            self._redis_may_have_work = got > 0
+        if done.queued:
+            self._redis_may_have_work = True
+        if got:
+            self._frontier_size = None
+            self._poll_delay = 0.05
+            self._wake_engine()
+        # what piled up meanwhile goes now (the acks of pages that finished, new links);
+        # after an empty lease, looking for work again is the poller's job
+        if not self._closing:
+            self._exchange(lease=self._starved and self._redis_may_have_work)
+
+    def _exchange_failed(self, failure: Failure, batch: _Batch,
+                         errors: list[Failure] | None) -> None:
+        self._exchanging = False
+        # nothing of the batch is lost: it goes back in front of what came since
+        self._outgoing[:0] = batch.outgoing
+        for p, tokens in batch.acks.items():
+            self._acks[p][:0] = tokens
+        for name, value in batch.counts.items():
+            self._counts[name] += value
+        if errors is not None:
+            errors.append(failure)
+            return
+        self.stats.inc_value("bloomcrawl/redis_errors")
+        delay = self.errors.failed(failure.value or RuntimeError(failure))
+        if not self._closing and self.io.threaded:
+            self._retry_call = call_later(delay, self._retry)
+
+    def _retry(self) -> None:
+        self._retry_call = None
+        self._exchange(lease=self._starved)
 
     def _take(self, leases: list[Lease]) -> int:
         """Turn leases into requests in the local buffer; returns how many."""
@@ -318,36 +446,62 @@ class Scheduler:
             got += 1
         return got
 
+    def _wake_engine(self) -> None:
+        """Hand one leased request to the engine through its public crawl()."""
+        if not self.io.threaded or not self._local or not self._starved:
+            return
+        engine = self.crawler.engine
+        if engine is None:
+            return
+        lease, request = self._local.popleft()
+        request.meta[LEASE_META_KEY] = (lease.partition, lease.token)
+        request.meta[LOCAL_META_KEY] = True
+        engine.crawl(request)
+
     def _ack_later(self, lease: Any) -> None:
         partition, token = lease
         if self._inflight.pop(token, None) is not None:
             self._acks[int(partition)].append(token)
 
+    # -- renewal and reaping (on the I/O thread) ------------------------------------------
+
     def renew(self) -> None:
         """Extend the deadlines of every lease this worker still holds."""
         if self._inflight and self.frontier is not None:
-            self._guarded(self._renew)
+            held = dict(self._inflight)
+            d = self.io.run(self.frontier.renew, held)
+            d.addCallbacks(lambda renewed: self._renewed(renewed, len(held)), self._failed)
+            d.addErrback(self._bug)
 
-    def _renew(self) -> None:
-        renewed = self._frontier().renew(self._inflight)
-        lost = len(self._inflight) - renewed
+    def _renewed(self, renewed: int, held: int) -> None:
+        self.errors.ok()
+        lost = held - renewed
         if lost > 0:
             self.stats.inc_value("bloomcrawl/leases_lost", lost)
             logger.warning("%d leases expired before renewal; their requests may be crawled"
                            " twice (raise SCHEDULER_LEASE_TIMEOUT?)", lost,
                            extra={"spider": self.spider})
 
-    def reap(self) -> int:
-        """Put expired leases (any worker's) back into the queue; returns how many."""
-        requeued = self._frontier().reap()
-        self._count_requeued(requeued)
-        return requeued
+    def reap(self) -> None:
+        """Put expired leases (any worker's) back into the queue."""
+        if self.frontier is not None:
+            d = self.io.run(self.frontier.reap)
+            d.addCallbacks(self._count_requeued, self._failed).addErrback(self._bug)
 
     def _count_requeued(self, requeued: int) -> None:
         if requeued:
             self.stats.inc_value("bloomcrawl/requeued", requeued)
             self._redis_may_have_work = True
             logger.info("requeued %d expired leases", requeued, extra={"spider": self.spider})
+
+    def _bug(self, failure: Failure) -> None:
+        """A callback of ours raised: log it, never leave it to the garbage collector."""
+        logger.error("bloomcrawl scheduler error: %s", failure.getErrorMessage(),
+                     exc_info=failure_to_exc_info(failure), extra={"spider": self.spider})
+
+    def _failed(self, failure: Failure) -> None:
+        self.stats.inc_value("bloomcrawl/redis_errors")
+        self.errors.failed(failure.value or RuntimeError(failure))
 
     # -- outcomes ---------------------------------------------------------------------
 
@@ -366,54 +520,13 @@ class Scheduler:
 
     def _flush_acks(self) -> None:
         self._ack_call = None
-        if self._acks or self._outgoing:
-            self._send_quietly()
+        self._exchange(lease=self._starved)
 
     def _on_item(self, item: Any, response: Any, spider: Spider) -> None:
         self._counts["items"] += 1
 
     def _on_spider_error(self, failure: Any, response: Any, spider: Spider) -> None:
         self._counts["errors"] += 1
-
-    # -- sending ----------------------------------------------------------------------
-
-    def send_pending(self) -> None:
-        """Send the buffered requests, acks and shared stats now, in one round trip.
-
-        Raises the Redis error if Redis is unreachable; what was buffered is
-        kept for the next try. The scheduler calls this itself (timers, idle,
-        close); it is public for callers that must know the frontier is written.
-        """
-        self._send()
-
-    def _send_quietly(self) -> None:
-        self._guarded(self._send)
-
-    def _send(self, lease_from: int | None = None) -> list[Lease]:
-        frontier = self._frontier()
-        outgoing, acks, counts = self._outgoing, self._acks, self._counts
-        if not (outgoing or acks or counts) and lease_from is None:
-            return []
-        done = frontier.exchange(outgoing, acks, counts, lease_from=lease_from,
-                                 want=self.config.prefetch)
-        # sent: from here on nothing of it is owed
-        self._outgoing, self._acks, self._counts = [], defaultdict(list), defaultdict(int)
-        if frontier.filter_generation != self._seen_generation:
-            logger.warning("the Bloom filter %s was deleted; it was created again",
-                           frontier.keys.filter, extra={"spider": self.spider})
-            self._seen.clear()
-            self._seen_generation = frontier.filter_generation
-        if self.config.seen_cache:
-            if len(self._seen) + len(outgoing) > self.config.seen_cache:
-                self._seen.clear()
-            self._seen.update(e.fingerprint for e in outgoing if not e.dont_filter)
-        if done.queued:
-            self._redis_may_have_work = True
-        if done.filtered:
-            self.stats.inc_value("dupefilter/filtered", done.filtered)
-            self.stats.inc_value("bloomfilter/filtered", done.filtered)
-            self._counts["filtered"] += done.filtered
-        return done.leases
 
     # -- start URLs, polling and idling -------------------------------------------------
 
@@ -422,105 +535,70 @@ class Scheduler:
             self._poll_call = call_later(delay, self._poll)
 
     def _poll(self) -> None:
-        """Read start URLs, retry unsent work and wake the engine when Redis has work."""
+        """Read start URLs and, when the engine is starved, look for work.
+
+        Polls every 50 ms while it finds something, backing off to
+        MAX_POLL_DELAY while it does not.
+        """
         self._poll_call = None
-        try:
-            found = self._read_start_urls()
-            self._send()
-            if not self._local and (self._starved or not self._redis_may_have_work):
-                self._lease_into_local()
-                if self._local:
-                    found = True
-                    self._wake_engine()
-            self._outage.ok()
-        except REDIS_ERRORS as exc:
-            self._redis_failed(exc)
-            found = False
-        if found:
-            self._poll_delay = 0.05
-        else:
-            self._poll_delay = min(MAX_POLL_DELAY, self._poll_delay * 2)
-        self._schedule_poll(self._poll_delay)
-
-    def _wake_engine(self) -> None:
-        """Hand one leased request to the engine through its public crawl()."""
-        engine = self.crawler.engine
-        if engine is None or self.spider is None or not self._local:
-            return
-        lease, request = self._local.popleft()
-        request.meta[LEASE_META_KEY] = (lease.partition, lease.token)
-        request.meta[LOCAL_META_KEY] = True
-        engine.crawl(request)
-
-    def _read_start_urls(self) -> bool:
         frontier = self._frontier()
-        entries = frontier.pop_start_entries(START_URLS_BATCH)
-        for raw in entries:
-            try:
-                data = parse_start_entry(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                logger.warning("bad start URL entry %r in %s: %s", raw[:200],
-                               frontier.keys.start_urls, exc, extra={"spider": self.spider})
-                self.stats.inc_value("bloomcrawl/bad_start_urls")
-                self._counts["bad_start_urls"] += 1
-                continue
-            self.enqueue_request(self._make_start_request(data))
-        return bool(entries)
+        d = self.io.run(frontier.pop_start_entries, START_URLS_BATCH)
+        d.addCallbacks(self._got_start_entries, self._failed).addErrback(self._bug)
+        self._exchange(lease=self._starved, check_idle=self._starved)
+        self._schedule_poll(self._poll_delay)
+        self._poll_delay = min(MAX_POLL_DELAY, self._poll_delay * 2)
 
-    def _make_start_request(self, data: dict[str, Any]) -> Request:
+    def _got_start_entries(self, entries: list[bytes]) -> None:
+        self.errors.ok()
+        if entries:
+            self._poll_delay = 0.05
+            for raw in entries:
+                self._start_request(raw)
+            self._exchange(lease=self._starved)
+
+    def _start_request(self, raw: bytes) -> None:
+        frontier = self._frontier()
+        try:
+            data = parse_start_entry(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            logger.warning("bad start URL entry %r in %s: %s", raw[:200],
+                           frontier.keys.start_urls, exc, extra={"spider": self.spider})
+            self.stats.inc_value("bloomcrawl/bad_start_urls")
+            self._counts["bad_start_urls"] += 1
+            return
         spider = self._spider()
         make = getattr(spider, "make_request_from_start_entry", None)
         if callable(make):
             request: Request = make(data)
-            return request
-        return Request(data["url"], meta=data.get("meta") or {},
-                       priority=data.get("priority", 0),
-                       dont_filter=data.get("dont_filter", False))
+        else:
+            request = Request(data["url"], meta=data.get("meta") or {},
+                              priority=data.get("priority", 0),
+                              dont_filter=data.get("dont_filter", False))
+        self.enqueue_request(request)
 
     def _on_idle(self, spider: Spider) -> None:
-        if self._local or self._outgoing or self._acks:
-            self._send_quietly()
+        if self._local or self._outgoing or self._acks or self._exchanging:
+            self._exchange(lease=self._starved)
             raise DontCloseSpider
         if self._counts:
-            self._send_quietly()
-        try:
-            busy = self._frontier().size(with_leases=True) > 0
-        except REDIS_ERRORS as exc:
-            self._redis_failed(exc)
-            raise DontCloseSpider from exc
-        now = time.monotonic()
-        if busy:
-            # others are crawling and may queue more: poll for it soon
+            self._exchange(lease=False)
+        self._starved = True
+        if self._frontier_size is None or self._frontier_size > 0:
+            # others are crawling and may queue more (or we do not know yet): look soon
             self._idle_since = None
-            self._starved = True
             if self._poll_delay > 0.2:
                 self._poll_delay = 0.05
                 if self._poll_call is not None:
                     self._poll_call.cancel()
                 self._schedule_poll(0)
             raise DontCloseSpider
+        now = time.monotonic()
         if self._idle_since is None:
             self._idle_since = now
         if self.config.max_idle <= 0 or now - self._idle_since < self.config.max_idle:
             raise DontCloseSpider
         logger.info("frontier empty for %.0f s: closing", now - self._idle_since,
                     extra={"spider": spider})
-
-    # -- Redis outages (logged once per outage) --------------------------------------
-
-    def _guarded(self, action: Callable[[], object]) -> bool:
-        """Run a Redis action; an outage is logged (once) and counted, never raised."""
-        try:
-            action()
-        except REDIS_ERRORS as exc:
-            self._redis_failed(exc)
-            return False
-        self._outage.ok()
-        return True
-
-    def _redis_failed(self, exc: Exception) -> None:
-        self._outage.failed(exc)
-        self.stats.inc_value("bloomcrawl/redis_errors")
 
     @property
     def bloom(self) -> BloomFilter | None:

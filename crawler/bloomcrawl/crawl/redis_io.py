@@ -1,0 +1,46 @@
+"""Blocking Redis work off the reactor: one thread, in order, results back on the reactor.
+
+A Scrapy worker must never block its reactor on Redis: while Redis is
+stalled, downloads, parsing and lease renewals would all stop for the socket
+timeout. :class:`RedisIO` runs each piece of work on one thread (so calls
+keep their order) and fires a Deferred on the reactor thread with its
+result. Before :meth:`RedisIO.start` (a scheduler opened without a running
+reactor: tools and tests) the work runs inline, with the same Deferreds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.threadpool import ThreadPool
+
+
+class RedisIO:
+    def __init__(self, name: str = "bloomcrawl-redis") -> None:
+        self.name = name
+        self._pool: ThreadPool | None = None
+
+    @property
+    def threaded(self) -> bool:
+        return self._pool is not None
+
+    def start(self) -> None:
+        if self._pool is None:
+            self._pool = ThreadPool(1, 1, self.name)
+            self._pool.start()
+
+    def stop(self) -> None:
+        """Wait for the work under way, then run inline again."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.stop()
+
+    def run(self, func: Callable[..., Any], *args: Any) -> Deferred[Any]:
+        if self._pool is None:
+            return maybeDeferred(func, *args)
+        from twisted.internet import reactor
+
+        return deferToThreadPool(reactor, self._pool, func, *args)
