@@ -15,6 +15,7 @@ from bloomcrawl.core import keys, sizing
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.errors import (
     BloomFilterError,
+    FilterFullError,
     FilterMismatchError,
     InvalidFilterParameters,
     RedisUnavailableError,
@@ -175,10 +176,48 @@ def test_reopening_with_other_parameters_names_the_difference(redis_client) -> N
     assert again.contains_many(fingerprints(100)) == [True] * 100
 
 
-def test_unreadable_metadata_is_a_mismatch(redis_client: redis.Redis) -> None:
-    redis_client.hset(keys.meta_key("odd:bloomfilter"), "params", json.dumps({"capacity": "x"}))
-    with pytest.raises(FilterMismatchError, match="unreadable metadata"):
+@pytest.mark.parametrize("stored", [{"capacity": "x"}, None, [1, 2], "text"])
+def test_unreadable_metadata_is_a_mismatch(redis_client: redis.Redis, stored: object) -> None:
+    redis_client.hset(keys.meta_key("odd:bloomfilter"), "params", json.dumps(stored))
+    redis_client.hset(keys.meta_key("odd:bloomfilter"), "ready", 1)
+    with pytest.raises(FilterMismatchError, match=r"'odd:bloomfilter' .* unreadable metadata"):
         BloomFilter(redis_client, "odd:bloomfilter", capacity=10, error_rate=0.1)
+    with pytest.raises(FilterMismatchError, match="unreadable metadata"):
+        BloomFilter.open(redis_client, "odd:bloomfilter")
+    # nothing stored was changed
+    assert json.loads(redis_client.hget(keys.meta_key("odd:bloomfilter"), "params")) == stored
+
+
+def test_a_full_filter_refuses_new_items_instead_of_calling_them_seen(
+        redis_client: redis.Redis) -> None:
+    bf = BloomFilter(redis_client, "full:bloomfilter", capacity=100, error_rate=0.01,
+                     partitions=1, growth=1)
+    items = fingerprints(5000, salt="full-")
+    new = 0
+    with pytest.raises(FilterFullError, match=r"full:bloomfilter.*raise BLOOMFILTER_CAPACITY"):
+        for start in range(0, len(items), 50):
+            new += sum(bf.add_many(items[start:start + 50]))
+    info = bf.info()
+    assert info.slices == sizing.MAX_SLICES
+    # up to the refusal, every new item was taken as new, but for false positives
+    assert new == info.items
+    assert new >= 0.98 * start  # the batches before the refused one
+    # and it goes on refusing: a new item is never answered "seen"
+    with pytest.raises(FilterFullError):
+        bf.add(fingerprints(1, salt="after-")[0])
+    assert bf.info().items == info.items
+
+
+def test_a_lost_partition_state_is_written_again(redis_client: redis.Redis) -> None:
+    """Eviction or a DEL of one partition's state, while the metadata says "ready"."""
+    bf = BloomFilter(redis_client, "lost:bloomfilter", capacity=1000, error_rate=0.01,
+                     partitions=2)
+    items = fingerprints(50, salt="lost-")
+    assert all(bf.add_many(items))
+    redis_client.delete(keys.state_key("lost:bloomfilter", 1))
+    more = fingerprints(50, salt="more-")
+    assert all(bf.add_many(more))  # partition 1 is usable again
+    assert not any(bf.add_many(items + more)[: len(items) // 2])  # the bits were kept
 
 
 @pytest.mark.parametrize(
@@ -192,6 +231,7 @@ def test_unreadable_metadata_is_a_mismatch(redis_client: redis.Redis) -> None:
         ({"error_rate": 1.5}, r"error_rate must be in \(0, 1\)"),
         ({"partitions": 0}, "partitions must be in 1..16384"),
         ({"growth": 0.5}, "growth must be >= 1"),
+        ({"growth": float("inf")}, "growth must be >= 1 and finite, got inf"),
         ({"tightening": 1.0}, r"tightening must be in \(0, 1\)"),
         ({"bit_exponent": 20}, "go together"),
         ({"bit_exponent": 50, "hashes": 6}, "bit_exponent"),

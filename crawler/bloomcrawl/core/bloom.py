@@ -193,24 +193,28 @@ class BloomFilter:
         self = cls.__new__(cls)
         self.server = server
         self.key = key
-        self.params = FilterParams.from_json(raw)
+        self.params = self._stored_params(raw)
         return self
 
     # -- creation -------------------------------------------------------
 
-    def _open(self, params: FilterParams) -> FilterParams:
-        meta = keys.meta_key(self.key)
-        with redis_errors(self.server):
-            self.server.hsetnx(meta, "params", params.to_json())
-            stored_raw = self.server.hget(meta, "params")
-        assert stored_raw is not None
+    def _stored_params(self, raw: bytes | str) -> FilterParams:
+        """The parameters stored in the meta hash; unreadable ones are an error naming the key."""
         try:
-            stored = FilterParams.from_json(stored_raw)
+            return FilterParams.from_json(raw)
         except (ValueError, TypeError) as exc:
             raise FilterMismatchError(
                 "Bloom filter %r at %s has unreadable metadata (%s); it was not written by"
                 " this version of bloomcrawl" % (self.key, describe_redis(self.server), exc)
             ) from exc
+
+    def _open(self, params: FilterParams, rewrite_partitions: bool = False) -> FilterParams:
+        meta = keys.meta_key(self.key)
+        with redis_errors(self.server):
+            self.server.hsetnx(meta, "params", params.to_json())
+            stored_raw = self.server.hget(meta, "params")
+        assert stored_raw is not None
+        stored = self._stored_params(stored_raw)
         diffs = stored.differences(params)
         if diffs:
             raise FilterMismatchError(
@@ -218,10 +222,10 @@ class BloomFilter:
                 " untouched. Use the stored parameters, another key, or clear the filter."
                 % (self.key, describe_redis(self.server), "; ".join(diffs))
             )
-        self._ensure_partitions(stored)
+        self._ensure_partitions(stored, force=rewrite_partitions)
         return stored
 
-    def _ensure_partitions(self, params: FilterParams) -> None:
+    def _ensure_partitions(self, params: FilterParams, force: bool = False) -> None:
         """Write each partition's plan; idempotent, since it follows from the parameters."""
         plan = params.plan()
         block_bytes = params.block_bits // 8
@@ -235,7 +239,7 @@ class BloomFilter:
         for i, s in enumerate(plan):
             fields["plan:%d" % i] = "%d %d %d" % (s.capacity, s.hashes, s.blocks)
         with redis_errors(self.server):
-            if self.server.hget(keys.meta_key(self.key), "ready") == b"1":
+            if not force and self.server.hget(keys.meta_key(self.key), "ready") == b"1":
                 return
             if params.backend == "redisbloom" and not has_redisbloom(self.server):
                 raise BloomFilterError(
@@ -281,8 +285,13 @@ class BloomFilter:
             return run_scripts(self.server, calls, **options)
 
     def recreate(self) -> None:
-        """Create the filter again with the same parameters (after it was deleted)."""
-        self.params = self._open(self.params)
+        """Create the filter again with the same parameters (after it or a partition was lost).
+
+        The metadata may still say "ready" when only a partition's state was
+        lost (evicted, deleted): the partitions are written again anyway;
+        that is idempotent, since the plans follow from the parameters.
+        """
+        self.params = self._open(self.params, rewrite_partitions=True)
 
     def add_many(self, fps: Sequence[bytes | str]) -> list[bool]:
         """Add fingerprints; one atomic call per partition touched, in one round trip."""

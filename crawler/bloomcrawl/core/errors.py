@@ -23,5 +23,9 @@ class FilterMismatchError(BloomFilterError):
     """The filter stored in Redis was created with other parameters."""
 
 
+class FilterFullError(BloomFilterError):
+    """The filter's last slice is full: it refuses new items instead of calling them seen."""
+
+
 class RedisUnavailableError(BloomFilterError, ConnectionError):
     """Redis could not be reached; the message names the server (never its password)."""

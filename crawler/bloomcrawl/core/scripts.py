@@ -19,11 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from bloomcrawl.core.errors import FilterFullError
+
 if TYPE_CHECKING:
     from redis.client import Pipeline
 
 #: error prefix the bitmap and RedisBloom preludes reply with when a partition is missing
 NOFILTER = "BLOOMCRAWL_NOFILTER"
+#: error prefix of a partition whose last slice is full (it refuses, never answers "seen")
+FULL = "BLOOMCRAWL_FULL"
 BACKEND_PRELUDES = {"bitmap": "bloom_common.lua", "redisbloom": "redisbloom_common.lua"}
 
 
@@ -105,8 +109,17 @@ def run_scripts(
             raise reply
     for reply in results:
         if isinstance(reply, Exception):
-            raise reply
+            raise _our_error(reply)
     return results
+
+
+def _our_error(reply: Exception) -> Exception:
+    """The error bloomcrawl defines for a reply its scripts send, else the reply itself."""
+    text = str(reply)
+    if isinstance(reply, redis.ResponseError) and text.startswith(FULL):
+        # drop Redis's " script: <sha>, on @user_script:<line>." suffix
+        return FilterFullError(text[len(FULL) + 1:].split(" script: ")[0])
+    return reply
 
 
 def _run_one(client: Any, call: ScriptCall,
@@ -116,12 +129,18 @@ def _run_one(client: Any, call: ScriptCall,
         return client.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
 
     try:
-        return send()
-    except redis.exceptions.NoScriptError:
-        client.script_load(call.script.source)
-        return send()
+        try:
+            return send()
+        except redis.exceptions.NoScriptError:
+            client.script_load(call.script.source)
+            return send()
+        except redis.ResponseError as exc:
+            if recreate_filter is None or not is_missing_filter(exc):
+                raise
+            recreate_filter()
+            return send()
     except redis.ResponseError as exc:
-        if recreate_filter is None or not is_missing_filter(exc):
+        error = _our_error(exc)
+        if error is exc:
             raise
-        recreate_filter()
-        return send()
+        raise error from exc

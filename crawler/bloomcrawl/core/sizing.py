@@ -129,8 +129,9 @@ class FilterParams:
             problems.append("error_rate must be in (0, 1), got %r" % (self.error_rate,))
         if not isinstance(self.partitions, int) or not 1 <= self.partitions <= 16384:
             problems.append("partitions must be in 1..16384, got %r" % (self.partitions,))
-        if not isinstance(self.growth, float | int) or self.growth < 1:
-            problems.append("growth must be >= 1, got %r" % (self.growth,))
+        if (not isinstance(self.growth, float | int) or not math.isfinite(self.growth)
+                or self.growth < 1):
+            problems.append("growth must be >= 1 and finite, got %r" % (self.growth,))
         if not isinstance(self.tightening, float | int) or not 0 < self.tightening < 1:
             problems.append("tightening must be in (0, 1), got %r" % (self.tightening,))
         if self.bit_exponent is not None and (
@@ -175,6 +176,8 @@ class FilterParams:
     @classmethod
     def from_json(cls, text: str | bytes) -> FilterParams:
         data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("the parameters are %r, not a JSON object" % (data,))
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 

@@ -43,12 +43,13 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 from scrapy.exceptions import DontCloseSpider
+from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.log import failure_to_exc_info
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import normalise_fingerprint
 from bloomcrawl.core.connection import REDIS_ERRORS, RedisErrorPolicy
-from bloomcrawl.core.errors import SettingError
+from bloomcrawl.core.errors import FilterFullError, SettingError
 from bloomcrawl.core.frontier import Exchanged, Frontier, Lease, Outgoing, parse_start_entry
 from bloomcrawl.crawl.config import FilterConfig, FrontierConfig, redis_from_settings
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LOCAL_META_KEY, request_finished
@@ -228,11 +229,17 @@ class Scheduler:
         frontier = self._frontier()
         try:
             self._exchange_now()
-            self._local.clear()
+        except FilterFullError:
+            self._outgoing.clear()  # said when it happened; the leases still go back
+        except REDIS_ERRORS as exc:
+            logger.error("could not send this worker's last requests and acks on close"
+                         " (%s)", exc, extra={"spider": self.spider})
+        self._local.clear()
+        try:
             self._count_requeued(frontier.release(self._inflight))
             self._inflight.clear()
         except REDIS_ERRORS as exc:
-            logger.error("could not save the frontier on close (%s): unacked leases will be"
+            logger.error("could not put this worker's leases back on close (%s): they will be"
                          " requeued when they expire", exc, extra={"spider": self.spider})
         if not self.config.persist:
             frontier.flush()
@@ -420,10 +427,28 @@ class Scheduler:
         if errors is not None:
             errors.append(failure)
             return
+        if isinstance(failure.value, FilterFullError):
+            self._filter_full(failure.value)
+            return
         self.stats.inc_value("bloomcrawl/redis_errors")
         delay = self.errors.failed(failure.value or RuntimeError(failure))
         if not self._closing and self.io.threaded:
             self._retry_call = call_later(delay, self._retry)
+
+    def _filter_full(self, exc: FilterFullError) -> None:
+        """The filter refuses new items: stop the crawl, loudly, rather than drop URLs."""
+        self.stats.inc_value("bloomcrawl/filter_full")
+        logger.error("%s; stopping the crawl (%d new requests of this worker were not"
+                     " queued)", exc, len(self._outgoing), extra={"spider": self.spider})
+        self._outgoing.clear()
+        engine = self.crawler.engine
+        if engine is None or self._closing:
+            return
+        close_async = getattr(engine, "close_spider_async", None)
+        if close_async is not None:  # Scrapy >= 2.14
+            deferred_from_coro(close_async(reason="bloomfilter_full")).addErrback(self._bug)
+        else:
+            engine.close_spider(self._spider(), "bloomfilter_full").addErrback(self._bug)
 
     def _retry(self) -> None:
         self._retry_call = None

@@ -143,6 +143,7 @@ local function hashes(blob, p)
 end
 
 -- add one item: true when it was new. Grows the filter when the newest slice is full.
+-- (decide() refuses a call when the last possible slice is full: see below.)
 local function add_item(h1, h2, h3, h4)
   if s_items[nslices] >= s_cap[nslices] and nslices < MAX_SLICES then
     nslices = nslices + 1
@@ -184,6 +185,14 @@ end
 -- Returns a table of booleans: true = new (or dont_filter), false = seen.
 local function decide(blob, flags)
   local count = #blob / 20
+  -- the last slice the plan allows is full: answering "seen" from here on would
+  -- drop every new URL silently, so refuse before anything is written
+  if nslices >= MAX_SLICES and s_items[nslices] >= s_cap[nslices] then
+    error({err = 'BLOOMCRAWL_FULL the Bloom filter partition at ' .. state_key ..
+                             ' holds ' .. s_items[nslices] .. ' items in its last slice (' ..
+                             MAX_SLICES .. ' slices): raise BLOOMFILTER_CAPACITY or' ..
+                             ' BLOOMFILTER_GROWTH for a new filter'})
+  end
   local first_slices = nslices
   local out, filtered = {}, 0
   for j = 0, count - 1 do
