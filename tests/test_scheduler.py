@@ -19,6 +19,7 @@ from bloomcrawl.core.frontier import parse_start_entry
 from bloomcrawl.crawl.lease import LEASE_META_KEY, request_finished
 from bloomcrawl.crawl.scheduler import Scheduler
 from bloomcrawl.crawl.serialization import (
+    UnreadableRequest,
     UnserializableRequest,
     request_from_json,
     request_to_json,
@@ -340,3 +341,36 @@ def test_ack_rides_with_the_next_lease(redis_server, redis_client) -> None:
     assert after - before == 1  # one script call acked the first and leased the second
     f = scheduler.frontier.keys
     assert sum(redis_client.zcard(f.deadlines(p)) for p in range(f.partitions)) == 1
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"url": "http://a.test/x", "callback": "__init__"}, "not a public spider method"),
+    ({"url": "http://a.test/x", "callback": "_private"}, "not a public spider method"),
+    ({"url": "http://a.test/x", "errback": "name"}, "not a method of spider"),
+    ({"url": "http://a.test/x", "callback": "crawler"}, "not a method of spider"),
+    ({"url": "http://a.test/x", "_class": "subprocess.Popen"}, "neither Scrapy's nor"),
+    ({"url": "http://a.test/x", "_class": "scrapy.Spider"}, "not a Request class"),
+])
+def test_a_queue_entry_names_only_public_spider_methods_and_request_classes(
+        scheduler: Scheduler, entry: dict[str, Any], message: str) -> None:
+    with pytest.raises(UnreadableRequest, match=message):
+        request_from_json(json.dumps(entry), scheduler.spider)
+
+
+def test_a_hostile_queue_entry_is_dropped_and_the_crawl_goes_on(scheduler: Scheduler,
+                                                                redis_client) -> None:
+    scheduler.enqueue_request(Request("http://a.test/good"))
+    scheduler.send_pending()
+    f = scheduler.frontier.keys
+    hostile = json.dumps({"url": "http://a.test/evil", "callback": "__init__", "method": "GET"})
+    for p in range(f.partitions):
+        redis_client.zadd(f.queue_part(p), {hostile: -100})  # leased first: higher priority
+    called = []
+    scheduler.spider.__dict__["__init__"] = lambda *a, **k: called.append(a)
+    assert [r.url for r in drain(scheduler)] == ["http://a.test/good"]
+    assert called == []
+    assert scheduler.stats.get_value("bloomcrawl/unreadable_requests") == f.partitions
+    # the hostile entries were acked, not left to be leased again
+    scheduler.send_pending()
+    assert sum(redis_client.zcard(f.queue_part(p)) + redis_client.hlen(f.leases(p))
+               for p in range(f.partitions)) == 1  # only /good, leased

@@ -20,6 +20,7 @@ from scrapy.exceptions import IgnoreRequest
 from bloomcrawl.crawl.lease import INTERNAL_META_KEYS, LEASE_META_KEY, request_finished
 
 if TYPE_CHECKING:
+    from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
@@ -49,25 +50,30 @@ def _child(output: Any) -> Any:
 class FrontierSpiderMiddleware(_Reporter):
     """Acks a response's lease once everything its callback yielded was processed."""
 
-    def process_spider_output(self, response: Response, result: Iterable[Any]) -> Iterator[Any]:
+    # ``spider=None``: Scrapy < 2.14 passes the spider, later versions do not
+
+    def process_spider_output(self, response: Response, result: Iterable[Any],
+                              spider: Spider | None = None) -> Iterator[Any]:
         for output in result:
             yield _child(output)
         self._finished(response.request, "response")
 
     async def process_spider_output_async(
-        self, response: Response, result: AsyncIterator[Any]
+        self, response: Response, result: AsyncIterator[Any], spider: Spider | None = None
     ) -> AsyncIterator[Any]:
         async for output in result:
             yield _child(output)
         self._finished(response.request, "response")
 
-    def process_spider_exception(self, response: Response, exception: Exception) -> None:
+    def process_spider_exception(self, response: Response, exception: Exception,
+                                 spider: Spider | None = None) -> None:
         self._finished(response.request, "spider_error")
 
 
 class FrontierDownloaderMiddleware(_Reporter):
     """Acks the lease of a request whose download failed for good or was ignored."""
 
-    def process_exception(self, request: Request, exception: Exception) -> None:
+    def process_exception(self, request: Request, exception: Exception,
+                          spider: Spider | None = None) -> None:
         outcome = "ignored" if isinstance(exception, IgnoreRequest) else "download_error"
         self._finished(request, outcome)

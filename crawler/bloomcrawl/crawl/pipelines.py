@@ -17,6 +17,7 @@ from bloomcrawl.core.connection import REDIS_ERRORS, TRANSIENT_REPLIES, RedisErr
 from bloomcrawl.crawl.config import get_float, redis_from_settings
 
 if TYPE_CHECKING:
+    from scrapy import Spider
     from scrapy.crawler import Crawler
 
 logger = logging.getLogger(__name__)
@@ -51,11 +52,13 @@ class RedisItemsPipeline:
                           0, None)
         return cls(redis_from_settings(settings), crawler, pattern, retry)
 
-    def open_spider(self) -> None:
+    # ``spider=None``: Scrapy < 2.14 passes the spider, later versions do not
+
+    def open_spider(self, spider: Spider | None = None) -> None:
         assert self.crawler.spider is not None
         self.key = keys.spider_key(self.key_pattern, self.crawler.spider.name)
 
-    async def process_item(self, item: Any) -> Any:
+    async def process_item(self, item: Any, spider: Spider | None = None) -> Any:
         data = self.encoder.encode(item)
         deadline = time.monotonic() + self.retry_timeout
         while True:

@@ -403,7 +403,8 @@ class Scheduler:
             self._frontier_size = reply.frontier_size
         got = self._take(reply.leases)
         if batch.lease_from is not None:
-            self._redis_may_have_work = got > 0
+            # leases came back (even unreadable ones, dropped): there may be more
+            self._redis_may_have_work = bool(reply.leases)
         if done.queued:
             self._redis_may_have_work = True
         if got:
@@ -461,9 +462,10 @@ class Scheduler:
             self._inflight[lease.token] = lease.partition
             try:
                 request = request_from_json(lease.payload, self._spider())
-            except Exception as exc:  # a corrupt entry must not stop the crawl
+            except Exception as exc:  # a corrupt or hostile entry must not stop the crawl
                 logger.error("dropping an unreadable queue entry %r: %s", lease.payload[:200],
                              exc, extra={"spider": self.spider})
+                self.stats.inc_value("bloomcrawl/unreadable_requests")
                 self._counts["errors"] += 1
                 self._ack_later((lease.partition, lease.token))
                 continue

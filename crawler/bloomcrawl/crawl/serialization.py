@@ -13,6 +13,8 @@ import math
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from scrapy import Request as ScrapyRequest
+from scrapy.utils.misc import load_object
 from scrapy.utils.request import request_from_dict
 
 from bloomcrawl.crawl.lease import INTERNAL_META_KEYS
@@ -67,8 +69,45 @@ def request_to_json(request: Request, spider: Spider) -> str:
         raise UnserializableRequest("cannot queue %s: not JSON-serializable" % (request,)) from None
 
 
+class UnreadableRequest(ValueError):
+    """A queue entry bloomcrawl will not turn into a request; the message says why."""
+
+
+def check_callback(spider: Spider, name: Any) -> None:
+    """Only a public method of the spider's class may be named as a callback or errback.
+
+    Anyone who can write to Redis can write a queue entry: naming ``__init__``
+    or any other attribute must not make a worker call it.
+    """
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+        raise UnreadableRequest("callback %r is not a public spider method name" % (name,))
+    if not callable(getattr(type(spider), name, None)):
+        raise UnreadableRequest("callback %r is not a method of spider %r" % (name, spider.name))
+
+
+def check_request_class(spider: Spider, path: Any) -> None:
+    """A request class must be Scrapy's or the spider's own: nothing else is imported."""
+    if not isinstance(path, str):
+        raise UnreadableRequest("request class %r is not a dotted path" % (path,))
+    module = path.rpartition(".")[0]
+    own = type(spider).__module__
+    if not (module == "scrapy" or module.startswith("scrapy.") or module == own):
+        raise UnreadableRequest("request class %r is neither Scrapy's nor in %s" % (path, own))
+    cls = load_object(path)
+    if not (isinstance(cls, type) and issubclass(cls, ScrapyRequest)):
+        raise UnreadableRequest("%r is not a Request class" % (path,))
+
+
 def request_from_json(data: str | bytes, spider: Spider) -> Request:
+    """The request a queue entry describes; raises :class:`UnreadableRequest` (or ValueError)."""
     d = json.loads(data)
+    if not isinstance(d, dict):
+        raise UnreadableRequest("not a JSON object")
+    for key in ("callback", "errback"):
+        if d.get(key):
+            check_callback(spider, d[key])
+    if "_class" in d:
+        check_request_class(spider, d["_class"])
     d.pop("_id", None)
     body = d.get("body") or ""
     d["body"] = base64.b64decode(body) if body else b""
