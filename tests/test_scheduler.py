@@ -305,11 +305,15 @@ def test_duplicates_this_worker_already_sent_cost_no_round_trip(scheduler: Sched
     scheduler.enqueue_request(Request("http://a.test/1"))
     scheduler.send_pending()
     calls_before = redis_client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    checked_before = scheduler.bloom.info().checked
     assert scheduler.enqueue_request(Request("http://a.test/1#again")) is False
     assert scheduler.enqueue_request(Request("http://a.test/1", dont_filter=True)) is True
     scheduler.send_pending()
     calls_after = redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
-    assert calls_after == calls_before + 1  # only the dont_filter request was sent
+    # only the dont_filter request was sent (one enqueue call), with the shared stats
+    # (one call); the duplicate never reached the filter
+    assert calls_after == calls_before + 2
+    assert scheduler.bloom.info().checked == checked_before
     assert scheduler.stats.get_value("bloomcrawl/filtered_locally") == 1
     assert sorted(r.url for r in drain(scheduler)) == ["http://a.test/1", "http://a.test/1"]
 
@@ -338,7 +342,8 @@ def test_ack_rides_with_the_next_lease(redis_server, redis_client) -> None:
     second = scheduler.next_request()
     assert second is not None and second.url != first.url
     after = redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
-    assert after - before == 1  # one script call acked the first and leased the second
+    # two script calls: one acked the first and leased the second, one added the page count
+    assert after - before == 2
     f = scheduler.frontier.keys
     assert sum(redis_client.zcard(f.deadlines(p)) for p in range(f.partitions)) == 1
 
@@ -374,3 +379,20 @@ def test_a_hostile_queue_entry_is_dropped_and_the_crawl_goes_on(scheduler: Sched
     scheduler.send_pending()
     assert sum(redis_client.zcard(f.queue_part(p)) + redis_client.hlen(f.leases(p))
                for p in range(f.partitions)) == 1  # only /good, leased
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ('{"url": "http://x.test/", "priority": %s}' % ("9" * 400), "within"),
+    ('{"url": "http://x.test/", "meta": {"_bloomcrawl_lease": [0, "t"]}}', "bloomcrawl's own"),
+])
+def test_poisoned_start_entries_are_refused(entry: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_start_entry(entry)
+
+
+def test_a_huge_priority_from_a_spider_still_queues(scheduler: Scheduler) -> None:
+    scheduler.enqueue_request(Request("http://a.test/first", priority=10**400))
+    scheduler.enqueue_request(Request("http://a.test/last", priority=-10**400))
+    scheduler.send_pending()
+    assert sorted(r.url for r in drain(scheduler)) == ["http://a.test/first",
+                                                       "http://a.test/last"]

@@ -34,19 +34,23 @@ from bloomcrawl.core.scripts import Script, ScriptCall
 from bloomcrawl.core.sizing import BACKENDS
 
 if TYPE_CHECKING:
-    from redis.client import Pipeline
-
     from bloomcrawl.core.bloom import BloomFilter
 
 QUEUE_TYPES = ("priority", "fifo", "lifo")
 REAP_BATCH = 1000
 START_ENTRY_FIELDS = frozenset({"url", "meta", "priority", "dont_filter"})
+#: priorities a start entry may carry: what a float (a queue score) holds exactly
+MAX_PRIORITY = 2**53
+#: meta keys of this prefix are bloomcrawl's own (leases): a seed may not set them
+INTERNAL_META_PREFIX = "_bloomcrawl"
 
 _ENQUEUE = {b: Script.for_backend(b, "frontier_enqueue.lua") for b in BACKENDS}
 _LEASE = Script("frontier_lease.lua")
 _ACK = Script("frontier_ack.lua")
 _RENEW = Script("frontier_renew.lua")
 _REAP = Script("frontier_reap.lua")
+_STATS = Script("frontier_stats.lua")
+_START_LEASE = Script("start_lease.lua")
 
 
 @dataclass(frozen=True)
@@ -96,11 +100,17 @@ def parse_start_entry(raw: bytes | str) -> dict[str, Any]:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("not an http(s) URL: %r" % url)
-    if not isinstance(data.get("meta", {}), dict):
+    meta = data.get("meta", {})
+    if not isinstance(meta, dict):
         raise ValueError("meta must be an object")
+    internal = sorted(k for k in meta if k.startswith(INTERNAL_META_PREFIX))
+    if internal:
+        raise ValueError("meta keys %s are bloomcrawl's own" % internal)
     priority = data.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ValueError("priority must be an integer")
+    if abs(priority) > MAX_PRIORITY:
+        raise ValueError("priority must be within +-2**53, got %d digits" % len(str(priority)))
     if not isinstance(data.get("dont_filter", False), bool):
         raise ValueError("dont_filter must be true or false")
     return data
@@ -127,7 +137,6 @@ class Frontier:
         #: bumped each time the filter had to be created again (it was deleted):
         #: a worker's memory of fingerprints it sent is stale from then on
         self.filter_generation = 0
-        self._lease_seq = 0
 
     @property
     def partitions(self) -> int:
@@ -174,12 +183,16 @@ class Frontier:
     # -- the protocol -----------------------------------------------------------
 
     def exchange(self, outgoing: Sequence[Outgoing], acks: Mapping[int, Sequence[str]],
-                 counts: Mapping[str, int], *, lease_from: int | None = None,
-                 want: int = 1) -> Exchanged:
+                 stats: Sequence[tuple[int, Mapping[str, int]]] = (), *,
+                 lease_from: int | None = None, want: int = 1) -> Exchanged:
         """One round trip: enqueue-if-new, acks, shared stats and, optionally, a lease.
 
         With ``lease_from``, that partition's acks ride in the same script call
-        as the lease of up to ``want`` requests from it.
+        as the lease of up to ``want`` requests from it. ``stats`` are
+        ``(number, counts)`` of this worker's exchanges, numbered 1, 2, 3...:
+        each number is added to the shared stats once, however often it is
+        sent (resend the counts of a failed exchange under its own number).
+        Every call may be sent again safely.
         """
         f = self.keys
         by_partition: dict[int, list[Outgoing]] = defaultdict(list)
@@ -197,19 +210,16 @@ class Frontier:
         for p, tokens in acks.items():
             if p != lease_from and tokens:
                 calls.append(ScriptCall(_ACK, [f.leases(p), f.deadlines(p)], list(tokens)))
+        for number, counts in stats:
+            args = [self.worker_id, number, self.node]
+            for name, value in counts.items():
+                args += [name, value]
+            calls.append(ScriptCall(_STATS, [f.stats, f.pages_by_node, f.stats_applied], args))
         if lease_from is not None:
             calls.append(self._lease_call(lease_from, want, acks.get(lease_from, ())))
-
-        def add_stats(pipe: Pipeline) -> None:
-            for name, value in counts.items():
-                pipe.hincrby(f.stats, name, value)
-            if counts.get("pages"):
-                pipe.hincrby(f.pages_by_node, self.node, counts["pages"])
-
-        if not calls and not counts:
+        if not calls:
             return Exchanged()
-        results = self.bloom.run_scripts(calls, also=add_stats if counts else None,
-                                         recreate_filter=self._recreate_filter)
+        results = self.bloom.run_scripts(calls, recreate_filter=self._recreate_filter)
         queued = sum(r.count(b"1") for r in results[: len(by_partition)])
         done = Exchanged(queued=queued, filtered=len(outgoing) - queued)
         if lease_from is not None:
@@ -218,31 +228,35 @@ class Frontier:
 
     def lease(self, partition: int, want: int) -> list[Lease]:
         """Lease up to ``want`` requests from one partition."""
-        return self.exchange((), {}, {}, lease_from=partition, want=want).leases
+        return self.exchange((), {}, lease_from=partition, want=want).leases
 
     def _lease_call(self, partition: int, want: int, acks: Sequence[str]) -> ScriptCall:
         f = self.keys
-        self._lease_seq += 1
-        prefix = "%s:%d:" % (self.worker_id, self._lease_seq)
         return ScriptCall(_LEASE, [f.queue_part(partition), f.leases(partition),
-                                   f.deadlines(partition)],
-                          [self.queue_type, self.lease_ms, want, prefix, *acks])
+                                   f.deadlines(partition), f.lease_counter(partition)],
+                          # tokens: "<worker>:<partition>:<number from Redis>", unique
+                          [self.queue_type, self.lease_ms, want,
+                           "%s:%d:" % (self.worker_id, partition), *acks])
 
     @staticmethod
     def _leases(partition: int, reply: list[bytes]) -> list[Lease]:
         return [Lease(partition, reply[i].decode(), reply[i + 1])
                 for i in range(0, len(reply), 2)]
 
-    def renew(self, held: Mapping[str, int]) -> int:
-        """Extend the deadlines of the leases ``held`` (token -> partition); returns how many."""
+    def renew(self, held: Mapping[str, int]) -> list[str]:
+        """Extend the deadlines of the leases ``held`` (token -> partition).
+
+        Returns the tokens that were lost: their leases had expired and were
+        reaped (their requests may be crawled twice).
+        """
         if not held:
-            return 0
+            return []
         by_partition: dict[int, list[str]] = defaultdict(list)
         for token, p in held.items():
             by_partition[p].append(token)
         calls = [ScriptCall(_RENEW, [self.keys.deadlines(p)], [self.lease_ms, *tokens])
                  for p, tokens in by_partition.items()]
-        return int(sum(self.bloom.run_scripts(calls)))
+        return [token.decode() for lost in self.bloom.run_scripts(calls) for token in lost]
 
     def reap(self, most: int = REAP_BATCH) -> int:
         """Put expired leases back into their queues; returns how many (also counted shared)."""
@@ -278,6 +292,7 @@ class Frontier:
                 pipe.zcard(f.deadlines(p))
         if with_leases:
             pipe.llen(f.start_urls)
+            pipe.zcard(f.start_deadlines)
         try:
             return int(sum(pipe.execute()))
         except redis.ResponseError as exc:
@@ -285,8 +300,17 @@ class Frontier:
                 return 1
             raise
 
-    def pop_start_entries(self, most: int) -> list[bytes]:
-        """Take up to ``most`` entries from ``<spider>:start_urls``."""
-        entries: list[bytes] | None = self.server.lpop(  # type: ignore[assignment]
-            self.keys.start_urls, most)
-        return entries or []
+    def take_start_entries(self, most: int, acks: Sequence[str] = ()) -> list[tuple[str, bytes]]:
+        """Lease up to ``most`` entries of ``<spider>:start_urls``: ``(token, entry)``.
+
+        ``acks`` are tokens of entries whose requests are queued: they are
+        done. An entry not acked within the lease goes back to the list (its
+        worker died before queueing it); its requests, if they were queued
+        after all, are then filtered as duplicates.
+        """
+        f = self.keys
+        call = ScriptCall(_START_LEASE, [f.start_urls, f.start_leases, f.start_deadlines,
+                                         f.start_counter],
+                          [self.worker_id + ":", self.lease_ms, most, *acks])
+        reply = self.bloom.run_scripts([call])[0]
+        return [(reply[i].decode(), reply[i + 1]) for i in range(0, len(reply), 2)]

@@ -86,6 +86,11 @@ def lease_deadlines_key(queue: str, filter_name: str, partition: int) -> str:
     return "%s:%s:deadlines" % (queue, partition_tag(filter_name, partition))
 
 
+def lease_counter_key(queue: str, filter_name: str, partition: int) -> str:
+    """Numbers the partition's lease tokens (minted in Redis, so a resent call is safe)."""
+    return "%s:%s:seq" % (queue, partition_tag(filter_name, partition))
+
+
 def filter_name_from_meta(key: str) -> str:
     return key[: -len(META_SUFFIX)]
 
@@ -103,10 +108,16 @@ def filter_name_from_meta(key: str) -> str:
 #   <queue>:{NAME:P}:queue      zset (priority: score = -priority) or list
 #   <queue>:{NAME:P}:leases     hash  token -> serialized request (JSON)
 #   <queue>:{NAME:P}:deadlines  zset  token -> lease deadline, ms of Redis TIME
+#   <queue>:{NAME:P}:seq        string  lease token counter
 #   <spider>:stats              hash  pages, items, filtered, requeued, errors,
 #                                     bad_start_urls, unserializable (HINCRBY)
+#   <spider>:stats:applied      hash  worker -> number of its last exchange counted
+#                                     (a resent exchange is counted once)
 #   <spider>:pages_by_node      hash  hostname of the worker -> pages it crawled
 #   <spider>:start_urls         list  URLs or JSON {"url", "meta", "priority"}
+#   {<spider>:start_urls}:leases, :deadlines, :seq
+#                               start URLs taken by a worker and not queued yet
+#                               (same slot as the list: its name is their hash tag)
 #   <spider>:items              list  items as JSON (scrapy-redis RedisPipeline)
 
 STATS_FIELDS = (
@@ -135,8 +146,13 @@ class FrontierKeys:
         self.filter = spider_key(filter_pattern, spider)
         self.queue = spider_key(queue_pattern, spider)
         self.stats = spider_key(defaults.STATS_KEY, spider)
+        self.stats_applied = self.stats + ":applied"
         self.pages_by_node = spider_key(defaults.NODE_PAGES_KEY, spider)
         self.start_urls = spider_key(defaults.START_URLS_KEY, spider)
+        tag = "{%s}" % self.start_urls
+        self.start_leases = tag + ":leases"
+        self.start_deadlines = tag + ":deadlines"
+        self.start_counter = tag + ":seq"
         self.items = spider_key(defaults.ITEMS_KEY, spider)
         self.meta = meta_key(self.filter)
         self.partitions = partitions
@@ -149,6 +165,9 @@ class FrontierKeys:
 
     def deadlines(self, partition: int) -> str:
         return lease_deadlines_key(self.queue, self.filter, partition)
+
+    def lease_counter(self, partition: int) -> str:
+        return lease_counter_key(self.queue, self.filter, partition)
 
     def state(self, partition: int) -> str:
         return state_key(self.filter, partition)

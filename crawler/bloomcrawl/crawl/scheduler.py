@@ -94,7 +94,9 @@ class _Batch:
 
     outgoing: list[Outgoing]
     acks: dict[int, list[str]]
-    counts: dict[str, int]
+    stats: list[tuple[int, dict[str, int]]]
+    #: start URL leases whose requests are in ``outgoing``: acked once it is sent
+    start_tokens: list[str]
     lease_from: int | None
     check_idle: bool
 
@@ -137,6 +139,13 @@ class Scheduler:
         self._counts: dict[str, int] = defaultdict(int)
         # leases this worker holds: token -> partition
         self._inflight: dict[str, int] = {}
+        # shared stats are sent numbered, so a resent exchange counts once; the
+        # counts of a failed exchange are resent under their own number
+        self._exchange_number = 0
+        self._unconfirmed_stats: list[tuple[int, dict[str, int]]] = []
+        # start URL leases: requests made, not sent yet / sent, to be acked
+        self._start_waiting: list[str] = []
+        self._start_acks: list[str] = []
         self._rotation = 0
         self._redis_may_have_work = True
         # the engine asked for a request and got none: the next lease must wake it
@@ -229,6 +238,9 @@ class Scheduler:
         frontier = self._frontier()
         try:
             self._exchange_now()
+            if self._start_acks:
+                frontier.take_start_entries(0, self._start_acks)
+                self._start_acks = []
         except FilterFullError:
             self._outgoing.clear()  # said when it happened; the leases still go back
         except REDIS_ERRORS as exc:
@@ -330,7 +342,7 @@ class Scheduler:
         """Exchanges until nothing is owed (inline: the I/O thread is stopped or never ran)."""
         assert not self.io.threaded, "the I/O thread is running"
         for _ in range(3):  # an exchange can owe a little more (its duplicates count)
-            if not (self._outgoing or self._acks or self._counts):
+            if not (self._outgoing or self._acks or self._counts or self._unconfirmed_stats):
                 return
             failure: list[Failure] = []
             self._exchange(lease=False, errors=failure)
@@ -346,7 +358,8 @@ class Scheduler:
         if self._exchanging or self._retry_call is not None or self.frontier is None:
             return
         want = lease and not self._local and (self._starved or self._redis_may_have_work)
-        if not (self._outgoing or self._acks or self._counts or want or check_idle):
+        if not (self._outgoing or self._acks or self._counts or self._unconfirmed_stats
+                or want or check_idle):
             return
         lease_from = None
         if want:
@@ -354,8 +367,14 @@ class Scheduler:
             if lease_from is None:
                 lease_from = self._rotation % self.frontier.partitions
                 self._rotation += 1
-        batch = _Batch(self._outgoing, self._acks, self._counts, lease_from, check_idle)
+        stats, self._unconfirmed_stats = self._unconfirmed_stats, []
+        if self._counts:
+            self._exchange_number += 1
+            stats.append((self._exchange_number, dict(self._counts)))
+        batch = _Batch(self._outgoing, self._acks, stats, self._start_waiting, lease_from,
+                       check_idle)
         self._outgoing, self._acks, self._counts = [], defaultdict(list), defaultdict(int)
+        self._start_waiting = []
         self._exchanging = True
         d = self.io.run(self._exchange_in_thread, batch, self._rotation)
         d.addCallbacks(self._exchanged, self._exchange_failed, callbackArgs=(batch,),
@@ -366,7 +385,7 @@ class Scheduler:
         """The Redis side of an exchange (on the I/O thread: touches no scheduler state)."""
         frontier = self._frontier()
         reply = _Reply(Exchanged())
-        reply.done = frontier.exchange(batch.outgoing, batch.acks, batch.counts,
+        reply.done = frontier.exchange(batch.outgoing, batch.acks, batch.stats,
                                        lease_from=batch.lease_from, want=self.config.prefetch)
         reply.leases = reply.done.leases
         if batch.lease_from is not None:
@@ -384,6 +403,7 @@ class Scheduler:
     def _exchanged(self, reply: _Reply, batch: _Batch) -> None:
         self._exchanging = False
         self.errors.ok()
+        self._start_acks += batch.start_tokens
         frontier = self._frontier()
         if frontier.filter_generation != self._seen_generation:
             logger.warning("the Bloom filter %s was deleted; it was created again",
@@ -423,8 +443,8 @@ class Scheduler:
         self._outgoing[:0] = batch.outgoing
         for p, tokens in batch.acks.items():
             self._acks[p][:0] = tokens
-        for name, value in batch.counts.items():
-            self._counts[name] += value
+        self._unconfirmed_stats[:0] = batch.stats
+        self._start_waiting[:0] = batch.start_tokens
         if errors is not None:
             errors.append(failure)
             return
@@ -495,18 +515,17 @@ class Scheduler:
     def renew(self) -> None:
         """Extend the deadlines of every lease this worker still holds."""
         if self._inflight and self.frontier is not None:
-            held = dict(self._inflight)
-            d = self.io.run(self.frontier.renew, held)
-            d.addCallbacks(lambda renewed: self._renewed(renewed, len(held)), self._failed)
-            d.addErrback(self._bug)
+            d = self.io.run(self.frontier.renew, dict(self._inflight))
+            d.addCallbacks(self._renewed, self._failed).addErrback(self._bug)
 
-    def _renewed(self, renewed: int, held: int) -> None:
+    def _renewed(self, lost: list[str]) -> None:
         self.errors.ok()
-        lost = held - renewed
-        if lost > 0:
-            self.stats.inc_value("bloomcrawl/leases_lost", lost)
+        for token in lost:  # counted once: a lost lease is no longer ours to renew or ack
+            self._inflight.pop(token, None)
+        if lost:
+            self.stats.inc_value("bloomcrawl/leases_lost", len(lost))
             logger.warning("%d leases expired before renewal; their requests may be crawled"
-                           " twice (raise SCHEDULER_LEASE_TIMEOUT?)", lost,
+                           " twice (raise SCHEDULER_LEASE_TIMEOUT?)", len(lost),
                            extra={"spider": self.spider})
 
     def reap(self) -> None:
@@ -568,40 +587,51 @@ class Scheduler:
         MAX_POLL_DELAY while it does not.
         """
         self._poll_call = None
-        frontier = self._frontier()
-        d = self.io.run(frontier.pop_start_entries, START_URLS_BATCH)
-        d.addCallbacks(self._got_start_entries, self._failed).addErrback(self._bug)
+        acks, self._start_acks = self._start_acks, []
+        d = self.io.run(self._frontier().take_start_entries, START_URLS_BATCH, acks)
+        d.addCallbacks(self._got_start_entries, self._start_entries_failed, errbackArgs=(acks,))
+        d.addErrback(self._bug)
         self._exchange(lease=self._starved, check_idle=self._starved)
         self._schedule_poll(self._poll_delay)
         self._poll_delay = min(MAX_POLL_DELAY, self._poll_delay * 2)
 
-    def _got_start_entries(self, entries: list[bytes]) -> None:
+    def _got_start_entries(self, entries: list[tuple[str, bytes]]) -> None:
         self.errors.ok()
         if entries:
             self._poll_delay = 0.05
-            for raw in entries:
-                self._start_request(raw)
+            for token, raw in entries:
+                self._start_request(token, raw)
             self._exchange(lease=self._starved)
 
-    def _start_request(self, raw: bytes) -> None:
-        frontier = self._frontier()
+    def _start_entries_failed(self, failure: Failure, acks: list[str]) -> None:
+        self._start_acks[:0] = acks
+        self._failed(failure)
+
+    def _start_request(self, token: str, raw: bytes) -> None:
+        """Queue the request a start entry makes; its lease is acked once that is sent."""
         try:
-            data = parse_start_entry(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+            request = self._make_start_request(parse_start_entry(raw))
+        except Exception as exc:  # one poisoned seed must not stop the others
             logger.warning("bad start URL entry %r in %s: %s", raw[:200],
-                           frontier.keys.start_urls, exc, extra={"spider": self.spider})
+                           self._frontier().keys.start_urls, exc, extra={"spider": self.spider})
             self.stats.inc_value("bloomcrawl/bad_start_urls")
             self._counts["bad_start_urls"] += 1
+            self._start_acks.append(token)
             return
+        self._start_waiting.append(token)
+        if not self.enqueue_request(request):
+            self._start_waiting.remove(token)
+            self._start_acks.append(token)
+
+    def _make_start_request(self, data: dict[str, Any]) -> Request:
         spider = self._spider()
         make = getattr(spider, "make_request_from_start_entry", None)
         if callable(make):
             request: Request = make(data)
-        else:
-            request = Request(data["url"], meta=data.get("meta") or {},
-                              priority=data.get("priority", 0),
-                              dont_filter=data.get("dont_filter", False))
-        self.enqueue_request(request)
+            return request
+        return Request(data["url"], meta=data.get("meta") or {},
+                       priority=data.get("priority", 0),
+                       dont_filter=data.get("dont_filter", False))
 
     def _on_idle(self, spider: Spider) -> None:
         if self._local or self._outgoing or self._acks or self._exchanging:

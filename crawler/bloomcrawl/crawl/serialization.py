@@ -117,7 +117,10 @@ def request_from_json(data: str | bytes, spider: Spider) -> Request:
 
 def priority_score(request: Request) -> float:
     """Sort key for the priority queue: highest priority pops first (ZPOPMIN)."""
-    score = -float(request.priority)
+    try:
+        score = -float(request.priority)
+    except OverflowError:  # an int beyond a float: first or last of all
+        score = -math.inf if request.priority > 0 else math.inf
     if math.isnan(score):
         return 0.0
     return score

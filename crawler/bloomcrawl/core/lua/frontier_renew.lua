@@ -1,8 +1,13 @@
 -- Extend the deadlines of leases still held (XX: never recreate a lost one).
--- KEYS[1] deadlines zset; ARGV[1] lease ms, ARGV[2..] tokens. Returns how many were renewed.
+-- KEYS[1] deadlines zset; ARGV[1] lease ms, ARGV[2..] tokens.
+-- Returns the tokens that were no longer held (their leases expired and were reaped).
 local t = redis.call('TIME')
 local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
-local args = {}
-for i = 2, #ARGV do args[#args + 1] = deadline; args[#args + 1] = ARGV[i] end
-if #args == 0 then return 0 end
-return redis.call('ZADD', KEYS[1], 'XX', 'CH', unpack(args))
+local lost = {}
+for i = 2, #ARGV do
+  if redis.call('ZADD', KEYS[1], 'XX', 'CH', deadline, ARGV[i]) == 0
+      and not redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    lost[#lost + 1] = ARGV[i]
+  end
+end
+return lost

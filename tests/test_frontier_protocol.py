@@ -1,0 +1,86 @@
+"""core.frontier.Frontier against a real redis-server: every call may be sent twice."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import pytest
+import redis
+
+from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.frontier import Frontier, Outgoing
+from bloomcrawl.core.keys import FrontierKeys
+
+
+def outgoing(*urls: str) -> list[Outgoing]:
+    return [Outgoing(hashlib.sha1(u.encode()).digest(), False, 0.0, json.dumps({"url": u}))
+            for u in urls]
+
+
+@pytest.fixture
+def frontier(redis_client: redis.Redis) -> Frontier:
+    bloom = BloomFilter(redis_client, "t:bloomfilter", capacity=1000, error_rate=0.01,
+                        partitions=1, backend="bitmap")
+    return make(redis_client, bloom, "w1", lease_timeout=0.3)
+
+
+def make(client: redis.Redis, bloom: BloomFilter, worker: str,
+         lease_timeout: float = 30.0) -> Frontier:
+    return Frontier(client, bloom, FrontierKeys("t", partitions=1), queue_type="fifo",
+                    lease_timeout=lease_timeout, worker_id=worker, node="host")
+
+
+def queued(client: redis.Redis, f: Frontier) -> int:
+    return int(client.llen(f.keys.queue_part(0)))
+
+
+def test_a_lease_call_sent_twice_loses_nothing(frontier: Frontier,
+                                               redis_client: redis.Redis) -> None:
+    frontier.exchange(outgoing("http://a.test/1", "http://a.test/2"), {})
+    first = frontier.lease(0, 1)
+    again = frontier.lease(0, 1)  # what a resend after a lost reply does
+    assert len(first) == len(again) == 1
+    assert first[0].token != again[0].token  # the resend did not overwrite the first lease
+    time.sleep(0.4)  # both leases expire: their requests go back
+    assert frontier.reap() == 2
+    assert queued(redis_client, frontier) == 2
+
+
+def test_stats_of_one_exchange_count_once_however_often_sent(frontier: Frontier,
+                                                             redis_client: redis.Redis) -> None:
+    for _ in range(3):
+        frontier.exchange((), {}, [(1, {"pages": 2, "items": 2})])
+    frontier.exchange((), {}, [(1, {"pages": 2, "items": 2}), (2, {"pages": 1})])
+    stats = {k.decode(): int(v) for k, v in redis_client.hgetall(frontier.keys.stats).items()}
+    assert stats == {"pages": 3, "items": 2}
+    assert int(redis_client.hget(frontier.keys.pages_by_node, "host")) == 3
+    # another worker numbers its own exchanges
+    other = make(redis_client, frontier.bloom, "w2")
+    other.exchange((), {}, [(1, {"pages": 5})])
+    assert int(redis_client.hget(frontier.keys.stats, "pages")) == 8
+
+
+def test_renewal_names_the_leases_that_were_lost(frontier: Frontier) -> None:
+    frontier.exchange(outgoing("http://a.test/1", "http://a.test/2"), {})
+    leases = frontier.lease(0, 2)
+    held = {lease.token: 0 for lease in leases}
+    assert frontier.renew(held) == []
+    time.sleep(0.4)
+    frontier.reap()
+    assert sorted(frontier.renew(held)) == sorted(held)
+
+
+def test_start_entries_are_leased_and_come_back_unless_acked(frontier: Frontier,
+                                                             redis_client: redis.Redis) -> None:
+    redis_client.rpush(frontier.keys.start_urls, "http://a.test/", "http://b.test/")
+    taken = frontier.take_start_entries(10)
+    assert [entry for _, entry in taken] == [b"http://a.test/", b"http://b.test/"]
+    assert redis_client.llen(frontier.keys.start_urls) == 0
+    assert frontier.size(with_leases=True) == 2  # taken, not done: the crawl is not idle
+    # the worker queued a.test's request and acked it, then died holding b.test
+    frontier.take_start_entries(0, [taken[0][0]])
+    time.sleep(0.4)
+    again = frontier.take_start_entries(10)
+    assert [entry for _, entry in again] == [b"http://b.test/"]
