@@ -74,6 +74,9 @@ def test_sigkilled_worker_loses_nothing(redis_server, redis_client, demo_site,
     # a page's count goes with its ack: the dead worker's finished pages are counted
     assert shared["pages"] >= total, shared
     assert frontier_is_empty(redis_client)
+    # every page's item stored exactly once, pages crawled twice included
+    items = [json.loads(i)["url"] for i in redis_client.lrange("site:items", 0, -1)]
+    assert len(items) == total, (len(items), total, twice)
 
 
 def test_redis_restart_mid_crawl(demo_site, tmp_path: Path) -> None:

@@ -396,3 +396,17 @@ def test_a_huge_priority_from_a_spider_still_queues(scheduler: Scheduler) -> Non
     scheduler.send_pending()
     assert sorted(r.url for r in drain(scheduler)) == ["http://a.test/first",
                                                        "http://a.test/last"]
+
+
+def test_an_evicting_redis_is_refused_unless_the_loss_is_accepted(redis_server,
+                                                                 redis_client) -> None:
+    redis_client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        with pytest.raises(SettingError,
+                           match=r"maxmemory-policy allkeys-lru.*REDIS_ALLOW_EVICTION"):
+            make_scheduler(redis_server.url)
+        assert redis_client.keys("*") == []  # refused before writing anything
+        s = make_scheduler(redis_server.url, REDIS_ALLOW_EVICTION=True)
+        assert s.frontier is not None
+    finally:
+        redis_client.config_set("maxmemory-policy", "noeviction")

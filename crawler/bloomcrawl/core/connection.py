@@ -88,6 +88,32 @@ def ping(client: redis.Redis) -> None:
         raise
 
 
+#: maxmemory policies under which Redis deletes keys it holds: the frontier's
+#: queue, leases and filter would silently lose requests
+EVICTING_POLICIES = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
+
+
+def server_info(client: Any) -> dict[str, Any]:
+    """INFO server and memory (run_id, maxmemory_policy, ...), one round trip on Redis 7."""
+    with redis_errors(client):
+        try:
+            info: dict[str, Any] = client.info("server", "memory")
+        except redis.ResponseError:  # Redis < 7: one section a call
+            info = {**client.info("server"), **client.info("memory")}
+    return info
+
+
+def check_eviction_policy(info: dict[str, Any], client: Any, allow: bool) -> None:
+    """Refuse a Redis that evicts keys, unless ``allow`` (REDIS_ALLOW_EVICTION) says so."""
+    policy = info.get("maxmemory_policy", "noeviction")
+    if policy in EVICTING_POLICIES and not allow:
+        raise SettingError(
+            "Redis at %s evicts keys when full (maxmemory-policy %s): the frontier would lose"
+            " queued requests, leases and filter bits without a word. Set maxmemory-policy"
+            " noeviction (or volatile-*), or REDIS_ALLOW_EVICTION=True to accept the loss"
+            % (describe_redis(client), policy))
+
+
 #: error replies that say "not now" (memory, a replica, a busy script, loading):
 #: the same call may succeed later, so they are retried like a lost connection
 TRANSIENT_REPLIES = frozenset({"OOM", "READONLY", "MISCONF", "BUSY", "LOADING", "MASTERDOWN",

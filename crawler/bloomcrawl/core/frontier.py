@@ -163,6 +163,11 @@ class Frontier:
             "pages_by_node": f.pages_by_node,
         })
 
+    def reverify(self) -> None:
+        """After Redis may have lost or rolled back state: filter and layout exist again."""
+        self.bloom.recreate()
+        self.record_layout()
+
     def _recreate_filter(self) -> None:
         """The filter was deleted under a running crawl: create it and the layout again."""
         self.bloom.recreate()

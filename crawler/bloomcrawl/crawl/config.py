@@ -199,6 +199,7 @@ class FrontierConfig:
     max_idle: float = defaults.MAX_IDLE_TIME_BEFORE_CLOSE
     prefetch: int = defaults.PREFETCH
     seen_cache: int = defaults.SEEN_CACHE
+    allow_eviction: bool = defaults.REDIS_ALLOW_EVICTION
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str | None) -> FrontierConfig:
@@ -221,4 +222,6 @@ class FrontierConfig:
             prefetch=get_int(settings, "SCHEDULER_PREFETCH", defaults.PREFETCH, minimum=1),
             seen_cache=get_int(settings, "SCHEDULER_SEEN_CACHE", defaults.SEEN_CACHE,
                                minimum=0),
+            allow_eviction=settings.getbool("REDIS_ALLOW_EVICTION",
+                                            defaults.REDIS_ALLOW_EVICTION),
         )

@@ -11,12 +11,14 @@ scheduler queues them, then acks the original.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from scrapy import Request
+from scrapy import Request, signals
 from scrapy.exceptions import IgnoreRequest
 
+from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.lease import INTERNAL_META_KEYS, LEASE_META_KEY, request_finished
 
 if TYPE_CHECKING:
@@ -39,30 +41,53 @@ class _Reporter:
                                                 outcome=outcome)
 
 
-def _child(output: Any) -> Any:
-    if isinstance(output, Request):
-        # a child request must not carry its parent's lease (spiders copy meta around)
-        for key in INTERNAL_META_KEYS:
-            output.meta.pop(key, None)
-    return output
-
-
 class FrontierSpiderMiddleware(_Reporter):
-    """Acks a response's lease once everything its callback yielded was processed."""
+    """Acks a response's lease once everything its callback yielded was processed.
+
+    Each item is tagged with its origin (:mod:`bloomcrawl.crawl.origins`): the
+    response's request fingerprint and the item's position in the output.
+    """
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Any:
+        crawler.signals.connect(origins.forget, signal=signals.item_dropped)
+        crawler.signals.connect(origins.forget, signal=signals.item_error)
+        return cls(crawler)
+
+    def _outputs(self, response: Response) -> Callable[[Any], Any]:
+        request = response.request
+        fingerprint = (uuid.uuid4().hex if request is None
+                       else self.crawler.request_fingerprinter.fingerprint(request).hex())
+        position = 0
+
+        def child(output: Any) -> Any:
+            nonlocal position
+            if isinstance(output, Request):
+                # a child request must not carry its parent's lease (spiders copy meta)
+                for key in INTERNAL_META_KEYS:
+                    output.meta.pop(key, None)
+            else:
+                origins.tag(output, "%s:%d" % (fingerprint, position))
+                position += 1
+            return output
+
+        return child
 
     # ``spider=None``: Scrapy < 2.14 passes the spider, later versions do not
 
     def process_spider_output(self, response: Response, result: Iterable[Any],
                               spider: Spider | None = None) -> Iterator[Any]:
+        child = self._outputs(response)
         for output in result:
-            yield _child(output)
+            yield child(output)
         self._finished(response.request, "response")
 
     async def process_spider_output_async(
         self, response: Response, result: AsyncIterator[Any], spider: Spider | None = None
     ) -> AsyncIterator[Any]:
+        child = self._outputs(response)
         async for output in result:
-            yield _child(output)
+            yield child(output)
         self._finished(response.request, "response")
 
     def process_spider_exception(self, response: Response, exception: Exception,

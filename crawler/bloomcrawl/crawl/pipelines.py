@@ -1,9 +1,17 @@
-"""ITEM_PIPELINES: items as JSON into ``%(spider)s:items``, where scrapy-redis puts them."""
+"""ITEM_PIPELINES: items as JSON into ``%(spider)s:items``, where scrapy-redis puts them.
+
+Each item is stored once: under its origin (the request fingerprint of the
+response that yielded it and its position, :mod:`bloomcrawl.crawl.origins`),
+checked and pushed in one atomic call, so a page crawled twice after a
+worker died, or a push sent twice, stores nothing twice. The ids are kept in
+the set ``{<items key>}:ids``.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -14,6 +22,8 @@ from twisted.internet.threads import deferToThread
 
 from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.connection import REDIS_ERRORS, TRANSIENT_REPLIES, RedisErrorPolicy, error_kind
+from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
+from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.config import get_float, redis_from_settings
 
 if TYPE_CHECKING:
@@ -21,6 +31,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 logger = logging.getLogger(__name__)
+
+_PUSH = Script("items_push.lua")
 
 
 class RedisItemsPipeline:
@@ -60,10 +72,14 @@ class RedisItemsPipeline:
 
     async def process_item(self, item: Any, spider: Spider | None = None) -> Any:
         data = self.encoder.encode(item)
+        # an item no tracked callback yielded still gets an id: a resent push stores it once
+        origin = origins.pop(item) or "u:" + uuid.uuid4().hex
+        call = ScriptCall(_PUSH, [self.key, "{%s}:ids" % self.key], [origin, data])
         deadline = time.monotonic() + self.retry_timeout
         while True:
             try:
-                await maybe_deferred_to_future(deferToThread(self.server.rpush, self.key, data))
+                stored = await maybe_deferred_to_future(
+                    deferToThread(run_scripts, self.server, [call]))
             except REDIS_ERRORS as exc:
                 kind = error_kind(exc)
                 if (kind != "unreachable" and kind not in TRANSIENT_REPLIES) or (
@@ -74,4 +90,6 @@ class RedisItemsPipeline:
                 await maybe_deferred_to_future(deferLater(reactor, self.errors.failed(exc)))
                 continue
             self.errors.ok()
+            if stored == [0]:
+                self.crawler.stats.inc_value("bloomcrawl/items_stored_before")
             return item

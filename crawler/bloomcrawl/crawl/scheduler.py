@@ -48,7 +48,15 @@ from scrapy.utils.log import failure_to_exc_info
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import normalise_fingerprint
-from bloomcrawl.core.connection import REDIS_ERRORS, RedisErrorPolicy
+from bloomcrawl.core.connection import (
+    EVICTING_POLICIES,
+    REDIS_ERRORS,
+    RedisErrorPolicy,
+    check_eviction_policy,
+    describe_redis,
+    server_info,
+)
+from bloomcrawl.core.defaults import SERVER_CHECK_INTERVAL
 from bloomcrawl.core.errors import FilterFullError, SettingError
 from bloomcrawl.core.frontier import Exchanged, Frontier, Lease, Outgoing, parse_start_entry
 from bloomcrawl.crawl.config import FilterConfig, FrontierConfig, redis_from_settings
@@ -160,6 +168,11 @@ class Scheduler:
         self._idle_since: float | None = None
         self._loops: list[Any] = []
         self._closing = False
+        # Redis's run_id as last seen: another one means a restart or a failover, and
+        # state may have been rolled back under this worker's seen cache
+        self._server_id: str | None = None
+        self._server_checked = 0.0
+        self._policy_warned: str | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
@@ -185,6 +198,9 @@ class Scheduler:
         """
         self.spider = spider
         self.errors.extra = {"spider": spider}
+        info = server_info(self.server)
+        check_eviction_policy(info, self.server, self.config.allow_eviction)
+        self._server_id = info.get("run_id")
         bloom = self.filter_config.open(self.server, spider.name)
         try:
             frontier_keys = keys.FrontierKeys(
@@ -591,6 +607,11 @@ class Scheduler:
         d = self.io.run(self._frontier().take_start_entries, START_URLS_BATCH, acks)
         d.addCallbacks(self._got_start_entries, self._start_entries_failed, errbackArgs=(acks,))
         d.addErrback(self._bug)
+        now = time.monotonic()
+        if now - self._server_checked >= SERVER_CHECK_INTERVAL:
+            self._server_checked = now
+            d = self.io.run(server_info, self.server)
+            d.addCallbacks(self._check_server, self._failed).addErrback(self._bug)
         self._exchange(lease=self._starved, check_idle=self._starved)
         self._schedule_poll(self._poll_delay)
         self._poll_delay = min(MAX_POLL_DELAY, self._poll_delay * 2)
@@ -602,6 +623,34 @@ class Scheduler:
             for token, raw in entries:
                 self._start_request(token, raw)
             self._exchange(lease=self._starved)
+
+    def _check_server(self, info: dict[str, Any]) -> None:
+        """A new run_id: Redis restarted or failed over, and may have rolled state back.
+
+        The seen cache then remembers fingerprints Redis may have lost: a page
+        crawled again (its ack rolled back too) would have its links dropped
+        here. Forget them and have the filter and layout checked again; leases
+        rolled back expire and are requeued as usual.
+        """
+        server_id = info.get("run_id")
+        if self._server_id is not None and server_id != self._server_id:
+            logger.warning("Redis at %s is another server now (run_id %s, was %s): restarted"
+                           " or failed over; forgetting the %d fingerprints this worker"
+                           " remembered and checking the filter again",
+                           describe_redis(self.server), server_id, self._server_id,
+                           len(self._seen), extra={"spider": self.spider})
+            self.stats.inc_value("bloomcrawl/redis_restarts")
+            self._seen.clear()
+            self._redis_may_have_work = True
+            self.io.run(self._frontier().reverify).addErrback(self._failed)
+        self._server_id = server_id
+        policy = info.get("maxmemory_policy")
+        if (policy in EVICTING_POLICIES and not self.config.allow_eviction
+                and policy != self._policy_warned):
+            self._policy_warned = policy
+            logger.error("Redis at %s now evicts keys when full (maxmemory-policy %s): the"
+                         " frontier may lose requests; set it back to noeviction",
+                         describe_redis(self.server), policy, extra={"spider": self.spider})
 
     def _start_entries_failed(self, failure: Failure, acks: list[str]) -> None:
         self._start_acks[:0] = acks
