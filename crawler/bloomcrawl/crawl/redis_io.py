@@ -10,12 +10,27 @@ reactor: tools and tests) the work runs inline, with the same Deferreds.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
+from scrapy.utils.log import failure_to_exc_info
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.threads import deferToThreadPool
+from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
+
+try:
+    from scrapy.utils.asyncio import call_later, create_looping_call
+except ImportError:  # Scrapy < 2.14
+    from twisted.internet.task import LoopingCall as create_looping_call  # type: ignore[assignment]
+
+    def call_later(delay: float, func: Any, *args: Any) -> Any:  # type: ignore[misc]
+        from twisted.internet import reactor  # the one Scrapy installed
+
+        return reactor.callLater(delay, func, *args)  # type: ignore[arg-type]
+
+__all__ = ["RedisIO", "call_later", "create_looping_call", "log_unexpected"]
 
 
 class RedisIO:
@@ -44,3 +59,10 @@ class RedisIO:
         from twisted.internet import reactor
 
         return deferToThreadPool(reactor, self._pool, func, *args)
+
+
+def log_unexpected(failure: Failure, logger: logging.Logger,
+                   extra: dict[str, Any] | None = None) -> None:
+    """Errback ending every chain: a bug in a callback is logged, never left to the GC."""
+    logger.error("bloomcrawl error: %s", failure.getErrorMessage(),
+                 exc_info=failure_to_exc_info(failure), extra=extra)

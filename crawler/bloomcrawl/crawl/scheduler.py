@@ -37,14 +37,12 @@ import os
 import socket
 import time
 import uuid
-from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 from scrapy.exceptions import DontCloseSpider
 from scrapy.utils.defer import deferred_from_coro
-from scrapy.utils.log import failure_to_exc_info
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import normalise_fingerprint
@@ -58,26 +56,18 @@ from bloomcrawl.core.connection import (
 )
 from bloomcrawl.core.defaults import SERVER_CHECK_INTERVAL
 from bloomcrawl.core.errors import FilterFullError, SettingError
-from bloomcrawl.core.frontier import Exchanged, Frontier, Lease, Outgoing, parse_start_entry
+from bloomcrawl.core.frontier import Frontier, Lease, Outgoing
 from bloomcrawl.crawl.config import FilterConfig, FrontierConfig, redis_from_settings
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LOCAL_META_KEY, request_finished
-from bloomcrawl.crawl.redis_io import RedisIO
+from bloomcrawl.crawl.outbox import Batch, Outbox, Reply
+from bloomcrawl.crawl.redis_io import RedisIO, call_later, create_looping_call, log_unexpected
+from bloomcrawl.crawl.seeds import StartUrls
 from bloomcrawl.crawl.serialization import (
     UnserializableRequest,
     priority_score,
     request_from_json,
     request_to_json,
 )
-
-try:
-    from scrapy.utils.asyncio import call_later, create_looping_call
-except ImportError:  # Scrapy < 2.14
-    from twisted.internet import reactor as _reactor
-    from twisted.internet.task import LoopingCall as create_looping_call  # type: ignore[assignment]
-
-    def call_later(delay: float, func: Any, *args: Any) -> Any:  # type: ignore[misc]
-        return _reactor.callLater(delay, func, *args)  # type: ignore[arg-type]
-
 
 if TYPE_CHECKING:
     import redis
@@ -93,29 +83,6 @@ logger = logging.getLogger(__name__)
 MAX_BATCH = 500
 MAX_POLL_DELAY = 1.0
 ACK_DELAY = 0.05
-START_URLS_BATCH = 100
-
-
-@dataclass
-class _Batch:
-    """What one exchange carries; given back to the buffers if it fails."""
-
-    outgoing: list[Outgoing]
-    acks: dict[int, list[str]]
-    stats: list[tuple[int, dict[str, int]]]
-    #: start URL leases whose requests are in ``outgoing``: acked once it is sent
-    start_tokens: list[str]
-    lease_from: int | None
-    check_idle: bool
-
-
-@dataclass
-class _Reply:
-    """What the I/O thread brings back from one exchange."""
-
-    done: Exchanged
-    leases: list[Lease] = field(default_factory=list)
-    frontier_size: int | None = None
 
 
 class Scheduler:
@@ -141,25 +108,19 @@ class Scheduler:
         self._seen_generation = 0
         # requests leased and not handed to the engine yet
         self._local: deque[tuple[Lease, Request]] = deque()
-        # what this worker owes Redis: new requests, acks (partition -> tokens), stats
-        self._outgoing: list[Outgoing] = []
-        self._acks: dict[int, list[str]] = defaultdict(list)
-        self._counts: dict[str, int] = defaultdict(int)
+        # what this worker owes Redis, and the one exchange at a time that sends it
+        self.outbox = Outbox(self.io, self.errors, self.stats, prefetch=config.prefetch,
+                             on_reply=self._exchanged,
+                             on_retry=lambda: self._exchange(lease=self._starved),
+                             on_full=self._filter_full)
+        self.start_urls = StartUrls(self.io, self.outbox, self.stats, self.enqueue_request,
+                                    on_found=self._found_start_urls, on_error=self._failed)
         # leases this worker holds: token -> partition
         self._inflight: dict[str, int] = {}
-        # shared stats are sent numbered, so a resent exchange counts once; the
-        # counts of a failed exchange are resent under their own number
-        self._exchange_number = 0
-        self._unconfirmed_stats: list[tuple[int, dict[str, int]]] = []
-        # start URL leases: requests made, not sent yet / sent, to be acked
-        self._start_waiting: list[str] = []
-        self._start_acks: list[str] = []
         self._rotation = 0
         self._redis_may_have_work = True
         # the engine asked for a request and got none: the next lease must wake it
         self._starved = False
-        self._exchanging = False
-        self._retry_call: Any = None
         self._ack_call: Any = None
         self._poll_call: Any = None
         self._poll_delay = 0.05
@@ -197,7 +158,7 @@ class Scheduler:
         :meth:`open` starts the I/O thread, Redis work runs inline.
         """
         self.spider = spider
-        self.errors.extra = {"spider": spider}
+        self.errors.extra = self.outbox.log_extra = {"spider": spider}
         info = server_info(self.server)
         check_eviction_policy(info, self.server, self.config.allow_eviction)
         self._server_id = info.get("run_id")
@@ -213,6 +174,8 @@ class Scheduler:
                                  queue_type=self.config.queue_type,
                                  lease_timeout=self.config.lease_timeout,
                                  worker_id=self.worker_id, node=self.node)
+        self.outbox.frontier = self.start_urls.frontier = self.frontier
+        self.start_urls.spider = spider
         self.frontier.record_layout()
         if self.config.flush_on_start:
             self.frontier.flush()
@@ -246,19 +209,21 @@ class Scheduler:
         for loop in self._loops:
             if loop.running:
                 loop.stop()
-        for call in (self._poll_call, self._ack_call, self._retry_call):
+        for call in (self._poll_call, self._ack_call):
             if call is not None:
                 call.cancel()
-        self._poll_call = self._ack_call = self._retry_call = None
+        self._poll_call = self._ack_call = None
+        self.outbox.cancel()
         self.io.stop()  # from here on, Redis work runs inline
         frontier = self._frontier()
+        outbox = self.outbox
         try:
-            self._exchange_now()
-            if self._start_acks:
-                frontier.take_start_entries(0, self._start_acks)
-                self._start_acks = []
+            outbox.send_now()
+            if outbox.start_acks:
+                frontier.take_start_entries(0, outbox.start_acks)
+                outbox.start_acks = []
         except FilterFullError:
-            self._outgoing.clear()  # said when it happened; the leases still go back
+            outbox.outgoing.clear()  # said when it happened; the leases still go back
         except REDIS_ERRORS as exc:
             logger.error("could not send this worker's last requests and acks on close"
                          " (%s)", exc, extra={"spider": self.spider})
@@ -276,8 +241,8 @@ class Scheduler:
 
     def has_pending_requests(self) -> bool:
         """True while this worker holds requests or Redis may have some for it."""
-        return bool(self._local or self._outgoing or self._redis_may_have_work
-                    or self._exchanging)
+        return bool(self._local or self.outbox.outgoing or self._redis_may_have_work
+                    or self.outbox.exchanging)
 
     def enqueue_request(self, request: Request) -> bool:
         """Queue a request in the shared frontier (buffered, sent with the next exchange).
@@ -295,7 +260,7 @@ class Scheduler:
         lease = meta.pop(LEASE_META_KEY, None)
         fp = normalise_fingerprint(self.fingerprinter.fingerprint(request))
         if not request.dont_filter and fp in self._seen:
-            self._counts["filtered"] += 1
+            self.outbox.counts["filtered"] += 1
             self.stats.inc_value("dupefilter/filtered")
             self.stats.inc_value("bloomcrawl/filtered_locally")
             if lease is not None:
@@ -306,17 +271,18 @@ class Scheduler:
         except UnserializableRequest as exc:
             logger.error("%s", exc, extra={"spider": self.spider})
             self.stats.inc_value("bloomcrawl/unserializable")
-            self._counts["unserializable"] += 1
+            self.outbox.counts["unserializable"] += 1
             if lease is not None:
                 self._ack_later(lease)
             return False
-        self._outgoing.append(Outgoing(fp, request.dont_filter, priority_score(request), payload))
+        self.outbox.outgoing.append(
+            Outgoing(fp, request.dont_filter, priority_score(request), payload))
         if lease is not None:
             # a retry or redirect of a leased request: ack the original once this is queued
             self._ack_later(lease)
         self.stats.inc_value("scheduler/enqueued")
         self.stats.inc_value("scheduler/enqueued/redis")
-        if len(self._outgoing) >= MAX_BATCH:
+        if len(self.outbox.outgoing) >= MAX_BATCH:
             self._exchange()
         return True
 
@@ -352,74 +318,25 @@ class Scheduler:
         Raises the Redis error when the send fails; what was buffered is kept
         for the next try. Tools call this; the scheduler itself never waits.
         """
-        self._exchange_now()
+        self.outbox.send_now()
 
-    def _exchange_now(self) -> None:
-        """Exchanges until nothing is owed (inline: the I/O thread is stopped or never ran)."""
-        assert not self.io.threaded, "the I/O thread is running"
-        for _ in range(3):  # an exchange can owe a little more (its duplicates count)
-            if not (self._outgoing or self._acks or self._counts or self._unconfirmed_stats):
-                return
-            failure: list[Failure] = []
-            self._exchange(lease=False, errors=failure)
-            if failure:
-                failure[0].raiseException()
+    def _exchange(self, *, lease: bool = True, check_idle: bool = False) -> None:
+        """Start an exchange of all that is owed, leasing when this worker wants work.
 
-    def _exchange(self, *, lease: bool = True, check_idle: bool = False,
-                  errors: list[Failure] | None = None) -> None:
-        """Start one exchange unless one is under way (its reply starts the next).
-
-        While a retry is waiting out its back-off, nothing starts (it will).
+        Nothing starts while one is under way (its reply starts the next) or
+        while a retry waits out its back-off (it will).
         """
-        if self._exchanging or self._retry_call is not None or self.frontier is None:
-            return
-        want = lease and not self._local and (self._starved or self._redis_may_have_work)
-        if not (self._outgoing or self._acks or self._counts or self._unconfirmed_stats
-                or want or check_idle):
+        if self.outbox.busy() or self.frontier is None:
             return
         lease_from = None
-        if want:
-            lease_from = next((p for p, tokens in self._acks.items() if tokens), None)
+        if lease and not self._local and (self._starved or self._redis_may_have_work):
+            lease_from = self.outbox.ack_partition()  # the acks ride with the lease
             if lease_from is None:
                 lease_from = self._rotation % self.frontier.partitions
                 self._rotation += 1
-        stats, self._unconfirmed_stats = self._unconfirmed_stats, []
-        if self._counts:
-            self._exchange_number += 1
-            stats.append((self._exchange_number, dict(self._counts)))
-        batch = _Batch(self._outgoing, self._acks, stats, self._start_waiting, lease_from,
-                       check_idle)
-        self._outgoing, self._acks, self._counts = [], defaultdict(list), defaultdict(int)
-        self._start_waiting = []
-        self._exchanging = True
-        d = self.io.run(self._exchange_in_thread, batch, self._rotation)
-        d.addCallbacks(self._exchanged, self._exchange_failed, callbackArgs=(batch,),
-                       errbackArgs=(batch, errors))
-        d.addErrback(self._bug)
+        self.outbox.send(lease_from, check_idle=check_idle)
 
-    def _exchange_in_thread(self, batch: _Batch, rotation: int) -> _Reply:
-        """The Redis side of an exchange (on the I/O thread: touches no scheduler state)."""
-        frontier = self._frontier()
-        reply = _Reply(Exchanged())
-        reply.done = frontier.exchange(batch.outgoing, batch.acks, batch.stats,
-                                       lease_from=batch.lease_from, want=self.config.prefetch)
-        reply.leases = reply.done.leases
-        if batch.lease_from is not None:
-            # the partition was empty: probe the others one at a time, so a worker
-            # never holds more than it asked for
-            for i in range(1, frontier.partitions):
-                if reply.leases:
-                    break
-                p = (batch.lease_from + i) % frontier.partitions
-                reply.leases = frontier.lease(p, self.config.prefetch)
-        if batch.check_idle and not reply.leases:
-            reply.frontier_size = frontier.size(with_leases=True)
-        return reply
-
-    def _exchanged(self, reply: _Reply, batch: _Batch) -> None:
-        self._exchanging = False
-        self.errors.ok()
-        self._start_acks += batch.start_tokens
+    def _exchanged(self, reply: Reply, batch: Batch) -> None:
         frontier = self._frontier()
         if frontier.filter_generation != self._seen_generation:
             logger.warning("the Bloom filter %s was deleted; it was created again",
@@ -434,7 +351,7 @@ class Scheduler:
         if done.filtered:
             self.stats.inc_value("dupefilter/filtered", done.filtered)
             self.stats.inc_value("bloomfilter/filtered", done.filtered)
-            self._counts["filtered"] += done.filtered
+            self.outbox.counts["filtered"] += done.filtered
         if reply.frontier_size is not None:
             self._frontier_size = reply.frontier_size
         got = self._take(reply.leases)
@@ -452,44 +369,21 @@ class Scheduler:
         if not self._closing:
             self._exchange(lease=self._starved and self._redis_may_have_work)
 
-    def _exchange_failed(self, failure: Failure, batch: _Batch,
-                         errors: list[Failure] | None) -> None:
-        self._exchanging = False
-        # nothing of the batch is lost: it goes back in front of what came since
-        self._outgoing[:0] = batch.outgoing
-        for p, tokens in batch.acks.items():
-            self._acks[p][:0] = tokens
-        self._unconfirmed_stats[:0] = batch.stats
-        self._start_waiting[:0] = batch.start_tokens
-        if errors is not None:
-            errors.append(failure)
-            return
-        if isinstance(failure.value, FilterFullError):
-            self._filter_full(failure.value)
-            return
-        self.stats.inc_value("bloomcrawl/redis_errors")
-        delay = self.errors.failed(failure.value or RuntimeError(failure))
-        if not self._closing and self.io.threaded:
-            self._retry_call = call_later(delay, self._retry)
-
     def _filter_full(self, exc: FilterFullError) -> None:
         """The filter refuses new items: stop the crawl, loudly, rather than drop URLs."""
         self.stats.inc_value("bloomcrawl/filter_full")
         logger.error("%s; stopping the crawl (%d new requests of this worker were not"
-                     " queued)", exc, len(self._outgoing), extra={"spider": self.spider})
-        self._outgoing.clear()
+                     " queued)", exc, len(self.outbox.outgoing), extra={"spider": self.spider})
+        self.outbox.outgoing.clear()
         engine = self.crawler.engine
         if engine is None or self._closing:
             return
         close_async = getattr(engine, "close_spider_async", None)
         if close_async is not None:  # Scrapy >= 2.14
-            deferred_from_coro(close_async(reason="bloomfilter_full")).addErrback(self._bug)
+            d = deferred_from_coro(close_async(reason="bloomfilter_full"))
         else:
-            engine.close_spider(self._spider(), "bloomfilter_full").addErrback(self._bug)
-
-    def _retry(self) -> None:
-        self._retry_call = None
-        self._exchange(lease=self._starved)
+            d = engine.close_spider(self._spider(), "bloomfilter_full")
+        d.addErrback(self._bug)
 
     def _take(self, leases: list[Lease]) -> int:
         """Turn leases into requests in the local buffer; returns how many."""
@@ -502,7 +396,7 @@ class Scheduler:
                 logger.error("dropping an unreadable queue entry %r: %s", lease.payload[:200],
                              exc, extra={"spider": self.spider})
                 self.stats.inc_value("bloomcrawl/unreadable_requests")
-                self._counts["errors"] += 1
+                self.outbox.counts["errors"] += 1
                 self._ack_later((lease.partition, lease.token))
                 continue
             self._local.append((lease, request))
@@ -524,7 +418,7 @@ class Scheduler:
     def _ack_later(self, lease: Any) -> None:
         partition, token = lease
         if self._inflight.pop(token, None) is not None:
-            self._acks[int(partition)].append(token)
+            self.outbox.acks[int(partition)].append(token)
 
     # -- renewal and reaping (on the I/O thread) ------------------------------------------
 
@@ -557,9 +451,7 @@ class Scheduler:
             logger.info("requeued %d expired leases", requeued, extra={"spider": self.spider})
 
     def _bug(self, failure: Failure) -> None:
-        """A callback of ours raised: log it, never leave it to the garbage collector."""
-        logger.error("bloomcrawl scheduler error: %s", failure.getErrorMessage(),
-                     exc_info=failure_to_exc_info(failure), extra={"spider": self.spider})
+        log_unexpected(failure, logger, {"spider": self.spider})
 
     def _failed(self, failure: Failure) -> None:
         self.stats.inc_value("bloomcrawl/redis_errors")
@@ -570,9 +462,9 @@ class Scheduler:
     def _on_finished(self, request: Request, outcome: str) -> None:
         lease = request.meta.pop(LEASE_META_KEY, None)
         if outcome == "response":
-            self._counts["pages"] += 1
+            self.outbox.counts["pages"] += 1
         elif outcome in ("spider_error", "download_error"):
-            self._counts["errors"] += 1
+            self.outbox.counts["errors"] += 1
         if lease is not None:
             # sent with the next lease (next_request), or within ACK_DELAY anyway:
             # a worker killed now must not leave finished pages to be crawled again
@@ -585,10 +477,10 @@ class Scheduler:
         self._exchange(lease=self._starved)
 
     def _on_item(self, item: Any, response: Any, spider: Spider) -> None:
-        self._counts["items"] += 1
+        self.outbox.counts["items"] += 1
 
     def _on_spider_error(self, failure: Any, response: Any, spider: Spider) -> None:
-        self._counts["errors"] += 1
+        self.outbox.counts["errors"] += 1
 
     # -- start URLs, polling and idling -------------------------------------------------
 
@@ -603,10 +495,7 @@ class Scheduler:
         MAX_POLL_DELAY while it does not.
         """
         self._poll_call = None
-        acks, self._start_acks = self._start_acks, []
-        d = self.io.run(self._frontier().take_start_entries, START_URLS_BATCH, acks)
-        d.addCallbacks(self._got_start_entries, self._start_entries_failed, errbackArgs=(acks,))
-        d.addErrback(self._bug)
+        self.start_urls.read()
         now = time.monotonic()
         if now - self._server_checked >= SERVER_CHECK_INTERVAL:
             self._server_checked = now
@@ -616,13 +505,10 @@ class Scheduler:
         self._schedule_poll(self._poll_delay)
         self._poll_delay = min(MAX_POLL_DELAY, self._poll_delay * 2)
 
-    def _got_start_entries(self, entries: list[tuple[str, bytes]]) -> None:
+    def _found_start_urls(self) -> None:
         self.errors.ok()
-        if entries:
-            self._poll_delay = 0.05
-            for token, raw in entries:
-                self._start_request(token, raw)
-            self._exchange(lease=self._starved)
+        self._poll_delay = 0.05
+        self._exchange(lease=self._starved)
 
     def _check_server(self, info: dict[str, Any]) -> None:
         """A new run_id: Redis restarted or failed over, and may have rolled state back.
@@ -652,42 +538,10 @@ class Scheduler:
                          " frontier may lose requests; set it back to noeviction",
                          describe_redis(self.server), policy, extra={"spider": self.spider})
 
-    def _start_entries_failed(self, failure: Failure, acks: list[str]) -> None:
-        self._start_acks[:0] = acks
-        self._failed(failure)
-
-    def _start_request(self, token: str, raw: bytes) -> None:
-        """Queue the request a start entry makes; its lease is acked once that is sent."""
-        try:
-            request = self._make_start_request(parse_start_entry(raw))
-        except Exception as exc:  # one poisoned seed must not stop the others
-            logger.warning("bad start URL entry %r in %s: %s", raw[:200],
-                           self._frontier().keys.start_urls, exc, extra={"spider": self.spider})
-            self.stats.inc_value("bloomcrawl/bad_start_urls")
-            self._counts["bad_start_urls"] += 1
-            self._start_acks.append(token)
-            return
-        self._start_waiting.append(token)
-        if not self.enqueue_request(request):
-            self._start_waiting.remove(token)
-            self._start_acks.append(token)
-
-    def _make_start_request(self, data: dict[str, Any]) -> Request:
-        spider = self._spider()
-        make = getattr(spider, "make_request_from_start_entry", None)
-        if callable(make):
-            request: Request = make(data)
-            return request
-        return Request(data["url"], meta=data.get("meta") or {},
-                       priority=data.get("priority", 0),
-                       dont_filter=data.get("dont_filter", False))
-
     def _on_idle(self, spider: Spider) -> None:
-        if self._local or self._outgoing or self._acks or self._exchanging:
+        if self._local or self.outbox.owes() or self.outbox.exchanging:
             self._exchange(lease=self._starved)
             raise DontCloseSpider
-        if self._counts:
-            self._exchange(lease=False)
         self._starved = True
         if self._frontier_size is None or self._frontier_size > 0:
             # others are crawling and may queue more (or we do not know yet): look soon

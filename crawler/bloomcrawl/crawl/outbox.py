@@ -1,0 +1,188 @@
+"""What a worker owes Redis, and the one exchange at a time that sends it.
+
+The scheduler buffers here what it must tell Redis: new requests, acks of
+finished leases, shared stats, start-URL leases to ack. :meth:`Outbox.send`
+takes the whole buffer as one :class:`Batch` and runs one
+:meth:`~bloomcrawl.core.frontier.Frontier.exchange` on the I/O thread
+(optionally leasing the next request in the same round trip); the reply
+comes back on the reactor. A batch that fails goes back in front of the
+buffer, nothing of it lost, and the next try waits out the error policy's
+back-off. Shared stats travel numbered, so a resent exchange counts once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from bloomcrawl.core.errors import FilterFullError
+from bloomcrawl.core.frontier import Exchanged, Frontier, Lease, Outgoing
+from bloomcrawl.crawl.redis_io import call_later, log_unexpected
+
+if TYPE_CHECKING:
+    from scrapy.statscollectors import StatsCollector
+    from twisted.python.failure import Failure
+
+    from bloomcrawl.core.connection import RedisErrorPolicy
+    from bloomcrawl.crawl.redis_io import RedisIO
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Batch:
+    """What one exchange carries; given back to the buffer if it fails."""
+
+    outgoing: list[Outgoing]
+    acks: dict[int, list[str]]
+    stats: list[tuple[int, dict[str, int]]]
+    #: start URL leases whose requests are in ``outgoing``: acked once it is sent
+    start_tokens: list[str]
+    lease_from: int | None
+    check_idle: bool
+
+
+@dataclass
+class Reply:
+    """What the I/O thread brings back from one exchange."""
+
+    done: Exchanged
+    leases: list[Lease] = field(default_factory=list)
+    #: requests, leases and start URLs anywhere (asked when ``check_idle`` found no lease)
+    frontier_size: int | None = None
+
+
+class Outbox:
+    def __init__(self, io: RedisIO, errors: RedisErrorPolicy, stats: StatsCollector, *,
+                 prefetch: int, on_reply: Callable[[Reply, Batch], None],
+                 on_retry: Callable[[], None], on_full: Callable[[FilterFullError], None],
+                 log_extra: dict[str, Any] | None = None) -> None:
+        self.io = io
+        self.errors = errors
+        self.stats = stats
+        self.prefetch = prefetch
+        self.on_reply = on_reply
+        self.on_retry = on_retry
+        self.on_full = on_full
+        self.log_extra = log_extra
+        self.frontier: Frontier | None = None
+        self.outgoing: list[Outgoing] = []
+        self.acks: dict[int, list[str]] = defaultdict(list)
+        self.counts: dict[str, int] = defaultdict(int)
+        # counts of failed exchanges, resent under their own numbers
+        self.unconfirmed_stats: list[tuple[int, dict[str, int]]] = []
+        # start URL leases: requests made, not sent yet / sent, to be acked
+        self.start_waiting: list[str] = []
+        self.start_acks: list[str] = []
+        self.exchanging = False
+        self.closing = False
+        self._retry_call: Any = None
+        self._number = 0
+
+    def owes(self) -> bool:
+        """Requests, acks or stats are waiting to be sent."""
+        return bool(self.outgoing or self.acks or self.counts or self.unconfirmed_stats)
+
+    def busy(self) -> bool:
+        """An exchange is under way or a retry is waiting out its back-off."""
+        return self.exchanging or self._retry_call is not None
+
+    def ack_partition(self) -> int | None:
+        """A partition with acks to send: a lease from it carries them in the same call."""
+        return next((p for p, tokens in self.acks.items() if tokens), None)
+
+    def send(self, lease_from: int | None = None, *, check_idle: bool = False,
+             errors: list[Failure] | None = None) -> None:
+        """Start one exchange with all that is owed, unless one is under way.
+
+        ``errors``: the failure is appended there instead of being retried
+        (inline callers that must know).
+        """
+        frontier = self.frontier
+        if frontier is None or self.busy():
+            return
+        if not (self.owes() or lease_from is not None or check_idle):
+            return
+        stats, self.unconfirmed_stats = self.unconfirmed_stats, []
+        if self.counts:
+            self._number += 1
+            stats.append((self._number, dict(self.counts)))
+        batch = Batch(self.outgoing, self.acks, stats, self.start_waiting, lease_from,
+                      check_idle)
+        self.outgoing, self.acks, self.counts = [], defaultdict(list), defaultdict(int)
+        self.start_waiting = []
+        self.exchanging = True
+        d = self.io.run(self._in_thread, frontier, batch)
+        d.addCallbacks(self._done, self._failed, callbackArgs=(batch,),
+                       errbackArgs=(batch, errors))
+        d.addErrback(log_unexpected, logger, self.log_extra)
+
+    def send_now(self) -> None:
+        """Send until nothing is owed, inline (the I/O thread is stopped or never ran).
+
+        Raises the Redis error; what was not sent stays owed.
+        """
+        assert not self.io.threaded, "the I/O thread is running"
+        for _ in range(3):  # an exchange can owe a little more (its duplicates count)
+            if not self.owes():
+                return
+            failure: list[Failure] = []
+            self.send(errors=failure)
+            if failure:
+                failure[0].raiseException()
+
+    def cancel(self) -> None:
+        """Closing: no more retries."""
+        self.closing = True
+        if self._retry_call is not None:
+            self._retry_call.cancel()
+            self._retry_call = None
+
+    def _in_thread(self, frontier: Frontier, batch: Batch) -> Reply:
+        """The Redis side of an exchange (on the I/O thread: touches no buffer)."""
+        done = frontier.exchange(batch.outgoing, batch.acks, batch.stats,
+                                 lease_from=batch.lease_from, want=self.prefetch)
+        reply = Reply(done, done.leases)
+        if batch.lease_from is not None:
+            # the partition was empty: probe the others one at a time, so a worker
+            # never holds more than it asked for
+            for i in range(1, frontier.partitions):
+                if reply.leases:
+                    break
+                p = (batch.lease_from + i) % frontier.partitions
+                reply.leases = frontier.lease(p, self.prefetch)
+        if batch.check_idle and not reply.leases:
+            reply.frontier_size = frontier.size(with_leases=True)
+        return reply
+
+    def _done(self, reply: Reply, batch: Batch) -> None:
+        self.exchanging = False
+        self.errors.ok()
+        self.start_acks += batch.start_tokens
+        self.on_reply(reply, batch)
+
+    def _failed(self, failure: Failure, batch: Batch, errors: list[Failure] | None) -> None:
+        self.exchanging = False
+        # nothing of the batch is lost: it goes back in front of what came since
+        self.outgoing[:0] = batch.outgoing
+        for p, tokens in batch.acks.items():
+            self.acks[p][:0] = tokens
+        self.unconfirmed_stats[:0] = batch.stats
+        self.start_waiting[:0] = batch.start_tokens
+        if errors is not None:
+            errors.append(failure)
+            return
+        if isinstance(failure.value, FilterFullError):
+            self.on_full(failure.value)
+            return
+        self.stats.inc_value("bloomcrawl/redis_errors")
+        delay = self.errors.failed(failure.value or RuntimeError(failure))
+        if not self.closing and self.io.threaded:
+            self._retry_call = call_later(delay, self._retry)
+
+    def _retry(self) -> None:
+        self._retry_call = None
+        self.on_retry()
