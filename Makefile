@@ -21,10 +21,10 @@ help:
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test,bench]'
+	$(VENV)/bin/pip install -q -e '.[test,bench,demo]'
 	touch $@
 
-venv: $(VENV)/.installed ## create .venv with bloomcrawl and its test tools
+venv: $(VENV)/.installed ## create .venv with bloomcrawl, its test tools and the demo site
 
 system-deps: ## install redis-server and prometheus (promtool) from Debian when missing
 	scripts/ensure-system-packages.sh redis-server=redis-server promtool=prometheus

@@ -12,7 +12,9 @@ listens. It adds to ``GET /__stats``:
 * ``GET /__stats?brief=1``: the same document without the per-page ``hits``,
   cheap enough to poll several times a second during a crawl.
 
-:class:`SiteProcess` starts it and stops exactly that process, by pid.
+:class:`SiteProcess` starts it on a free port through the project's process
+manager (:mod:`bloomcrawl.ops.cluster.processes`) and stops exactly that
+process, by pid.
 """
 
 from __future__ import annotations
@@ -21,9 +23,7 @@ import argparse
 import asyncio
 import json
 import os
-import select
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -31,15 +31,22 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from _redis import stop_process
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "crawler"))  # the working tree's bloomcrawl, installed or not
+
+from bloomcrawl.ops.cluster.processes import (  # noqa: E402
+    ManagedProcess,
+    spawn,
+    start_on_free_port,
+)
+from bloomcrawl.ops.noproxy import OPENER, http_ok  # noqa: E402
+
 START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
 HTTP_TIMEOUT_S = 10.0
 
 
 def _server_main(argv: list[str] | None = None) -> None:
-    sys.path.insert(0, str(ROOT / "crawler"))
     from aiohttp import web
 
     from bloomcrawl.ops.demo_site import DemoServer, DemoSite
@@ -118,7 +125,7 @@ class SiteProcess:
     def __init__(self, pages: int) -> None:
         self.pages = pages
         self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: ManagedProcess | None = None
 
     @property
     def base(self) -> str:
@@ -131,36 +138,28 @@ class SiteProcess:
     def start(self) -> SiteProcess:
         env = dict(os.environ)
         env.pop("PYTHONPATH", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--pages", str(self.pages)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=env)
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + START_TIMEOUT_S
-        line = b""
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
-            if ready:
-                line = self.proc.stdout.readline()
-                break
-        if not line.startswith(b"PORT "):
-            self.stop()
-            raise RuntimeError("the demo site did not start within %.0f s" % START_TIMEOUT_S)
-        self.port = int(line.split()[1])
+
+        def start_on(port: int) -> ManagedProcess:
+            process = spawn("demo site", [sys.executable, str(Path(__file__).resolve()),
+                                          "--pages", str(self.pages), "--port", str(port)],
+                            env=env, port=port)
+            stats = "http://127.0.0.1:%d/__stats?brief=1" % port
+            return process.wait_ready(lambda: http_ok(stats), START_TIMEOUT_S)
+
+        # a free port, and another one when a process bound it first
+        self.process = start_on_free_port(start_on)
+        self.port = self.process.port or 0
         return self
 
     def stop(self) -> None:
         """Stop the process this object started, by its pid."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        stop_process(proc)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        process, self.process = self.process, None
+        if process is not None:
+            process.stop(timeout=STOP_TIMEOUT_S)
 
     def _request(self, path: str, method: str = "GET") -> dict[str, Any]:
         request = urllib.request.Request(self.base + path, method=method)
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
+        with OPENER.open(request, timeout=HTTP_TIMEOUT_S) as response:
             data: dict[str, Any] = json.loads(response.read())
         return data
 

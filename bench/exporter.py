@@ -7,7 +7,7 @@ chunks a few real adds touched take memory; the partitions' counters are then
 set as if 900 M items were in, so the exporter does the arithmetic of a
 nearly full filter.
 
-The real exporter (``python -m bloomcrawl.exporter``) runs as its own
+The real exporter (``python -m bloomcrawl.ops.exporter``) runs as its own
 process; this script times ``GET /metrics`` from outside (cold, then
 ``--scrapes`` warm), and Redis's side from ``INFO commandstats`` (calls and
 microseconds per scrape) and ``SLOWLOG`` with a 0 us threshold (the slowest
@@ -21,7 +21,6 @@ import argparse
 import hashlib
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,10 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "crawler"))  # the working tree's bloomcrawl, installed or not
 
 import redis  # noqa: E402
-from _redis import PrivateRedis, free_port  # noqa: E402
+from _redis import PrivateRedis  # noqa: E402
 
 from bloomcrawl.core import keys  # noqa: E402
 from bloomcrawl.core.bloom import BloomFilter  # noqa: E402
+from bloomcrawl.ops.cluster.processes import ManagedProcess, free_port, spawn  # noqa: E402
 
 CAPACITY = 1_000_000_000
 ERROR_RATE = 0.001
@@ -110,16 +110,13 @@ def get_metrics(url: str) -> tuple[float, str]:
     return time.perf_counter() - started, body
 
 
-def wait_for_exporter(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with _OPENER.open(url.replace("/metrics", "/favicon.ico"), timeout=2):
-                return  # answered without collecting: the first scrape stays cold
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the exporter did not start") from None
-            time.sleep(0.05)
+def wait_for_exporter(url: str, process: ManagedProcess, timeout: float = 30) -> None:
+    def answers() -> bool:
+        # a path that answers without collecting: the first scrape stays cold
+        with _OPENER.open(url.replace("/metrics", "/favicon.ico"), timeout=2):
+            return True
+
+    process.wait_ready(answers, timeout, what="the exporter")
 
 
 def command_stats(client: redis.Redis) -> dict[str, tuple[int, int]]:
@@ -175,13 +172,12 @@ def main(argv: list[str] | None = None) -> int:
                if not k.startswith(("SCRAPYD_", "BLOOMCRAWL_"))}
         env["PYTHONPATH"] = str(ROOT / "crawler")
         log_path = Path(tmp) / "exporter.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "bloomcrawl.ops.exporter", "--port", str(port),
-                 "--bind", "127.0.0.1", "--redis-url", server.url, "--log-level", "WARNING"],
-                env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = spawn("exporter", [
+            sys.executable, "-m", "bloomcrawl.ops.exporter", "--port", str(port),
+            "--bind", "127.0.0.1", "--redis-url", server.url, "--log-level", "WARNING",
+        ], log=log_path, env=env, port=port)
         try:
-            wait_for_exporter(url, proc)
+            wait_for_exporter(url, process)
             client.config_set("slowlog-log-slower-than", 0)
             client.config_set("slowlog-max-len", 100_000)
             client.slowlog_reset()
@@ -198,12 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                        if _command(e) not in IGNORED_COMMANDS]
             _, body = get_metrics(url)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            process.stop()
         if sample(body, "bloomcrawl_up") != "1.0":
             raise RuntimeError("the exporter did not read Redis:\n" + log_path.read_text())
 

@@ -102,12 +102,15 @@ build_wheelhouse() {
     echo "building the wheelhouse with $python (Python $version)"
     venv="$CACHE/wheelhouse-venv-$version"
     [ -x "$venv/bin/pip" ] || "$python" -m venv "$venv"
-    # the project's dependencies plus what pip needs to build the project offline
+    # what the worker image installs (the project's dependencies and the demo extra's:
+    # deploy/Dockerfile) plus what pip needs to build the project offline
     "$venv/bin/python" - >"$CACHE/requirements.txt" <<'PY'
 import tomllib
 with open("pyproject.toml", "rb") as f:
     project = tomllib.load(f)
-for requirement in project["project"]["dependencies"] + project["build-system"]["requires"]:
+for requirement in (project["project"]["dependencies"]
+                    + project["project"]["optional-dependencies"]["demo"]
+                    + project["build-system"]["requires"]):
     print(requirement)
 print("wheel")
 PY

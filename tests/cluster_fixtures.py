@@ -7,25 +7,17 @@ tests do not depend on the scheduler.
 ``scrapyd_node`` is a real scrapyd process on a free 127.0.0.1 port, with basic
 auth and a tiny project ``probe`` whose spider ``sleeper`` sleeps in its
 constructor: with ``max_proc = 1`` a test gets a running and a pending job on
-demand. Every process started here (scrapyd and the jobs it spawned) is
-stopped by pid at teardown.
+demand. It is started by the project's process manager
+(:mod:`bloomcrawl.ops.cluster.processes`) in a process group of its own, and
+that group (scrapyd and the jobs it spawned) is stopped by pid at teardown.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import textwrap
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +28,8 @@ import redis
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import BloomFilter
-
-from conftest import free_port
+from bloomcrawl.ops.cluster.processes import ManagedProcess, free_port, start_scrapyd
+from bloomcrawl.ops.scrapyd import Node, ScrapydError
 
 STATS = {
     "pages": 42,
@@ -125,7 +117,6 @@ def populate_frontier(
 
 SCRAPYD_USER = "probe-user"
 SCRAPYD_PASSWORD = "probe-secret"
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 PROBE_SETTINGS = """\
 BOT_NAME = "probe"
@@ -159,8 +150,8 @@ class ScrapydNode:
         self.url = f"http://127.0.0.1:{self.port}"
         self.username = SCRAPYD_USER
         self.password = SCRAPYD_PASSWORD
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.job_pids: set[int] = set()
+        self.node = Node(self.url, self.username, self.password)
+        self.process: ManagedProcess | None = None
 
     def start(self) -> None:
         work = self.workdir
@@ -169,53 +160,22 @@ class ScrapydNode:
         (work / "probe" / "settings.py").write_text(PROBE_SETTINGS)
         (work / "probe" / "spiders" / "__init__.py").write_text(PROBE_SPIDER)
         (work / "scrapy.cfg").write_text("[settings]\nprobe = probe.settings\n")
-        (work / "scrapyd.conf").write_text(textwrap.dedent(f"""\
-            [scrapyd]
-            bind_address = 127.0.0.1
-            http_port = {self.port}
-            username = {self.username}
-            password = {self.password}
-            max_proc = 1
-            poll_interval = 0.2
-            eggs_dir = {work / "eggs"}
-            logs_dir = {work / "logs"}
-            dbs_dir = {work / "dbs"}
-            """))
         env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPYD_")}
         env["HOME"] = str(work / "home")
         env["PYTHONPATH"] = str(work)
         env.pop("SCRAPY_SETTINGS_MODULE", None)
-        binary = shutil.which("scrapyd", path=str(Path(sys.executable).parent)) or "scrapyd"
-        self.proc = subprocess.Popen(
-            [binary, "--pidfile=", "--logfile", str(work / "scrapyd.log")],
-            cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                self.get("daemonstatus.json")
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    log = (work / "scrapyd.log").read_text(errors="replace")[-3000:]
-                    self.stop()
-                    raise RuntimeError("scrapyd did not start:\n" + log) from None
-                time.sleep(0.1)
-
-    def _request(self, path: str, data: dict[str, str] | None = None) -> dict[str, Any]:
-        body = urllib.parse.urlencode(data).encode() if data is not None else None
-        request = urllib.request.Request(f"{self.url}/{path}", data=body)
-        token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
-        request.add_header("Authorization", "Basic " + token)
-        with _OPENER.open(request, timeout=5) as response:
-            answer: dict[str, Any] = json.loads(response.read())
-        return answer
+        self.process = start_scrapyd(
+            work, port=self.port, username=self.username, password=self.password, env=env,
+            log=work / "scrapyd.log", timeout=30, settings={
+                "max_proc": 1, "poll_interval": 0.2, "eggs_dir": work / "eggs",
+                "logs_dir": work / "logs", "dbs_dir": work / "dbs",
+            })
 
     def get(self, path: str) -> dict[str, Any]:
-        return self._request(path)
+        return self.node.request(path, timeout=5)
 
     def post(self, path: str, **data: str) -> dict[str, Any]:
-        return self._request(path, data)
+        return self.node.request(path, data, timeout=5)
 
     def schedule(self, seconds: float = 60) -> str:
         answer = self.post("schedule.json", project="probe", spider="sleeper",
@@ -224,13 +184,10 @@ class ScrapydNode:
         return str(answer["jobid"])
 
     def wait_for(self, *, running: int, pending: int, timeout: float = 60) -> dict[str, Any]:
-        """Poll daemonstatus.json until it shows these counts; remember the jobs' pids."""
+        """Poll daemonstatus.json until it shows these counts."""
         deadline = time.monotonic() + timeout
         while True:
             status = self.get("daemonstatus.json")
-            for job in self.get("listjobs.json?project=probe").get("running", []):
-                if job.get("pid"):
-                    self.job_pids.add(int(job["pid"]))
             if status["running"] == running and status["pending"] == pending:
                 return status
             if time.monotonic() > deadline:
@@ -241,31 +198,19 @@ class ScrapydNode:
     def cancel_all(self) -> None:
         jobs = self.get("listjobs.json?project=probe")
         for job in jobs.get("pending", []) + jobs.get("running", []):
-            if job.get("pid"):
-                self.job_pids.add(int(job["pid"]))
             self.post("cancel.json", project="probe", job=job["id"])
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        """Cancel its jobs, then stop its process group (scrapyd and any job left)."""
+        if self.process is None:
+            return
+        if self.process.running():
             try:
                 self.cancel_all()
-            except OSError:
+            except ScrapydError:
                 pass
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-        for pid in self.job_pids:  # jobs it spawned, if they outlived it
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue  # gone
-            if b"scrapyd.runner" in cmdline:  # still our job, not a reused pid
-                os.kill(pid, signal.SIGKILL)
-        self.job_pids.clear()
+        self.process.stop()
+        self.process = None
 
 
 @pytest.fixture(scope="session", name="scrapyd_node")

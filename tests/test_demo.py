@@ -1,4 +1,4 @@
-"""bloomcrawl.demo over real HTTP on 127.0.0.1, checked with Scrapy's own link extraction
+"""bloomcrawl.ops.demo_site over real HTTP on 127.0.0.1, checked with Scrapy's own link extraction
 and request fingerprinter."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,13 +36,9 @@ from bloomcrawl.ops.demo_site import (
     serve_in_thread,
 )
 
+from conftest import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fetch(

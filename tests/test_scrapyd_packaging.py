@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from bloomcrawl.ops import cli
+from bloomcrawl.ops.cluster.processes import group_alive, start_scrapyd
+from bloomcrawl.ops.scrapyd import Node
 
 from conftest import ROOT, RedisServer, free_port
 
@@ -82,42 +83,21 @@ class Scrapyd:
     def __init__(self, workdir: Path, redis_url: str) -> None:
         self.port = free_port()
         self.url = "http://127.0.0.1:%d" % self.port
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "scrapyd.conf").write_text(
-            "[scrapyd]\nbind_address = 127.0.0.1\nhttp_port = %d\nmax_proc = 2\n"
-            "poll_interval = 0.5\nitems_dir =\n" % self.port)
         env = dict(os.environ)
-        env.update(SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD, REDIS_URL=redis_url,
-                   HOME=str(workdir), SCRAPY_SETTINGS_MODULE="")
-        env.pop("SCRAPY_SETTINGS_MODULE")
+        env.update(REDIS_URL=redis_url, HOME=str(workdir))
+        env.pop("SCRAPY_SETTINGS_MODULE", None)
         env.pop("PYTHONPATH", None)
         self.log = workdir / "scrapyd.log"
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "scrapyd", "--pidfile="], cwd=workdir, env=env,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self.node = cli.Node(self.url, USERNAME, PASSWORD)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                self.node.request("daemonstatus.json", timeout=1)
-                break
-            except cli.CliError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError("scrapyd did not start:\n" + self.log.read_text()) from None
-                time.sleep(0.1)
+        self.process = start_scrapyd(
+            workdir, port=self.port, username=USERNAME, password=PASSWORD, env=env,
+            log=self.log, timeout=30,
+            settings={"max_proc": 2, "poll_interval": 0.5, "items_dir": ""})
+        self.node = Node(self.url, USERNAME, PASSWORD)
 
     def stop(self) -> None:
         """SIGTERM scrapyd's process group (its jobs too), by its pid."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        assert not cli.group_alive(self.proc.pid)
+        self.process.stop()
+        assert not group_alive(self.process.pid)
 
 
 @pytest.fixture

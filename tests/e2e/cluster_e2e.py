@@ -21,7 +21,6 @@ import base64
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -36,7 +35,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "crawler"))
 
-from bloomcrawl import cli  # noqa: E402
+from bloomcrawl.ops import scrapyd  # noqa: E402
+from bloomcrawl.ops.cli.jobs import clear_spider, seed  # noqa: E402
+from bloomcrawl.ops.cli.target import Target, resolve_target  # noqa: E402
+from bloomcrawl.ops.cluster.compose import Compose  # noqa: E402
+from bloomcrawl.ops.cluster.envfile import read_env_file  # noqa: E402
+from bloomcrawl.ops.cluster.processes import free_port, port_is_free  # noqa: E402
+from bloomcrawl.ops.cluster.state import Paths  # noqa: E402
 
 PROJECT = "bloomcrawl-e2e"
 WORK = ROOT / ".run" / "e2e"
@@ -122,22 +127,16 @@ def bloomcrawl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
                           env=environment(), text=True, capture_output=True, timeout=timeout)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def free_range(size: int) -> int:
     """The first port of ``size`` consecutive free ports."""
     for base in range(16800, 30000, 100):
-        if all(cli.port_is_free(base + i) for i in range(size)):
+        if all(port_is_free(base + i) for i in range(size)):
             return base
     raise RuntimeError("no %d consecutive free ports" % size)
 
 
 def env_values() -> dict[str, str]:
-    return cli.read_env_file(ENV_FILE)
+    return read_env_file(ENV_FILE)
 
 
 def docker_json(*args: str) -> Any:
@@ -181,14 +180,12 @@ def write_env_file() -> None:
         "%s=%s\n" % item for item in values.items()))
 
 
-def target() -> cli.Target:
-    paths = cli.Paths(ROOT, ENV_FILE, STATE_DIR)
-    return cli.resolve_target(_namespace(), paths, need_nodes=True)
+def paths() -> Paths:
+    return Paths(ROOT, ENV_FILE, STATE_DIR)
 
 
-def _namespace() -> Any:
-    import argparse
-    return argparse.Namespace(nodes=None, scrapyd_service=None, username=None, redis_url=None)
+def target() -> Target:
+    return resolve_target(paths(), need_nodes=True)
 
 
 def demo_url(path: str) -> str:
@@ -201,7 +198,7 @@ def demo_stats() -> dict[str, Any]:
     return data
 
 
-def latest_finished_jobs(t: cli.Target) -> dict[str, dict[str, Any]]:
+def latest_finished_jobs(t: Target) -> dict[str, dict[str, Any]]:
     """Each node's most recently finished job of the site spider."""
     latest = {}
     for node in t.nodes:
@@ -212,7 +209,7 @@ def latest_finished_jobs(t: cli.Target) -> dict[str, dict[str, Any]]:
     return latest
 
 
-def responses_in_log(node: cli.Node, log_url: str) -> int:
+def responses_in_log(node: scrapyd.Node, log_url: str) -> int:
     request = urllib.request.Request(node.url + log_url)
     token = base64.b64encode(("%s:%s" % (node.username, node.password)).encode()).decode()
     request.add_header("Authorization", "Basic " + token)
@@ -231,7 +228,7 @@ def check_up() -> str:
     took = time.monotonic() - started
     nodes = target().nodes
     assert len(nodes) == WORKERS, "expected %d workers, found %s" % (WORKERS, nodes)
-    for c in cli.Compose(cli.Paths(ROOT, ENV_FILE, STATE_DIR)).containers():
+    for c in Compose(paths()).containers():
         health = (c["State"].get("Health") or {}).get("Status")
         assert health in (None, "healthy"), "%s is %s" % (c["Name"], health)
         for binding in (c["NetworkSettings"].get("Ports") or {}).values():
@@ -277,13 +274,13 @@ def check_demo_crawl() -> str:
 def check_killed_worker() -> str:
     t = target()
     client = t.redis()
-    cli.clear_spider(client, "site")
+    clear_spider(client, "site")
     OPENER.open(urllib.request.Request(demo_url("__reset"), data=b"", method="POST"),
                 timeout=10).close()
-    jobs = cli.schedule_on(t.nodes, "bloomcrawl", "site",
-                           [("MAX_IDLE_TIME_BEFORE_CLOSE", "10")], [("allowed_domains", "demo")])
-    cli.seed(client, "site", ["http://demo:8000/"])
-    compose = cli.Compose(cli.Paths(ROOT, ENV_FILE, STATE_DIR))
+    jobs = scrapyd.schedule(t.nodes, "bloomcrawl", "site",
+                            [("MAX_IDLE_TIME_BEFORE_CLOSE", "10")], [("allowed_domains", "demo")])
+    seed(client, "site", ["http://demo:8000/"])
+    compose = Compose(paths())
     victim = next(c for c in compose.containers("worker")
                   if c["Config"]["Labels"].get("com.docker.compose.container-number") == "2")
     port = victim["NetworkSettings"]["Ports"]["6800/tcp"][0]["HostPort"]
@@ -305,10 +302,10 @@ def check_killed_worker() -> str:
     log("killed %s (%s) at %d pages" % (victim["Name"].lstrip("/"), victim_url, pages))
     survivors = {url: job for url, job in jobs.items() if url != victim_url}
     assert len(survivors) == WORKERS - 1, (jobs, victim_url)
-    alive = cli.Target(t.redis_url, [n for n in t.nodes if n.url in survivors], None, None)
+    alive = [n for n in t.nodes if n.url in survivors]
     deadline = time.monotonic() + 300
     while True:
-        states = cli.job_states(alive, "bloomcrawl", survivors)
+        states = scrapyd.job_states(alive, "bloomcrawl", survivors)
         if all(s == "finished" for s in states.values()):
             break
         assert time.monotonic() < deadline, "jobs not finished after 300s: %s" % states

@@ -15,7 +15,7 @@ GET hits per page: ``GET /__stats`` returns them as JSON and
 ``POST /__reset`` zeroes them, so a test can check that a crawl fetched every
 page exactly once.
 
-Run it with ``bloomcrawl-demo-site`` or ``python -m bloomcrawl.demo``; in
+Run it with ``bloomcrawl-demo-site`` or ``python -m bloomcrawl.ops.demo_site``; in
 tests, use :func:`serve_in_thread`.
 """
 
@@ -568,7 +568,7 @@ async def _serve_until_signalled(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of ``bloomcrawl-demo-site`` and ``python -m bloomcrawl.demo``."""
+    """Entry point of ``bloomcrawl-demo-site`` and ``python -m bloomcrawl.ops.demo_site``."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -2,8 +2,9 @@
 
 Scrapyd runs every job in its own process, so per-process metrics ports
 would clash; this exporter reads the shared state instead: each scrape takes
-a fresh :mod:`bloomcrawl.inspect` snapshot of Redis (filters, queues, leases,
-shared crawl stats) and asks every scrapyd node's ``daemonstatus.json``.
+a fresh :mod:`bloomcrawl.ops.inspection` snapshot of Redis (filters, queues,
+leases, shared crawl stats) and asks every scrapyd node's ``daemonstatus.json``
+(:mod:`bloomcrawl.ops.scrapyd`).
 
 Pages per node come from ``<spider>:pages_by_node`` (worker host name ->
 pages); a host name that exactly one scrapyd node reports as its
@@ -38,10 +39,10 @@ from redis.retry import Retry
 
 from bloomcrawl import __version__
 from bloomcrawl.core import defaults, keys
-from bloomcrawl.ops import inspection as inspect
 from bloomcrawl.core.bloom import BloomInfo
 from bloomcrawl.core.connection import describe_redis, redis_from_url
 from bloomcrawl.core.errors import RedisUnavailableError, SettingError
+from bloomcrawl.ops import inspection, scrapyd
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ _FILTER_COUNTERS: tuple[tuple[str, str, Callable[[BloomInfo], float]], ...] = (
      "Fingerprints the filter answered as already seen (duplicates filtered).",
      lambda f: f.filtered),
 )
-_SPIDER_GAUGES: tuple[tuple[str, str, Callable[[inspect.SpiderState], int | None]], ...] = (
+_SPIDER_GAUGES: tuple[tuple[str, str, Callable[[inspection.SpiderState], int | None]], ...] = (
     ("bloomcrawl_queue_requests", "Requests waiting in the queue.", lambda s: s.queue_length),
     ("bloomcrawl_leased_requests", "Requests leased to a worker and not yet acked.",
      lambda s: s.leased),
@@ -144,10 +145,10 @@ class ScrapydNodes:
 
     urls: Sequence[str] = ()
     service: str | None = None
-    port: int = inspect.DEFAULT_SCRAPYD_PORT
+    port: int = scrapyd.DEFAULT_PORT
     username: str | None = None
     password: str | None = field(default=None, repr=False)
-    timeout: float = inspect.DEFAULT_SCRAPYD_TIMEOUT
+    timeout: float = scrapyd.STATUS_TIMEOUT
 
     @property
     def configured(self) -> bool:
@@ -155,16 +156,20 @@ class ScrapydNodes:
 
     def discover(self, outages: _Outages) -> list[str]:
         """The node URLs now; a service name is resolved again on every call (scaling)."""
-        found = [inspect.normalise_node_url(u) for u in self.urls if u.strip()]
+        found = [scrapyd.normalise_node_url(u) for u in self.urls if u.strip()]
         if self.service:
             part = f"DNS name {self.service!r} of the scrapyd service"
             try:
-                found += inspect.resolve_service(self.service, self.port)
+                found += scrapyd.resolve_service(self.service, self.port)
             except OSError as exc:
                 outages.failed(part, f"does not resolve ({exc}); no nodes from it")
             else:
                 outages.recovered(part)
         return list(dict.fromkeys(found))
+
+    def nodes(self, urls: Iterable[str]) -> list[scrapyd.Node]:
+        """A client for each of ``urls``, with these credentials."""
+        return [scrapyd.Node(url, self.username or "", self.password or "") for url in urls]
 
 
 class ClusterCollector(Collector):
@@ -187,15 +192,13 @@ class ClusterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         families: list[Metric] = []
-        statuses: list[inspect.NodeStatus] = []
+        statuses: list[scrapyd.NodeStatus] = []
         if self.scrapyd.configured:
             urls = self.scrapyd.discover(self._outages)
             with ThreadPoolExecutor(max_workers=max(1, min(32, len(urls))),
                                     thread_name_prefix="scrapyd-status") as pool:
-                futures = [pool.submit(inspect.scrapyd_node_status, url,
-                                       username=self.scrapyd.username,
-                                       password=self.scrapyd.password,
-                                       timeout=self.scrapyd.timeout) for url in urls]
+                futures = [pool.submit(node.status, self.scrapyd.timeout)
+                           for node in self.scrapyd.nodes(urls)]
                 redis_families, spiders = self._redis_families()
                 statuses = [future.result() for future in futures]
             families += redis_families
@@ -219,11 +222,11 @@ class ClusterCollector(Collector):
 
     # -- Redis -----------------------------------------------------------------
 
-    def _redis_families(self) -> tuple[list[Metric], list[inspect.SpiderState] | None]:
+    def _redis_families(self) -> tuple[list[Metric], list[inspection.SpiderState] | None]:
         """The Redis metrics, and the spiders they report (``None``: Redis is down)."""
         up = GaugeMetricFamily("bloomcrawl_up", "1 when Redis answered this scrape, else 0.")
         try:
-            snap = inspect.snapshot(self.client)
+            snap = inspection.snapshot(self.client)
         except (RedisUnavailableError, redis.RedisError) as exc:
             self._outages.failed(self._redis_part, str(exc))
             up.add_metric([], 0)
@@ -244,7 +247,9 @@ class ClusterCollector(Collector):
         families += self._spider_families(unique)
         return families, unique
 
-    def _unique_spiders(self, spiders: list[inspect.SpiderState]) -> list[inspect.SpiderState]:
+    def _unique_spiders(
+        self, spiders: list[inspection.SpiderState]
+    ) -> list[inspection.SpiderState]:
         """The first filter of each spider name; the problems of each logged once."""
         seen: set[str] = set()
         unique = []
@@ -261,7 +266,7 @@ class ClusterCollector(Collector):
                 self._outages.recovered(part)
         return unique
 
-    def _spider_families(self, unique: list[inspect.SpiderState]) -> list[Metric]:
+    def _spider_families(self, unique: list[inspection.SpiderState]) -> list[Metric]:
         info = GaugeMetricFamily(
             "bloomcrawl_spider_info",
             "Each spider's filter, queue type and filter backend (bitmap or redisbloom).",
@@ -298,7 +303,7 @@ class ClusterCollector(Collector):
             out.append(counter)
         return out
 
-    def _node_pages_family(self, spiders: list[inspect.SpiderState],
+    def _node_pages_family(self, spiders: list[inspection.SpiderState],
                            host_labels: dict[str, str]) -> Metric:
         counter = CounterMetricFamily(
             NODE_PAGES_METRIC,
@@ -316,7 +321,7 @@ class ClusterCollector(Collector):
 
     # -- scrapyd ---------------------------------------------------------------
 
-    def _host_labels(self, statuses: list[inspect.NodeStatus]) -> dict[str, str]:
+    def _host_labels(self, statuses: list[scrapyd.NodeStatus]) -> dict[str, str]:
         """Worker host name -> node label, from the node names the nodes report.
 
         A node that does not answer keeps the name it reported last, as long as it
@@ -329,10 +334,10 @@ class ClusterCollector(Collector):
                 if name:
                     names[status.url] = name
             self._node_names = names
-        return inspect.node_labels_by_host(
-            (inspect.node_label(url), name) for url, name in names.items())
+        return scrapyd.node_labels_by_host(
+            (scrapyd.node_label(url), name) for url, name in names.items())
 
-    def _node_families(self, statuses: list[inspect.NodeStatus]) -> list[Metric]:
+    def _node_families(self, statuses: list[scrapyd.NodeStatus]) -> list[Metric]:
         nodes = GaugeMetricFamily(
             "bloomcrawl_scrapyd_nodes", "scrapyd nodes configured or resolved from DNS.",
             value=len(statuses))
@@ -426,7 +431,7 @@ def parse_args(
                         help="DNS name whose every address is a scrapyd node, e.g. the"
                         " compose service 'worker' (SCRAPYD_SERVICE)")
     parser.add_argument("--scrapyd-port", type=int,
-                        default=env_int("SCRAPYD_HTTP_PORT", inspect.DEFAULT_SCRAPYD_PORT),
+                        default=env_int("SCRAPYD_HTTP_PORT", scrapyd.DEFAULT_PORT),
                         help="scrapyd port on the addresses of --scrapyd-service"
                         " (SCRAPYD_HTTP_PORT; default %(default)s)")
     parser.add_argument("--scrapyd-username", default=_env("SCRAPYD_USERNAME"),
@@ -436,7 +441,7 @@ def parse_args(
                         " (SCRAPYD_PASSWORD)")
     parser.add_argument("--scrapyd-timeout", type=float,
                         default=env_float("BLOOMCRAWL_SCRAPYD_TIMEOUT",
-                                          inspect.DEFAULT_SCRAPYD_TIMEOUT),
+                                          scrapyd.STATUS_TIMEOUT),
                         help="seconds to wait for a node (BLOOMCRAWL_SCRAPYD_TIMEOUT;"
                         " default %(default)s)")
     parser.add_argument("--redis-timeout", type=float,

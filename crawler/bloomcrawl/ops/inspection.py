@@ -1,27 +1,20 @@
-"""A read-only snapshot of the cluster: the frontiers in Redis and the scrapyd nodes.
+"""A read-only snapshot of the cluster's Redis: every spider's filter, queue and stats.
 
-The exporter and the ``bloomcrawl status`` command both read the cluster
-through this module. Everything here only reads: spiders are found by
-``SCAN MATCH *:meta`` (never ``KEYS``), each filter's fill comes from its exact
-counters (never ``BITCOUNT``), and every Redis command issued is O(1),
-O(partitions x slices) or O(worker hosts), so a snapshot never blocks Redis,
-however large the filter. Key names come from :mod:`bloomcrawl.keys`.
+The exporter and the ``bloomcrawl status`` command both read Redis through
+this module (and the scrapyd nodes through :mod:`bloomcrawl.ops.scrapyd`).
+Everything here only reads: spiders are found by ``SCAN MATCH *:meta`` (never
+``KEYS``), each filter's fill comes from its exact counters (never
+``BITCOUNT``), and every Redis command issued is O(1), O(partitions x slices)
+or O(worker hosts), so a snapshot never blocks Redis, however large the
+filter. Key names come from :mod:`bloomcrawl.core.keys`.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
-import socket
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 
@@ -37,15 +30,11 @@ META_PATTERN = "*" + keys.META_SUFFIX
 SCAN_COUNT = 1000
 #: Upper bound on SCAN calls in one snapshot (about ten million keys).
 MAX_SCAN_CALLS = 10_000
-DEFAULT_SCRAPYD_PORT = 6800
-DEFAULT_SCRAPYD_TIMEOUT = 2.0
 QUEUE_TYPES = ("priority", "fifo", "lifo")
 #: Worker hosts reported per spider at most (those with the most pages): a label bound.
 MAX_NODES_PER_SPIDER = 256
 
 _FILTER_PREFIX, _FILTER_SUFFIX = defaults.FILTER_KEY.split("%(spider)s")
-# scrapyd nodes are on the cluster's own network: never through an HTTP proxy
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @dataclass
@@ -99,21 +88,6 @@ class RedisSnapshot:
     spiders: list[SpiderState]
     memory: RedisMemory
     redis_time_ms: int
-
-
-@dataclass
-class NodeStatus:
-    """A scrapyd node's ``daemonstatus.json``; counts are 0 when it is not ``up``."""
-
-    url: str
-    node: str
-    up: bool
-    pending: int = 0
-    running: int = 0
-    finished: int = 0
-    node_name: str | None = None
-    error: str | None = None
-    duration_seconds: float = 0.0
 
 
 # --- Redis ---------------------------------------------------------------------
@@ -336,7 +310,7 @@ def spider_state(client: redis.Redis, meta_key: str) -> SpiderState | None:
 def find_spiders(client: redis.Redis) -> list[SpiderState]:
     """Every spider with a Bloom filter in this Redis, sorted by filter name.
 
-    Raises :class:`bloomcrawl.bloom.RedisUnavailableError` when Redis cannot
+    Raises :class:`bloomcrawl.core.errors.RedisUnavailableError` when Redis cannot
     be reached.
     """
     return spider_states(client, find_meta_keys(client))
@@ -347,116 +321,3 @@ def snapshot(client: redis.Redis) -> RedisSnapshot:
     memory = redis_memory(client)
     spiders = find_spiders(client)
     return RedisSnapshot(spiders=spiders, memory=memory, redis_time_ms=redis_time_ms(client))
-
-
-# --- scrapyd -------------------------------------------------------------------
-
-
-def normalise_node_url(url: str) -> str:
-    """``host:port`` or ``http://host:port/`` -> ``http://host:port`` (no trailing slash)."""
-    url = url.strip()
-    if "://" not in url:
-        url = "http://" + url
-    return url.rstrip("/")
-
-
-def node_label(url: str) -> str:
-    """``host:port`` of a node URL: a bounded label value (never a path or a job id)."""
-    parts = urlsplit(normalise_node_url(url))
-    host = parts.hostname or "unknown"
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if port is None:
-        port = 443 if parts.scheme == "https" else 80
-    return f"{host}:{port}"
-
-
-def node_labels_by_host(nodes: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """Worker host name -> node label, from ``(node label, node_name)`` pairs.
-
-    scrapyd's ``node_name`` defaults to the host name the scheduler records in
-    ``<spider>:pages_by_node``. A name that several nodes report (several
-    scrapyd on one machine) maps to none of them: their pages cannot be told
-    apart.
-    """
-    nodes_of: dict[str, set[str]] = {}
-    for node, node_name in nodes:
-        nodes_of.setdefault(node_name, set()).add(node)
-    return {name: next(iter(found)) for name, found in nodes_of.items() if len(found) == 1}
-
-
-def resolve_service(name: str, port: int = DEFAULT_SCRAPYD_PORT) -> list[str]:
-    """``http://IP:port`` for every IPv4 address of ``name`` (each replica of a compose service).
-
-    Raises :class:`OSError` when the name does not resolve.
-    """
-    infos = socket.getaddrinfo(name, port, family=socket.AF_INET, type=socket.SOCK_STREAM)
-    addresses = sorted({str(info[4][0]) for info in infos},
-                       key=lambda a: tuple(int(x) for x in a.split(".")))
-    return [f"http://{address}:{port}" for address in addresses]
-
-
-def scrapyd_node_status(
-    url: str,
-    *,
-    username: str | None = None,
-    password: str | None = None,
-    timeout: float = DEFAULT_SCRAPYD_TIMEOUT,
-) -> NodeStatus:
-    """Ask one node's ``daemonstatus.json``; any failure gives ``up=False`` and the reason."""
-    base = normalise_node_url(url)
-    status = NodeStatus(url=base, node=node_label(base), up=False)
-    request = urllib.request.Request(base + "/daemonstatus.json",
-                                     headers={"Accept": "application/json"})
-    if username:
-        token = base64.b64encode(f"{username}:{password or ''}".encode()).decode()
-        request.add_header("Authorization", "Basic " + token)
-    started = time.monotonic()
-    try:
-        with _OPENER.open(request, timeout=timeout) as response:
-            body = json.loads(response.read(65536))
-    except urllib.error.HTTPError as exc:
-        status.error = f"HTTP {exc.code} {exc.reason}"
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        status.error = str(reason) or type(exc).__name__
-    else:
-        if isinstance(body, dict) and body.get("status", "ok") == "ok":
-            status.up = True
-            status.pending = _int(body.get("pending"))
-            status.running = _int(body.get("running"))
-            status.finished = _int(body.get("finished"))
-            name = body.get("node_name")
-            status.node_name = str(name) if name is not None else None
-        else:
-            status.error = f"unexpected answer: {body!r:.200}"
-    status.duration_seconds = time.monotonic() - started
-    return status
-
-
-def scrapyd_nodes(
-    urls: Sequence[str],
-    *,
-    username: str | None = None,
-    password: str | None = None,
-    timeout: float = DEFAULT_SCRAPYD_TIMEOUT,
-) -> list[NodeStatus]:
-    """Every node's status, asked concurrently, in the order of ``urls``.
-
-    Takes about ``timeout`` at most, however many nodes are down.
-    """
-    unique = list(dict.fromkeys(normalise_node_url(u) for u in urls if u.strip()))
-    if not unique:
-        return []
-    with ThreadPoolExecutor(max_workers=min(32, len(unique)),
-                            thread_name_prefix="scrapyd-status") as pool:
-        futures = [
-            pool.submit(scrapyd_node_status, u, username=username, password=password,
-                        timeout=timeout)
-            for u in unique
-        ]
-        return [f.result() for f in futures]

@@ -1,0 +1,39 @@
+"""The ``bloomcrawl`` command: run a cluster, ship the project to it, crawl, watch.
+
+One module per job; each command is a thin ``cmd_*`` over plain functions
+that other commands call too (``demo`` is ``up``, ``deploy``, ``schedule``,
+``seed`` and ``watch`` in a row):
+
+* :mod:`~bloomcrawl.ops.cli.cluster`: ``up``, ``down``, ``scale``, ``logs``, ``nodes``
+* :mod:`~bloomcrawl.ops.cli.jobs`: ``deploy``, ``schedule``, ``seed``, ``crawl``, ``clear``
+* :mod:`~bloomcrawl.ops.cli.status`: ``status``, ``filter-info``, a crawl's progress
+* :mod:`~bloomcrawl.ops.cli.demo`: ``demo``
+* :mod:`~bloomcrawl.ops.cli.parser`: the command line;
+  :mod:`~bloomcrawl.ops.cli.target`: where the cluster a command acts on is
+
+The cluster itself (``.env``, its recorded state, docker-compose, local
+processes) is :mod:`bloomcrawl.ops.cluster`; scrapyd is reached through
+:mod:`bloomcrawl.ops.scrapyd`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bloomcrawl.ops.cli.parser import build_parser
+from bloomcrawl.ops.cluster.state import Paths
+from bloomcrawl.ops.console import OpsError, warn
+
+__all__ = ["build_parser", "main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    paths = Paths.from_environment()
+    try:
+        return int(args.func(args, paths))
+    except OpsError as exc:
+        warn(f"bloomcrawl {args.command}: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        return 130

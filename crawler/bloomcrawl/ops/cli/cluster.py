@@ -1,0 +1,160 @@
+"""``up``, ``down``, ``scale``, ``logs``, ``nodes``: the cluster's lifecycle.
+
+``up`` starts the cluster with docker-compose when a Docker engine answers,
+and otherwise as local processes on 127.0.0.1
+(:class:`~bloomcrawl.ops.cluster.local.LocalCluster`); either way it records
+the cluster in the state directory, where the other commands find it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from pathlib import Path
+
+from bloomcrawl.ops.cli.target import TargetOptions, resolve_target
+from bloomcrawl.ops.cluster.compose import COMPOSE_SERVICE, Compose, docker_reachable
+from bloomcrawl.ops.cluster.envfile import ensure_env_file, read_env_file
+from bloomcrawl.ops.cluster.local import LocalCluster
+from bloomcrawl.ops.cluster.processes import run
+from bloomcrawl.ops.cluster.state import Cluster, Paths, load_cluster, save_cluster
+from bloomcrawl.ops.console import OpsError, say
+
+DEFAULT_WORKERS = 3
+#: profiles ``down`` and ``logs`` include, so that they reach every service
+ALL_PROFILES = ("demo", "grafana")
+
+
+def up(paths: Paths, workers: int, *, mode: str | None = None, demo: bool = False,
+       build: bool = False) -> int:
+    """Start the cluster: ``mode`` ``docker``, ``local``, or ``None`` (docker when it answers).
+
+    A cluster already up keeps its mode and gets ``workers`` workers.
+    """
+    if workers < 1:
+        raise OpsError("--workers must be at least 1")
+    existing = load_cluster(paths)
+    if existing is not None:
+        if mode and mode != existing.mode:
+            raise OpsError(f"a {existing.mode} cluster is already up; `make down` first")
+        mode = existing.mode
+    if mode is None:
+        if docker_reachable():
+            mode = "docker"
+        else:
+            say("no Docker engine is reachable: running the cluster as local processes"
+                " on 127.0.0.1 (`make down` stops them)")
+            mode = "local"
+    elif mode == "docker" and not docker_reachable():
+        raise OpsError("no Docker engine is reachable (is dockerd running?)")
+    env = ensure_env_file(paths.env_file)
+    if mode == "docker":
+        return docker_up(paths, workers, demo, build)
+    return LocalCluster(paths, env).up(workers, demo=demo)
+
+
+def docker_up(paths: Paths, workers: int, demo: bool, build: bool) -> int:
+    started = time.monotonic()
+    if build or not Compose(paths).containers(COMPOSE_SERVICE):
+        run([str(paths.root / "scripts" / "build-images.sh"), str(paths.env_file)],
+            cwd=paths.root)
+    compose = Compose(paths)
+    save_cluster(paths, Cluster("docker", "", "", "", project_name=compose.project))
+    profiles = (["grafana"] if compose.grafana else []) + (["demo"] if demo else [])
+    compose.up_workers(workers, profiles)
+    compose.wait_healthy()
+    urls = compose.worker_urls()
+    say("cluster up in %.0fs: %d worker(s): %s" % (time.monotonic() - started, len(urls),
+                                                  " ".join(urls)))
+    env = read_env_file(paths.env_file)
+    say("redis: 127.0.0.1:{}   prometheus: http://127.0.0.1:{}   exporter: http://127.0.0.1:{}"
+        "/metrics".format(env.get("REDIS_PORT", "6379"), env.get("PROMETHEUS_PORT", "9090"),
+                          env.get("EXPORTER_PORT", "9410")))
+    if compose.grafana:
+        say("grafana: http://127.0.0.1:%s (admin / GRAFANA_ADMIN_PASSWORD in %s)"
+            % (env.get("GRAFANA_PORT", "3000"), paths.env_file))
+    else:
+        say("grafana: not started (its image needs a container registry; see README.md)")
+    return 0
+
+
+def down(paths: Paths, *, keep_data: bool) -> int:
+    cluster = load_cluster(paths)
+    if cluster is not None and cluster.mode == "local":
+        LocalCluster(paths, read_env_file(paths.env_file)).down(keep_data=keep_data)
+    elif cluster is not None or (paths.env_file.is_file() and docker_reachable()):
+        if not docker_reachable():
+            raise OpsError("no Docker engine is reachable to stop the cluster with")
+        cmd = ["down", "--remove-orphans", "--timeout", "10"]
+        if not keep_data:
+            cmd.append("--volumes")
+        Compose(paths).run(*cmd, profiles=ALL_PROFILES)
+        paths.cluster_file.unlink(missing_ok=True)
+        say("cluster down%s" % (" (volumes kept)" if keep_data else ""))
+    else:
+        say(f"no cluster recorded in {paths.state_dir}")
+    return 0
+
+
+def scale(paths: Paths, workers: int) -> int:
+    cluster = load_cluster(paths)
+    if cluster is None:
+        raise OpsError("no cluster is up: `make up WORKERS=%d`" % workers)
+    if cluster.mode == "local":
+        return LocalCluster(paths, read_env_file(paths.env_file)).scale(workers)
+    compose = Compose(paths)
+    profiles = ["grafana"] if compose.grafana else []
+    compose.up_workers(workers, profiles, only_workers=True)
+    compose.wait_healthy(services=[COMPOSE_SERVICE])
+    urls = compose.worker_urls()
+    say("%d worker(s): %s" % (len(urls), " ".join(urls)))
+    say("new workers have no project yet: `make deploy` reaches every worker")
+    return 0
+
+
+def logs(paths: Paths, service: str | None, *, tail: int, follow: bool) -> int:
+    """The last ``tail`` lines of each service's log (of ``service`` alone when given)."""
+    cluster = load_cluster(paths)
+    if cluster is not None and cluster.mode == "local":
+        for record in cluster.processes:
+            if service and not record.name.startswith(service):
+                continue
+            say(f"==> {record.log} <==")
+            with contextlib.suppress(OSError):
+                lines = Path(record.log).read_text(errors="replace").splitlines()
+                say("\n".join(lines[-tail:]))
+        return 0
+    cmd = ["logs", "--tail", str(tail)]
+    if follow:
+        cmd.append("--follow")
+    if service:
+        cmd.append(service)
+    Compose(paths).run(*cmd, profiles=ALL_PROFILES)
+    return 0
+
+
+# --- the commands -----------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace, paths: Paths) -> int:
+    mode = "local" if args.local else "docker" if args.docker else None
+    return up(paths, args.workers, mode=mode, demo=args.demo, build=args.build)
+
+
+def cmd_down(args: argparse.Namespace, paths: Paths) -> int:
+    return down(paths, keep_data=args.keep_data)
+
+
+def cmd_scale(args: argparse.Namespace, paths: Paths) -> int:
+    return scale(paths, args.workers)
+
+
+def cmd_logs(args: argparse.Namespace, paths: Paths) -> int:
+    return logs(paths, args.service, tail=args.tail, follow=args.follow)
+
+
+def cmd_nodes(args: argparse.Namespace, paths: Paths) -> int:
+    for node in resolve_target(paths, TargetOptions.from_args(args), need_nodes=True).nodes:
+        say(node.url)
+    return 0

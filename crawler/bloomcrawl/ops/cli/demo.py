@@ -1,0 +1,97 @@
+"""``demo``: bring the cluster up, deploy, crawl the demo site, print progress, then a summary.
+
+The demo site counts its hits, so the summary says whether every page was
+fetched exactly once. Locally it runs as one more process of the local
+cluster; with Docker, as the compose service ``demo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+import urllib.parse
+from typing import Any
+
+from bloomcrawl.ops import noproxy, scrapyd
+from bloomcrawl.ops.cli.cluster import up
+from bloomcrawl.ops.cli.jobs import DEFAULT_SPIDER, clear_spider, deploy_project, seed
+from bloomcrawl.ops.cli.status import frontier_line, percent, watch
+from bloomcrawl.ops.cli.target import resolve_target
+from bloomcrawl.ops.cluster.compose import Compose
+from bloomcrawl.ops.cluster.envfile import read_env_file
+from bloomcrawl.ops.cluster.local import LocalCluster
+from bloomcrawl.ops.cluster.state import Paths, load_cluster
+from bloomcrawl.ops.console import say
+
+#: a filter sized for the demo, so that its fill shows in status and Grafana
+DEMO_FILTER_CAPACITY = 100_000
+#: the demo site inside the compose network
+COMPOSE_DEMO_URL = "http://demo:8000/"
+
+
+def site_stats(url: str) -> dict[str, Any]:
+    """The demo site's hit counters (``GET /__stats``)."""
+    data: dict[str, Any] = noproxy.get_json(url.rstrip("/") + "/__stats")
+    return data
+
+
+def start_site(paths: Paths, *, workers: int, local: bool, pages: int | None,
+               delay_ms: float | None) -> tuple[str, str]:
+    """Bring the cluster up if needed and start the demo site: (URL to crawl, URL of its stats)."""
+    cluster = load_cluster(paths)
+    if cluster is None:
+        up(paths, workers, mode="local" if local else None)
+        cluster = load_cluster(paths)
+        assert cluster is not None
+    env = read_env_file(paths.env_file)
+    if cluster.mode == "docker":
+        compose = Compose(paths)
+        compose.run("up", "-d", "demo", profiles=["demo"])
+        compose.wait_healthy(services=["demo"])
+        return COMPOSE_DEMO_URL, "http://127.0.0.1:%s/" % (env.get("DEMO_PORT") or 8000)
+    url = LocalCluster(paths, env).start_demo(cluster, pages, delay_ms)
+    return url, url
+
+
+def demo(paths: Paths, *, workers: int, local: bool, project: str, pages: int | None,
+         delay_ms: float | None, max_idle: float, timeout: float) -> int:
+    """The whole demo; 1 when the deploy failed or the crawl did not end in ``timeout``."""
+    crawl_url, stats_url = start_site(paths, workers=workers, local=local, pages=pages,
+                                      delay_ms=delay_ms)
+    target = resolve_target(paths, need_nodes=True)
+    if deploy_project(paths, target.nodes, project) != 0:
+        return 1
+    client = target.redis()
+    clear_spider(client, DEFAULT_SPIDER)
+    with contextlib.suppress(OSError):
+        noproxy.post(stats_url + "__reset")
+    started = time.monotonic()
+    host = urllib.parse.urlsplit(crawl_url).hostname or ""
+    jobs = scrapyd.schedule(target.nodes, project, DEFAULT_SPIDER,
+                            [("MAX_IDLE_TIME_BEFORE_CLOSE", str(max_idle)),
+                             ("BLOOMFILTER_CAPACITY", str(DEMO_FILTER_CAPACITY))],
+                            [("allowed_domains", host)])
+    seed(client, DEFAULT_SPIDER, [crawl_url])
+    say("crawling %s on %d node(s)" % (crawl_url, len(jobs)))
+    code = watch(target, DEFAULT_SPIDER, project, jobs, timeout)
+    elapsed = time.monotonic() - started
+    stats = site_stats(stats_url)
+    line, state = frontier_line(client, DEFAULT_SPIDER)
+    say("")
+    say("demo site: %d pages, %d fetched at least once, %d missing, %d fetched twice or more"
+        % (stats["pages"], stats["distinct"], stats["missing"], stats["duplicates"]))
+    say(f"frontier: {line}")
+    if state is not None and state.filter is not None:
+        say("filter: %d items, fill %s, estimated false-positive rate %.2g" % (
+            state.filter.items, percent(state.filter.fill_ratio),
+            state.filter.estimated_false_positive_rate))
+    say("took {:.0f}s ({:.0f} pages/s over the whole run, idle wait included)".format(
+        elapsed, stats["total"] / elapsed if elapsed else 0))
+    return code
+
+
+def cmd_demo(args: argparse.Namespace, paths: Paths) -> int:
+    return demo(paths, workers=args.workers, local=args.local, project=args.project,
+                pages=args.pages, delay_ms=args.delay_ms, max_idle=args.max_idle,
+                timeout=args.timeout)

@@ -1,0 +1,131 @@
+"""The ``bloomcrawl`` command line: each subcommand, its options and the function it runs."""
+
+from __future__ import annotations
+
+import argparse
+
+from bloomcrawl import __version__
+from bloomcrawl.ops.cli import cluster, demo, jobs, status
+
+
+def _add_nodes(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", help="comma-separated scrapyd URLs (SCRAPYD_NODES);"
+                   " default: the cluster `up` started")
+    p.add_argument("--scrapyd-service", help="a DNS name whose every address is a node"
+                   " (inside the compose network: worker)")
+    p.add_argument("--username", help="scrapyd user (SCRAPYD_USERNAME; password:"
+                   " SCRAPYD_PASSWORD)")
+
+
+def _add_redis(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--redis-url", help="(REDIS_URL) default: the cluster `up` started")
+
+
+def _add_crawl_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spider", default=jobs.DEFAULT_SPIDER)
+    p.add_argument("--project", default=jobs.DEFAULT_PROJECT)
+    p.add_argument("--allowed-domains", help="comma list; default: the start URLs' hosts")
+    p.add_argument("--depth-limit", type=int)
+    p.add_argument("--max-idle", type=float, default=None,
+                   help="MAX_IDLE_TIME_BEFORE_CLOSE: seconds of empty frontier before"
+                   " the jobs close")
+    p.add_argument("-s", "--setting", action="append", metavar="NAME=VALUE")
+    p.add_argument("-a", "--arg", action="append", metavar="NAME=VALUE",
+                   help="spider argument")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bloomcrawl",
+        description="Run a bloomcrawl cluster, deploy the project to it, crawl, watch.",
+    )
+    parser.add_argument("--version", action="version", version="%(prog)s " + __version__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    # --- the cluster (cli/cluster.py)
+    p = sub.add_parser("up", help="start the cluster (docker-compose, or local processes)")
+    p.add_argument("--workers", type=int, default=cluster.DEFAULT_WORKERS)
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--local", action="store_true", help="local processes even with Docker")
+    group.add_argument("--docker", action="store_true", help="fail without a Docker engine")
+    p.add_argument("--demo", action="store_true", help="start the demo site too")
+    p.add_argument("--build", action="store_true", help="rebuild the worker image")
+    p.set_defaults(func=cluster.cmd_up)
+
+    p = sub.add_parser("down", help="stop the cluster; removes its data unless --keep-data")
+    p.add_argument("--keep-data", action="store_true")
+    p.set_defaults(func=cluster.cmd_down)
+
+    p = sub.add_parser("scale", help="run N workers")
+    p.add_argument("workers", type=int)
+    p.set_defaults(func=cluster.cmd_scale)
+
+    p = sub.add_parser("nodes", help="print every scrapyd node's URL")
+    _add_nodes(p)
+    p.set_defaults(func=cluster.cmd_nodes)
+
+    # --- the project and its crawls (cli/jobs.py)
+    p = sub.add_parser("deploy", help="build the egg and upload it to every node;"
+                       " fails if any node fails")
+    _add_nodes(p)
+    p.add_argument("--project", default=jobs.DEFAULT_PROJECT)
+    p.add_argument("--version", dest="version", help="default: the time, as scrapyd-deploy does")
+    p.add_argument("--egg", help="upload this egg instead of building one")
+    p.set_defaults(func=jobs.cmd_deploy)
+
+    p = sub.add_parser("schedule", help="start a job of SPIDER on every node")
+    _add_nodes(p)
+    _add_crawl_options(p)
+    p.set_defaults(func=jobs.cmd_schedule)
+
+    p = sub.add_parser("seed", help="push start URLs to <spider>:start_urls")
+    _add_redis(p)
+    p.add_argument("--spider", default=jobs.DEFAULT_SPIDER)
+    p.add_argument("urls", nargs="+")
+    p.set_defaults(func=jobs.cmd_seed)
+
+    p = sub.add_parser("crawl", help="schedule SPIDER on every node and seed URLS")
+    _add_nodes(p)
+    _add_redis(p)
+    _add_crawl_options(p)
+    p.add_argument("--wait", action="store_true", help="print progress until the jobs end")
+    p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("urls", nargs="*")
+    p.set_defaults(func=jobs.cmd_crawl)
+
+    p = sub.add_parser("clear", help="delete a spider's filter, queue, leases and stats")
+    _add_redis(p)
+    p.add_argument("--spider", default=jobs.DEFAULT_SPIDER)
+    p.add_argument("--yes", action="store_true")
+    p.set_defaults(func=jobs.cmd_clear)
+
+    # --- looking at it (cli/status.py)
+    p = sub.add_parser("status", help="nodes, jobs, queue, leases, filter fill")
+    _add_nodes(p)
+    _add_redis(p)
+    p.set_defaults(func=status.cmd_status)
+
+    p = sub.add_parser("filter-info", help="a Bloom filter's size and fill, as JSON")
+    _add_redis(p)
+    p.add_argument("--spider", default=jobs.DEFAULT_SPIDER)
+    p.add_argument("--filter", help="filter name (default <spider>:bloomfilter)")
+    p.set_defaults(func=status.cmd_filter_info)
+
+    # --- the demo (cli/demo.py)
+    p = sub.add_parser("demo", help="up, deploy, crawl the demo site, print progress, summary")
+    p.add_argument("--workers", type=int, default=cluster.DEFAULT_WORKERS)
+    p.add_argument("--local", action="store_true")
+    p.add_argument("--project", default=jobs.DEFAULT_PROJECT)
+    p.add_argument("--pages", type=int, help="local mode: pages of the demo site")
+    p.add_argument("--delay-ms", type=float, help="local mode: response delay")
+    p.add_argument("--max-idle", type=float, default=10.0)
+    p.add_argument("--timeout", type=float, default=1800.0)
+    p.set_defaults(func=demo.cmd_demo)
+
+    # --- logs (cli/cluster.py)
+    p = sub.add_parser("logs", help="recent logs of the cluster's services")
+    p.add_argument("service", nargs="?")
+    p.add_argument("--tail", type=int, default=100)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.set_defaults(func=cluster.cmd_logs)
+    return parser

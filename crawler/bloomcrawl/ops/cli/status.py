@@ -1,0 +1,143 @@
+"""``status``, ``filter-info``, and the progress lines of a crawl (``crawl --wait``, ``demo``).
+
+They read Redis through :mod:`bloomcrawl.ops.inspection` and the nodes
+through :mod:`bloomcrawl.ops.scrapyd`; nothing here writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from collections.abc import Sequence
+
+import redis
+
+from bloomcrawl.core import defaults, keys
+from bloomcrawl.core.errors import RedisUnavailableError
+from bloomcrawl.ops import inspection, scrapyd
+from bloomcrawl.ops.cli.target import Target, TargetOptions, resolve_target
+from bloomcrawl.ops.cluster.state import Paths
+from bloomcrawl.ops.console import OpsError, say, warn
+
+WATCH_INTERVAL = 2.0
+#: what reading Redis raises when it cannot be read (inspection maps connection errors)
+REDIS_FAILURES = (redis.RedisError, RedisUnavailableError)
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else "%.2f%%" % (100 * value)
+
+
+def table(rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
+def frontier_line(client: redis.Redis, spider: str
+                  ) -> tuple[str, inspection.SpiderState | None]:
+    """One line of a spider's counters, and its state (``None`` before its filter exists)."""
+    state = None
+    with contextlib.suppress(*REDIS_FAILURES):
+        meta = keys.meta_key(keys.spider_key(defaults.FILTER_KEY, spider))
+        state = inspection.spider_state(client, meta)
+    stats: dict[str, int] = {}
+    with contextlib.suppress(*REDIS_FAILURES):
+        raw = client.hgetall(keys.spider_key(defaults.STATS_KEY, spider))
+        stats = {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
+    if state is None:
+        return ("pages %d  items %d" % (stats.get("pages", 0), stats.get("items", 0)), None)
+    return ("pages %d  items %d  queue %s  leased %s  filtered %d  requeued %d" % (
+        stats.get("pages", 0), stats.get("items", 0), state.queue_length, state.leased,
+        stats.get("filtered", 0), stats.get("requeued", 0)), state)
+
+
+def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
+          timeout: float) -> int:
+    """Print progress every 2 s until every job finished; 1 on timeout."""
+    client = target.redis()
+    started = time.monotonic()
+    deadline = started + timeout
+    while True:
+        states = scrapyd.job_states(target.nodes, project, jobs)
+        line, _ = frontier_line(client, spider)
+        counts = {s: sum(1 for v in states.values() if v == s)
+                  for s in (*scrapyd.JOB_STATES, "unknown")}
+        say("[%4.0fs] %s  jobs: %d running, %d pending, %d finished" % (
+            time.monotonic() - started, line, counts["running"], counts["pending"],
+            counts["finished"]))
+        if counts["finished"] + counts["unknown"] == len(states) and counts["finished"]:
+            return 0
+        if time.monotonic() > deadline:
+            warn(f"jobs still running after {timeout:g}s")
+            return 1
+        time.sleep(WATCH_INTERVAL)
+
+
+def status(target: Target) -> int:
+    """Print the nodes and every spider's frontier; 1 when a node or Redis is down."""
+    mode = target.cluster.mode if target.cluster else "not recorded (using REDIS_URL / --nodes)"
+    say(f"cluster: {mode}")
+    nodes = scrapyd.node_statuses(target.nodes)
+    up = sum(1 for n in nodes if n.up)
+    say("nodes: %d of %d up" % (up, len(nodes)))
+    if nodes:
+        rows: list[list[object]] = [["node", "up", "pending", "running", "finished", "error"]]
+        for n in nodes:
+            rows.append([n.node, "yes" if n.up else "NO", n.pending, n.running, n.finished,
+                         n.error or ""])
+        say(table(rows))
+    try:
+        snap = inspection.snapshot(target.redis())
+    except REDIS_FAILURES as exc:
+        say(f"redis: unreachable ({exc})")
+        return 1
+    say("redis: %.1f MiB used" % (snap.memory.used_bytes / 2**20))
+    if not snap.spiders:
+        say("spiders: none yet")
+        return 0 if up == len(nodes) else 1
+    rows = [["spider", "queue", "leased", "pages", "items", "filtered", "filter items",
+             "fill", "est. FP rate", "slices", "memory"]]
+    for s in snap.spiders:
+        info = s.filter
+        rows.append([
+            s.spider, s.queue_length if s.queue_length is not None else "-",
+            s.leased if s.leased is not None else "-", s.stats.get("pages", 0),
+            s.stats.get("items", 0), s.stats.get("filtered", 0),
+            info.items if info else "-", percent(info.fill_ratio if info else None),
+            f"{info.estimated_false_positive_rate:.2g}" if info else "-",
+            info.slices if info else "-",
+            "%.1f MiB" % (info.memory_bytes / 2**20) if info else "-",
+        ])
+    say(table(rows))
+    for s in snap.spiders:
+        for problem in s.problems:
+            say(f"{s.spider}: {problem}")
+    return 0 if up == len(nodes) else 1
+
+
+# --- the commands -----------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
+    options = TargetOptions.from_args(args)
+    target = resolve_target(paths, options, need_nodes=False)
+    if target.cluster is not None and not target.nodes:
+        with contextlib.suppress(OpsError):
+            target = resolve_target(paths, options, need_nodes=True)
+    return status(target)
+
+
+def cmd_filter_info(args: argparse.Namespace, paths: Paths) -> int:
+    target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=False)
+    name = args.filter or keys.spider_key(defaults.FILTER_KEY, args.spider)
+    state = inspection.spider_state(target.redis(), keys.meta_key(name))
+    if state is None or state.filter is None:
+        raise OpsError(f"no Bloom filter {name!r} in Redis")
+    info = dict(state.filter.__dict__)
+    info["name"] = name
+    say(json.dumps(info, indent=2, sort_keys=True))
+    return 0

@@ -1,0 +1,160 @@
+"""The cluster in containers: docker-compose (v1 or v2) on this checkout's compose file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from bloomcrawl.ops import scrapyd
+from bloomcrawl.ops.cluster.envfile import read_env_file
+from bloomcrawl.ops.cluster.processes import run
+from bloomcrawl.ops.cluster.state import Paths
+from bloomcrawl.ops.console import OpsError, say
+
+COMPOSE_SERVICE = "worker"
+HEALTH_TIMEOUT = 300.0
+
+
+def docker_reachable() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    try:
+        result = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
+                                capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0
+
+
+def compose_command() -> list[str]:
+    configured = os.environ.get("BLOOMCRAWL_COMPOSE")
+    if configured:
+        return configured.split()
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    return ["docker", "compose"]
+
+
+class Compose:
+    """docker-compose (v1 or v2) on this checkout's compose file and ``.env``."""
+
+    def __init__(self, paths: Paths) -> None:
+        self.paths = paths
+        env = read_env_file(paths.env_file)
+        self.project = env.get("COMPOSE_PROJECT_NAME") or "bloomcrawl"
+        self.grafana = env.get("GRAFANA_ENABLED") == "1"
+
+    def base(self, *profiles: str) -> list[str]:
+        cmd = [*compose_command(), "--env-file", str(self.paths.env_file),
+               "-f", str(self.paths.compose_file), "-p", self.project]
+        for profile in profiles:
+            cmd += ["--profile", profile]
+        return cmd
+
+    def run(self, *args: str, profiles: Sequence[str] = (), capture: bool = False,
+            check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+        return run(self.base(*profiles) + list(args), cwd=self.paths.root, capture=capture,
+                   check=check, timeout=timeout)
+
+    def is_v1(self) -> bool:
+        if compose_command() != ["docker-compose"]:
+            return False
+        result = run(["docker-compose", "version", "--short"], capture=True, check=False,
+                     timeout=30)
+        return result.stdout.strip().startswith("1.")
+
+    def up_workers(self, workers: int, profiles: Sequence[str], *,
+                   only_workers: bool = False) -> None:
+        """``up -d --scale worker=N``; with Compose v2 one new replica at a time.
+
+        v2 creates replicas in parallel, and two of them may then race for the
+        same port of the published range; v1 creates them one after another.
+        """
+        service = [COMPOSE_SERVICE] if only_workers else []
+        options = ["--no-recreate"] if only_workers else ["--remove-orphans"]
+        if self.is_v1():
+            self.run("up", "-d", *options, "--scale", "%s=%d" % (COMPOSE_SERVICE, workers),
+                     *service, profiles=profiles)
+            return
+        running = len(self.containers(COMPOSE_SERVICE))
+        steps = list(range(running + 1, workers + 1)) or [workers]
+        for count in steps:
+            self.run("up", "-d", *options, "--scale", "%s=%d" % (COMPOSE_SERVICE, count),
+                     *service, profiles=profiles)
+            options = ["--no-recreate"]
+
+    def containers(self, service: str | None = None) -> list[dict[str, Any]]:
+        """``docker inspect`` of this project's containers (of one service)."""
+        cmd = ["docker", "ps", "-a", "-q", "--filter",
+               f"label=com.docker.compose.project={self.project}"]
+        if service:
+            cmd += ["--filter", f"label=com.docker.compose.service={service}"]
+        ids = run(cmd, capture=True, timeout=30).stdout.split()
+        if not ids:
+            return []
+        result = run(["docker", "inspect", *ids], capture=True, check=False, timeout=30)
+        if result.returncode != 0:  # a container went away between ps and inspect
+            return [c for i in ids for c in self._inspect_one(i)]
+        data: list[dict[str, Any]] = json.loads(result.stdout)
+        return data
+
+    def _inspect_one(self, container_id: str) -> list[dict[str, Any]]:
+        result = run(["docker", "inspect", container_id], capture=True, check=False, timeout=30)
+        return list(json.loads(result.stdout)) if result.returncode == 0 else []
+
+    def worker_urls(self) -> list[str]:
+        """``http://127.0.0.1:PORT`` of every running worker replica, by replica number."""
+        urls = []
+        for c in self.containers(COMPOSE_SERVICE):
+            if not c["State"].get("Running"):
+                continue
+            ports = c["NetworkSettings"].get("Ports") or {}
+            bindings = ports.get("%d/tcp" % scrapyd.DEFAULT_PORT)
+            if not bindings:
+                continue
+            number = int(c["Config"]["Labels"].get("com.docker.compose.container-number", 0))
+            host = bindings[0].get("HostIp") or "127.0.0.1"
+            if host in ("0.0.0.0", "::"):
+                host = "127.0.0.1"
+            urls.append((number, "http://{}:{}".format(host, bindings[0]["HostPort"])))
+        return [url for _, url in sorted(urls)]
+
+    def wait_healthy(self, timeout: float = HEALTH_TIMEOUT, services: Sequence[str] = ()) -> None:
+        """Until every running container with a healthcheck is healthy."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:
+            waiting = []
+            for c in self.containers():
+                service = c["Config"]["Labels"].get("com.docker.compose.service", "")
+                if services and service not in services:
+                    continue
+                state = c["State"]
+                name = c["Name"].lstrip("/")
+                if not state.get("Running"):
+                    if state.get("Status") in ("exited", "dead") and state.get("ExitCode"):
+                        logs = run(["docker", "logs", "--tail", "30", c["Id"]], capture=True,
+                                   check=False, timeout=30)
+                        raise OpsError("{} exited with {}:\n{}{}".format(
+                            name, state.get("ExitCode"), logs.stdout, logs.stderr))
+                    continue
+                health = (state.get("Health") or {}).get("Status")
+                if health == "unhealthy":
+                    log = (state["Health"].get("Log") or [{}])[-1].get("Output", "")
+                    raise OpsError(f"{name} is unhealthy: {log.strip()[-500:]}")
+                if health not in (None, "healthy"):
+                    waiting.append(name)
+            if not waiting:
+                return
+            summary = ", ".join(sorted(waiting))
+            if summary != last:
+                say("waiting for: " + summary)
+                last = summary
+            if time.monotonic() > deadline:
+                raise OpsError(f"not healthy after {timeout:g}s: {summary}")
+            time.sleep(1)

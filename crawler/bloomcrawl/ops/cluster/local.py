@@ -1,0 +1,245 @@
+"""The compose topology as local processes on 127.0.0.1, for machines without Docker.
+
+redis-server (with the ``.env`` password, append-only file on), N scrapyd
+nodes, the exporter, Prometheus when it is installed, and the demo site on
+demand, each started through :mod:`bloomcrawl.ops.cluster.processes` on its
+``.env`` port when free (else any free port) and recorded in the cluster's
+state as soon as it is ready, so that ``down`` stops exactly those. Data and
+logs are under ``.run/local/``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from bloomcrawl.ops import scrapyd
+from bloomcrawl.ops.cluster.processes import (
+    ManagedProcess,
+    is_ours,
+    pick_port,
+    redis_url,
+    spawn,
+    start_prometheus,
+    start_redis,
+    start_scrapyd,
+    stop_process,
+)
+from bloomcrawl.ops.cluster.state import Cluster, Paths, load_cluster, save_cluster
+from bloomcrawl.ops.console import OpsError, say
+from bloomcrawl.ops.noproxy import http_ok
+
+DEMO_SITE_NEEDS = "the demo site needs aiohttp: pip install 'bloomcrawl[demo]'"
+
+
+class LocalCluster:
+    """The compose topology as processes on 127.0.0.1, for machines without Docker."""
+
+    def __init__(self, paths: Paths, env: dict[str, str]) -> None:
+        self.paths = paths
+        self.env = env
+        self.dir = paths.local_dir
+        self.python = sys.executable
+
+    def _record(self, cluster: Cluster, process: ManagedProcess) -> None:
+        cluster.processes.append(process.record)
+        save_cluster(self.paths, cluster)
+
+    def _child_env(self, redis_url: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            REDIS_URL=redis_url,
+            SCRAPYD_USERNAME=self.env["SCRAPYD_USERNAME"],
+            SCRAPYD_PASSWORD=self.env["SCRAPYD_PASSWORD"],
+            PYTHONUNBUFFERED="1",
+        )
+        # the jobs scrapyd starts import the project from the egg, not from this checkout
+        env.pop("SCRAPY_SETTINGS_MODULE", None)
+        env.pop("PYTHONPATH", None)
+        return env
+
+    def up(self, workers: int, *, demo: bool = False) -> int:
+        started = time.monotonic()
+        cluster = load_cluster(self.paths)
+        created = cluster is None
+        try:
+            if cluster is None:
+                cluster = self._start_redis()
+            alive = [p for p in cluster.processes if is_ours(p)]
+            if len(alive) != len(cluster.processes):
+                dead = sorted({p.name for p in cluster.processes} - {p.name for p in alive})
+                raise OpsError("recorded processes are gone (%s): `make down`, then `make up`"
+                               % ", ".join(dead))
+            self._scale_to(cluster, workers)
+            self._ensure_prometheus(cluster)
+            if demo:
+                self.start_demo(cluster)
+        except BaseException:
+            if created:
+                self.down(keep_data=False, quiet=True)
+            raise
+        urls = cluster.scrapyd_urls()
+        say("local cluster up in %.0fs: %d scrapyd node(s): %s" % (
+            time.monotonic() - started, len(urls), " ".join(urls)))
+        say("redis: 127.0.0.1:%d   exporter: http://127.0.0.1:%d/metrics%s" % (
+            cluster.ports["redis"], cluster.ports["exporter"],
+            "   prometheus: http://127.0.0.1:%d" % cluster.ports["prometheus"]
+            if "prometheus" in cluster.ports else "   prometheus: not installed"))
+        say(f"grafana: not started in local mode; state and logs in {self.dir}")
+        return 0
+
+    def _taken_ports(self, cluster: Cluster) -> set[int]:
+        return {p.port for p in cluster.processes if p.port} | set(cluster.ports.values())
+
+    def _start_redis(self) -> Cluster:
+        port = pick_port(int(self.env.get("REDIS_PORT") or 6379))
+        password = self.env["REDIS_PASSWORD"]
+        process = start_redis(self.dir / "redis", port=port, log=self.dir / "redis.log",
+                              password=password, appendonly=True)
+        cluster = Cluster("local", redis_url(port, password), self.env["SCRAPYD_USERNAME"],
+                          self.env["SCRAPYD_PASSWORD"], ports={"redis": port})
+        self._record(cluster, process)
+        return cluster
+
+    def _ensure_prometheus(self, cluster: Cluster) -> None:
+        if shutil.which("prometheus") is None or any(
+                p.name == "prometheus" for p in cluster.processes):
+            return
+        port = pick_port(int(self.env.get("PROMETHEUS_PORT") or 9090), self._taken_ports(cluster))
+        config = self._prometheus_config(cluster.ports["exporter"], port)
+        process = start_prometheus(config, self.dir / "prometheus-data", port=port,
+                                   log=self.dir / "prometheus.log", cwd=self.dir)
+        cluster.ports["prometheus"] = port
+        self._record(cluster, process)
+
+    def _exporter_env(self, cluster: Cluster) -> dict[str, str]:
+        env = self._child_env(cluster.redis_url)
+        env["SCRAPYD_NODES"] = ",".join(cluster.scrapyd_urls())
+        return env
+
+    def _prometheus_config(self, exporter_port: int, prometheus_port: int) -> Path:
+        """monitoring/prometheus/ with the compose addresses rewritten to 127.0.0.1 ports."""
+        source = self.paths.root / "monitoring" / "prometheus"
+        target = self.dir / "prometheus"
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        exporter = "127.0.0.1:%d" % exporter_port
+        if (source / "prometheus.yml").is_file():
+            for path in source.rglob("*"):
+                if path.is_file():
+                    dest = target / path.relative_to(source)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_text(path.read_text().replace("exporter:9410", exporter).replace(
+                        "localhost:9090", "127.0.0.1:%d" % prometheus_port))
+        else:
+            (target / "prometheus.yml").write_text(
+                "global:\n  scrape_interval: 5s\nscrape_configs:\n"
+                "  - job_name: bloomcrawl\n    static_configs:\n"
+                f"      - targets: ['{exporter}']\n")
+        return target / "prometheus.yml"
+
+    def _start_scrapyd(self, cluster: Cluster, index: int, taken: set[int]) -> None:
+        name = "scrapyd-%d" % index
+        port = pick_port(scrapyd.DEFAULT_PORT + index - 1, taken)
+        node_dir = self.dir / name
+        env = self._child_env(cluster.redis_url)
+        env["HOME"] = str(node_dir)  # Scrapy keeps job state under ~/.local/state
+        process = start_scrapyd(node_dir, port=port, username=cluster.username,
+                                password=cluster.password, env=env,
+                                log=self.dir / f"{name}.log", name=name, settings={
+                                    "max_proc": int(self.env.get("SCRAPYD_MAX_PROC") or 2),
+                                    "poll_interval": 1.0,
+                                    "eggs_dir": node_dir / "eggs",
+                                    "logs_dir": node_dir / "logs",
+                                    "dbs_dir": node_dir / "dbs",
+                                    "items_dir": "",
+                                })
+        self._record(cluster, process)
+
+    def _scale_to(self, cluster: Cluster, workers: int) -> None:
+        nodes = cluster.scrapyd_processes()
+        changed = False
+        if len(nodes) < workers:
+            taken = self._taken_ports(cluster)
+            for index in range(len(nodes) + 1, workers + 1):
+                self._start_scrapyd(cluster, index, taken)
+            changed = True
+        for record in nodes[workers:]:
+            stop_process(record)
+            cluster.processes.remove(record)
+            save_cluster(self.paths, cluster)
+            changed = True
+        if changed or not any(p.name == "exporter" for p in cluster.processes):
+            self._restart_exporter(cluster)
+
+    def _restart_exporter(self, cluster: Cluster) -> None:
+        """The exporter learns the node list when it starts: (re)start it with the list."""
+        for record in [p for p in cluster.processes if p.name == "exporter"]:
+            stop_process(record)
+            cluster.processes.remove(record)
+            save_cluster(self.paths, cluster)
+        port = cluster.ports.get("exporter") or pick_port(
+            int(self.env.get("EXPORTER_PORT") or 9410), self._taken_ports(cluster))
+        cluster.ports["exporter"] = port
+        process = spawn("exporter", [
+            self.python, "-m", "bloomcrawl.ops.exporter", "--bind", "127.0.0.1",
+            "--port", str(port), "--redis-url", cluster.redis_url,
+        ], log=self.dir / "exporter.log", cwd=self.dir, env=self._exporter_env(cluster),
+            port=port)
+        process.wait_ready(lambda: http_ok("http://127.0.0.1:%d/metrics" % port), 30)
+        self._record(cluster, process)
+
+    def scale(self, workers: int) -> int:
+        cluster = load_cluster(self.paths)
+        if cluster is None:
+            raise OpsError("no cluster is up")
+        if workers < 1:
+            raise OpsError("WORKERS must be at least 1")
+        self._scale_to(cluster, workers)
+        urls = cluster.scrapyd_urls()
+        say("%d scrapyd node(s): %s" % (len(urls), " ".join(urls)))
+        say("new nodes have no project yet: `make deploy` reaches every node")
+        return 0
+
+    def start_demo(self, cluster: Cluster, pages: int | None = None,
+                   delay_ms: float | None = None) -> str:
+        """Start the demo site once; its URL."""
+        for record in cluster.processes:
+            if record.name == "demo" and is_ours(record):
+                return "http://127.0.0.1:%s/" % record.port
+        if importlib.util.find_spec("aiohttp") is None:
+            raise OpsError(DEMO_SITE_NEEDS)
+        port = pick_port(int(self.env.get("DEMO_PORT") or 8000), self._taken_ports(cluster))
+        cmd = [self.python, "-m", "bloomcrawl.ops.demo_site", "--host", "127.0.0.1",
+               "--port", str(port),
+               "--pages", str(pages or int(self.env.get("DEMO_PAGES") or 2000))]
+        cmd += ["--delay-ms", str(delay_ms if delay_ms is not None
+                                  else float(self.env.get("DEMO_DELAY_MS") or 0))]
+        process = spawn("demo", cmd, log=self.dir / "demo.log", cwd=self.dir, port=port)
+        process.wait_ready(lambda: http_ok("http://127.0.0.1:%d/__stats" % port), 30,
+                           what="demo site")
+        cluster.ports["demo"] = port
+        self._record(cluster, process)
+        return "http://127.0.0.1:%d/" % port
+
+    def down(self, *, keep_data: bool, quiet: bool = False) -> None:
+        cluster = load_cluster(self.paths)
+        if cluster is None:
+            return
+        # scrapyd nodes (and their jobs) first, Redis last
+        order = sorted(cluster.processes, key=lambda p: (p.name == "redis", p.name))
+        for record in order:
+            if is_ours(record):
+                if not quiet:
+                    say("stopping %s (pid %d)" % (record.name, record.pid))
+                stop_process(record)
+        self.paths.cluster_file.unlink(missing_ok=True)
+        if not keep_data and self.dir.exists():
+            shutil.rmtree(self.dir, ignore_errors=True)
+        if not quiet:
+            say("local cluster down%s" % (f" (data kept in {self.dir})" if keep_data else ""))

@@ -1,0 +1,122 @@
+"""Where the cluster runs from, and what ``up`` recorded about it (``.run/cluster.json``).
+
+The record says how the cluster runs (``docker`` or ``local``), its ports and,
+for a local cluster, every process it started (pid and start time, so that
+``down`` stops exactly those). Secrets are never in it: they are read from
+``.env`` each time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bloomcrawl
+from bloomcrawl.ops.cluster.envfile import read_env_file
+from bloomcrawl.ops.cluster.processes import ProcessRecord, redis_url
+from bloomcrawl.ops.console import OpsError
+
+DEFAULT_REDIS_PORT = 6379
+SCRAPYD_PREFIX = "scrapyd-"
+
+
+@dataclass
+class Paths:
+    """The checkout the cluster runs from, its ``.env`` and its state directory."""
+
+    root: Path
+    env_file: Path
+    state_dir: Path
+
+    @classmethod
+    def from_environment(cls) -> Paths:
+        root = Path(os.environ.get("BLOOMCRAWL_ROOT") or os.getcwd()).resolve()
+        env_file = Path(os.environ.get("BLOOMCRAWL_ENV_FILE") or root / ".env")
+        state_dir = Path(os.environ.get("BLOOMCRAWL_STATE_DIR") or root / ".run")
+        return cls(root, env_file.resolve(), state_dir.resolve())
+
+    @property
+    def compose_file(self) -> Path:
+        return self.root / "docker-compose.yml"
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.state_dir / "cluster.json"
+
+    @property
+    def local_dir(self) -> Path:
+        return self.state_dir / "local"
+
+    def project_dir(self) -> Path:
+        """The Scrapy project scrapyd-deploy packages (the directory of scrapy.cfg)."""
+        package_parent = Path(bloomcrawl.__file__).resolve().parent.parent
+        for candidate in (self.root / "crawler", package_parent):
+            if (candidate / "scrapy.cfg").is_file():
+                return candidate
+        raise OpsError(f"no scrapy.cfg found in {self.root}/crawler")
+
+
+@dataclass
+class Cluster:
+    """What the commands need to reach a running cluster."""
+
+    mode: str  # "docker" or "local"
+    redis_url: str
+    username: str
+    password: str
+    project_name: str = "bloomcrawl"
+    processes: list[ProcessRecord] = field(default_factory=list)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def scrapyd_processes(self) -> list[ProcessRecord]:
+        """The local scrapyd nodes, by node number."""
+        nodes = [p for p in self.processes if p.name.startswith(SCRAPYD_PREFIX)]
+        return sorted(nodes, key=lambda p: int(p.name[len(SCRAPYD_PREFIX):]))
+
+    def scrapyd_urls(self) -> list[str]:
+        """``http://127.0.0.1:PORT`` of every local scrapyd node, by node number."""
+        return ["http://127.0.0.1:%s" % p.port for p in self.scrapyd_processes() if p.port]
+
+    def to_json(self) -> dict[str, Any]:
+        data = {
+            "mode": self.mode,
+            "project_name": self.project_name,
+            "ports": self.ports,
+            "processes": [p.__dict__ for p in self.processes],
+        }
+        if self.mode == "local":
+            data["redis_url"] = self.redis_url
+        return data
+
+
+def load_cluster(paths: Paths) -> Cluster | None:
+    """The cluster ``up`` recorded, or ``None``. Secrets are read from ``.env``."""
+    if not paths.cluster_file.is_file():
+        return None
+    data = json.loads(paths.cluster_file.read_text())
+    env = read_env_file(paths.env_file)
+    ports = {str(k): int(v) for k, v in data.get("ports", {}).items()}
+    if data["mode"] == "docker":
+        url = redis_url(int(env.get("REDIS_PORT") or DEFAULT_REDIS_PORT),
+                        env.get("REDIS_PASSWORD", ""))
+    else:
+        url = data["redis_url"]
+    return Cluster(
+        mode=data["mode"],
+        redis_url=url,
+        username=env.get("SCRAPYD_USERNAME", ""),
+        password=env.get("SCRAPYD_PASSWORD", ""),
+        project_name=data.get("project_name", "bloomcrawl"),
+        processes=[ProcessRecord(**p) for p in data.get("processes", [])],
+        ports=ports,
+    )
+
+
+def save_cluster(paths: Paths, cluster: Cluster) -> None:
+    paths.state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = paths.cluster_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cluster.to_json(), indent=2) + "\n")
+    tmp.replace(paths.cluster_file)
