@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help venv system-deps test lint bench
+.PHONY: help venv system-deps test test-lowest lint bench
 
 # the cluster (see README.md "The cluster"); the bloomcrawl command does the work
 BLOOMCRAWL := $(VENV)/bin/bloomcrawl
@@ -31,6 +31,20 @@ system-deps: ## install redis-server and prometheus (promtool) from Debian when 
 
 test: venv system-deps ## run the test suite (starts its own redis-server, scrapyd, prometheus)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the lowest versions pyproject allows (constraints/lowest.txt): the floors must be true
+LOWEST_VENV := .venv-lowest
+LOWEST_TESTS := tests/test_scheduler.py tests/test_frontier_protocol.py tests/test_scripts.py \
+	tests/test_bloom.py tests/test_dupefilter.py tests/test_frontier_crawl.py tests/faults
+
+$(LOWEST_VENV)/.installed: pyproject.toml constraints/lowest.txt
+	$(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/pip install -q --upgrade pip
+	$(LOWEST_VENV)/bin/pip install -q -c constraints/lowest.txt -e '.[test,demo]'
+	touch $@
+
+test-lowest: $(LOWEST_VENV)/.installed system-deps ## the crawl and fault tests on the lowest supported Scrapy, Twisted, redis-py
+	$(LOWEST_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(LOWEST_TESTS)
 
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check crawler tests bench

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import redis
+import scrapy
+from scrapy.utils.reactor import install_reactor
 
 from bloomcrawl.ops.cluster import processes
 from bloomcrawl.ops.cluster.processes import ManagedProcess, start_redis
@@ -21,6 +23,10 @@ from bloomcrawl.ops.cluster.processes import free_port as free_port  # the tests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+
+if scrapy.version_info < (2, 14):
+    # Scrapy 2.13's get_crawler() asks which reactor is installed, and fails when none is
+    install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
 
 
 def redisbloom_module() -> str | None:
