@@ -410,3 +410,35 @@ def test_an_evicting_redis_is_refused_unless_the_loss_is_accepted(redis_server,
         assert s.frontier is not None
     finally:
         redis_client.config_set("maxmemory-policy", "noeviction")
+
+
+def test_a_restarted_redis_that_lost_state_gets_what_the_seen_cache_dropped(tmp_path) -> None:
+    """A rollback or a restart without persistence: fingerprints this worker remembers
+    sending are gone from Redis; what it dropped against them must be sent again."""
+    from conftest import RedisServer
+
+    server = RedisServer(tmp_path / "r")  # no persistence: a restart loses everything
+    server.start()
+    try:
+        s = make_scheduler(server.url, BLOOMFILTER_PARTITIONS=1)
+        s.enqueue_request(Request("http://a.test/1"))
+        assert [r.url for r in drain(s)] == ["http://a.test/1"]
+        epoch = s.watch.epoch
+        server.restart()
+        # the worker still remembers /1 as sent: dropped here, held until Redis answers
+        assert s.enqueue_request(Request("http://a.test/1#again")) is False
+        got = drain(s)
+        assert s.watch.epoch == epoch + 1  # the reconnection saw another run_id
+        assert [r.url for r in got] == ["http://a.test/1#again"]
+        assert s.stats.get_value("bloomcrawl/redis_restarts") == 1
+    finally:
+        server.stop()
+
+
+def test_the_same_server_keeps_the_seen_cache(scheduler: Scheduler) -> None:
+    scheduler.enqueue_request(Request("http://a.test/1"))
+    assert [r.url for r in drain(scheduler)] == ["http://a.test/1"]
+    scheduler.server.connection_pool.disconnect()  # a new connection, the same server
+    assert scheduler.enqueue_request(Request("http://a.test/1#again")) is False
+    assert drain(scheduler) == []
+    assert scheduler.stats.get_value("bloomcrawl/redis_restarts") is None

@@ -114,6 +114,40 @@ def check_eviction_policy(info: dict[str, Any], client: Any, allow: bool) -> Non
             % (describe_redis(client), policy))
 
 
+class ServerWatch:
+    """Tells when the Redis behind a client is another server than before.
+
+    A restart or a failover (to a replica, maybe lagging) may roll state
+    back, and any of them breaks the client's connections: every new
+    connection asks the server's ``run_id`` before its first command (a
+    hook on redis-py's connect), so the change is known before that command
+    runs. :attr:`epoch` counts the changes; read it before and after a call.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.run_id: str | None = None
+        self.epoch = 0
+        pool = client.connection_pool
+        self._previous_hook = pool.connection_kwargs.get("redis_connect_func")
+        pool.connection_kwargs["redis_connect_func"] = self._on_connect
+        pool.reset()  # connections made before the hook would not call it
+
+    def _on_connect(self, connection: Any) -> None:
+        if self._previous_hook is not None:
+            self._previous_hook(connection)
+        else:
+            connection.on_connect()
+        connection.send_command("INFO", "server")
+        reply = connection.read_response()
+        text = reply.decode() if isinstance(reply, bytes) else str(reply)
+        run_id = next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                       if line.startswith("run_id:")), None)
+        if run_id != self.run_id:
+            if self.run_id is not None:
+                self.epoch += 1
+            self.run_id = run_id
+
+
 #: error replies that say "not now" (memory, a replica, a busy script, loading):
 #: the same call may succeed later, so they are retried like a lost connection
 TRANSIENT_REPLIES = frozenset({"OOM", "READONLY", "MISCONF", "BUSY", "LOADING", "MASTERDOWN",
@@ -122,10 +156,20 @@ TRANSIENT_REPLIES = frozenset({"OOM", "READONLY", "MISCONF", "BUSY", "LOADING", 
 REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, RedisUnavailableError)
 
 
+#: redis-py strips these codes from the message and raises its own class instead
+_REPLY_CLASSES = {name: code for name, code in (
+    ("OutOfMemoryError", "OOM"), ("ReadOnlyError", "READONLY"), ("NoScriptError", "NOSCRIPT"),
+    ("TryAgainError", "TRYAGAIN"), ("ClusterDownError", "CLUSTERDOWN"),
+    ("MasterDownError", "MASTERDOWN"))}
+
+
 def error_kind(exc: BaseException) -> str:
     """A short name for a Redis failure: "unreachable", the reply's code ("OOM"), or the type."""
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError | RedisUnavailableError):
         return "unreachable"
+    for cls in type(exc).__mro__:
+        if cls.__name__ in _REPLY_CLASSES and cls.__module__ == "redis.exceptions":
+            return _REPLY_CLASSES[cls.__name__]
     if isinstance(exc, redis.ResponseError):
         return str(exc).split(" ", 1)[0] or "ResponseError"
     return type(exc).__name__

@@ -8,8 +8,6 @@ REDIS_SOCKET_TIMEOUT = 30.0
 REDIS_HEALTH_CHECK_INTERVAL = 30
 # a Redis whose maxmemory-policy evicts keys is refused unless this says the loss is accepted
 REDIS_ALLOW_EVICTION = False
-# how often a worker asks Redis who it is (a restart or failover may have rolled state back)
-SERVER_CHECK_INTERVAL = 1.0
 
 # the Bloom filter (BLOOMFILTER_*)
 FILTER_KEY = "%(spider)s:bloomfilter"

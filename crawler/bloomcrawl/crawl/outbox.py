@@ -41,6 +41,9 @@ class Batch:
     stats: list[tuple[int, dict[str, int]]]
     #: start URL leases whose requests are in ``outgoing``: acked once it is sent
     start_tokens: list[str]
+    #: requests dropped against the worker's seen cache since the last exchange: given
+    #: back if the server turns out to have changed (their fingerprints may be lost)
+    held: list[Any]
     lease_from: int | None
     check_idle: bool
 
@@ -77,6 +80,7 @@ class Outbox:
         # start URL leases: requests made, not sent yet / sent, to be acked
         self.start_waiting: list[str] = []
         self.start_acks: list[str] = []
+        self.held: list[Any] = []
         self.exchanging = False
         self.closing = False
         self._retry_call: Any = None
@@ -110,10 +114,10 @@ class Outbox:
         if self.counts:
             self._number += 1
             stats.append((self._number, dict(self.counts)))
-        batch = Batch(self.outgoing, self.acks, stats, self.start_waiting, lease_from,
-                      check_idle)
+        batch = Batch(self.outgoing, self.acks, stats, self.start_waiting, self.held,
+                      lease_from, check_idle)
         self.outgoing, self.acks, self.counts = [], defaultdict(list), defaultdict(int)
-        self.start_waiting = []
+        self.start_waiting, self.held = [], []
         self.exchanging = True
         d = self.io.run(self._in_thread, frontier, batch)
         d.addCallbacks(self._done, self._failed, callbackArgs=(batch,),
@@ -172,6 +176,7 @@ class Outbox:
             self.acks[p][:0] = tokens
         self.unconfirmed_stats[:0] = batch.stats
         self.start_waiting[:0] = batch.start_tokens
+        self.held[:0] = batch.held
         if errors is not None:
             errors.append(failure)
             return

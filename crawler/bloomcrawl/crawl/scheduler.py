@@ -47,14 +47,13 @@ from scrapy.utils.defer import deferred_from_coro
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import normalise_fingerprint
 from bloomcrawl.core.connection import (
-    EVICTING_POLICIES,
     REDIS_ERRORS,
     RedisErrorPolicy,
+    ServerWatch,
     check_eviction_policy,
     describe_redis,
     server_info,
 )
-from bloomcrawl.core.defaults import SERVER_CHECK_INTERVAL
 from bloomcrawl.core.errors import FilterFullError, SettingError
 from bloomcrawl.core.frontier import Frontier, Lease, Outgoing
 from bloomcrawl.crawl.config import FilterConfig, FrontierConfig, redis_from_settings
@@ -129,11 +128,10 @@ class Scheduler:
         self._idle_since: float | None = None
         self._loops: list[Any] = []
         self._closing = False
-        # Redis's run_id as last seen: another one means a restart or a failover, and
-        # state may have been rolled back under this worker's seen cache
-        self._server_id: str | None = None
-        self._server_checked = 0.0
-        self._policy_warned: str | None = None
+        # another server behind the client (a restart, a failover) may have rolled
+        # state back under this worker's seen cache: see _exchanged
+        self.watch = ServerWatch(server)
+        self._epoch_seen = 0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
@@ -161,7 +159,7 @@ class Scheduler:
         self.errors.extra = self.outbox.log_extra = {"spider": spider}
         info = server_info(self.server)
         check_eviction_policy(info, self.server, self.config.allow_eviction)
-        self._server_id = info.get("run_id")
+        self.watch.run_id = info.get("run_id")
         bloom = self.filter_config.open(self.server, spider.name)
         try:
             frontier_keys = keys.FrontierKeys(
@@ -260,6 +258,7 @@ class Scheduler:
         lease = meta.pop(LEASE_META_KEY, None)
         fp = normalise_fingerprint(self.fingerprinter.fingerprint(request))
         if not request.dont_filter and fp in self._seen:
+            self.outbox.held.append(request)  # until Redis answered from the same server
             self.outbox.counts["filtered"] += 1
             self.stats.inc_value("dupefilter/filtered")
             self.stats.inc_value("bloomcrawl/filtered_locally")
@@ -338,6 +337,8 @@ class Scheduler:
 
     def _exchanged(self, reply: Reply, batch: Batch) -> None:
         frontier = self._frontier()
+        if self.watch.epoch != self._epoch_seen:
+            self._server_changed(batch.held)
         if frontier.filter_generation != self._seen_generation:
             logger.warning("the Bloom filter %s was deleted; it was created again",
                            frontier.keys.filter, extra={"spider": self.spider})
@@ -496,11 +497,6 @@ class Scheduler:
         """
         self._poll_call = None
         self.start_urls.read()
-        now = time.monotonic()
-        if now - self._server_checked >= SERVER_CHECK_INTERVAL:
-            self._server_checked = now
-            d = self.io.run(server_info, self.server)
-            d.addCallbacks(self._check_server, self._failed).addErrback(self._bug)
         self._exchange(lease=self._starved, check_idle=self._starved)
         self._schedule_poll(self._poll_delay)
         self._poll_delay = min(MAX_POLL_DELAY, self._poll_delay * 2)
@@ -510,33 +506,27 @@ class Scheduler:
         self._poll_delay = 0.05
         self._exchange(lease=self._starved)
 
-    def _check_server(self, info: dict[str, Any]) -> None:
-        """A new run_id: Redis restarted or failed over, and may have rolled state back.
+    def _server_changed(self, held: list[Request]) -> None:
+        """Redis restarted or failed over since the last exchange, maybe rolled back.
 
         The seen cache then remembers fingerprints Redis may have lost: a page
         crawled again (its ack rolled back too) would have its links dropped
-        here. Forget them and have the filter and layout checked again; leases
-        rolled back expire and are requeued as usual.
+        against it. Forget them, send again what was dropped against them
+        since the last exchange, and have the filter and layout checked;
+        leases rolled back expire and are requeued as usual.
         """
-        server_id = info.get("run_id")
-        if self._server_id is not None and server_id != self._server_id:
-            logger.warning("Redis at %s is another server now (run_id %s, was %s): restarted"
-                           " or failed over; forgetting the %d fingerprints this worker"
-                           " remembered and checking the filter again",
-                           describe_redis(self.server), server_id, self._server_id,
-                           len(self._seen), extra={"spider": self.spider})
-            self.stats.inc_value("bloomcrawl/redis_restarts")
-            self._seen.clear()
-            self._redis_may_have_work = True
-            self.io.run(self._frontier().reverify).addErrback(self._failed)
-        self._server_id = server_id
-        policy = info.get("maxmemory_policy")
-        if (policy in EVICTING_POLICIES and not self.config.allow_eviction
-                and policy != self._policy_warned):
-            self._policy_warned = policy
-            logger.error("Redis at %s now evicts keys when full (maxmemory-policy %s): the"
-                         " frontier may lose requests; set it back to noeviction",
-                         describe_redis(self.server), policy, extra={"spider": self.spider})
+        self._epoch_seen = self.watch.epoch
+        logger.warning("Redis at %s is another server now (run_id %s): restarted or failed"
+                       " over; forgetting the %d fingerprints this worker remembered and"
+                       " sending %d requests again", describe_redis(self.server),
+                       self.watch.run_id, len(self._seen), len(held),
+                       extra={"spider": self.spider})
+        self.stats.inc_value("bloomcrawl/redis_restarts")
+        self._seen.clear()
+        self._redis_may_have_work = True
+        for request in held:
+            self.enqueue_request(request)
+        self.io.run(self._frontier().reverify).addErrback(self._failed)
 
     def _on_idle(self, spider: Spider) -> None:
         if self._local or self.outbox.owes() or self.outbox.exchanging:
