@@ -90,9 +90,12 @@ def test_a_recycled_pid_is_never_signalled() -> None:
 
 
 def test_unreachable_node_is_a_one_line_error() -> None:
-    node = Node("http://127.0.0.1:%d" % free_port(), "u", "p")
-    with pytest.raises(ScrapydError, match=r"daemonstatus\.json"):
-        node.request("daemonstatus.json", timeout=2)
+    url = "http://127.0.0.1:%d" % free_port()
+    with pytest.raises(ScrapydError) as caught:
+        Node(url, "u", "p").request("daemonstatus.json", timeout=2)
+    assert str(caught.value) == (
+        f"cannot reach the scrapyd node {url}: [Errno 111] Connection refused")
+    assert caught.value.url == url + "/daemonstatus.json"
 
 
 # --- the local-process cluster ------------------------------------------------------
@@ -141,6 +144,17 @@ def test_local_cluster_up_scale_deploy_demo_status_down(tmp_path: Path) -> None:
         assert {"redis", "exporter", "scrapyd-1", "scrapyd-2"} <= set(names), names
         for record in state["processes"]:
             assert processes.process_start_ticks(record["pid"]) == record["start_ticks"]
+        # the secrets stay in .env: not in the record (owner-only all the same), not on
+        # any command line (which every user of the machine can read)
+        secrets = [v for k, v in envfile.read_env_file(tmp_path / ".env").items()
+                   if k.endswith("PASSWORD")]
+        assert len(secrets) == 3
+        assert stat.S_IMODE(state_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE((tmp_path / ".env").stat().st_mode) == 0o600
+        assert not [s for s in secrets if s in state_file.read_text()]
+        for record in state["processes"]:
+            cmdline = Path("/proc/%d/cmdline" % record["pid"]).read_bytes()
+            assert not [s for s in secrets if s.encode() in cmdline], record["name"]
 
         out = bloomcrawl(env, "deploy")
         assert "to 2 of 2 node(s)" in out, out

@@ -155,7 +155,8 @@ def test_deploy_fails_when_any_node_fails(scrapyd: Scrapyd, tmp_path: Path) -> N
     result = run_cli("deploy", "--nodes", "%s,%s" % (scrapyd.url, closed), tmp_path=tmp_path)
     assert result.returncode == 1
     assert "to 1 of 2 node(s)" in result.stdout
-    assert "FAIL %s" % closed in result.stdout
+    assert "FAIL cannot reach the scrapyd node %s: [Errno 111] Connection refused\n" % (
+        closed) in result.stdout
     # the node that answered still got the project
     assert "bloomcrawl" in scrapyd.node.request("listprojects.json")["projects"]
 

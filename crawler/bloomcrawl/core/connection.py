@@ -160,7 +160,7 @@ REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, RedisUnavaila
 _REPLY_CLASSES = {name: code for name, code in (
     ("OutOfMemoryError", "OOM"), ("ReadOnlyError", "READONLY"), ("NoScriptError", "NOSCRIPT"),
     ("TryAgainError", "TRYAGAIN"), ("ClusterDownError", "CLUSTERDOWN"),
-    ("MasterDownError", "MASTERDOWN"))}
+    ("MasterDownError", "MASTERDOWN"), ("NoPermissionError", "NOPERM"))}
 
 
 def error_kind(exc: BaseException) -> str:

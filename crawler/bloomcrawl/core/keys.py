@@ -91,6 +91,11 @@ def lease_counter_key(queue: str, filter_name: str, partition: int) -> str:
     return "%s:%s:seq" % (queue, partition_tag(filter_name, partition))
 
 
+def item_ids_key(items_key: str) -> str:
+    """The set of ids of the items stored once each (same slot as the items list)."""
+    return "{%s}:ids" % items_key
+
+
 def filter_name_from_meta(key: str) -> str:
     return key[: -len(META_SUFFIX)]
 
@@ -154,6 +159,7 @@ class FrontierKeys:
         self.start_deadlines = tag + ":deadlines"
         self.start_counter = tag + ":seq"
         self.items = spider_key(defaults.ITEMS_KEY, spider)
+        self.item_ids = item_ids_key(self.items)
         self.meta = meta_key(self.filter)
         self.partitions = partitions
 

@@ -74,7 +74,7 @@ class RedisItemsPipeline:
         data = self.encoder.encode(item)
         # an item no tracked callback yielded still gets an id: a resent push stores it once
         origin = origins.pop(item) or "u:" + uuid.uuid4().hex
-        call = ScriptCall(_PUSH, [self.key, "{%s}:ids" % self.key], [origin, data])
+        call = ScriptCall(_PUSH, [self.key, keys.item_ids_key(self.key)], [origin, data])
         deadline = time.monotonic() + self.retry_timeout
         while True:
             try:

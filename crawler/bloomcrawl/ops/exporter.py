@@ -4,7 +4,14 @@ Scrapyd runs every job in its own process, so per-process metrics ports
 would clash; this exporter reads the shared state instead: each scrape takes
 a fresh :mod:`bloomcrawl.ops.inspection` snapshot of Redis (filters, queues,
 leases, shared crawl stats) and asks every scrapyd node's ``daemonstatus.json``
-(:mod:`bloomcrawl.ops.scrapyd`).
+(:mod:`bloomcrawl.ops.scrapyd`); :mod:`bloomcrawl.ops.metrics` turns both into
+metric families.
+
+It answers every scrape: Redis down is ``bloomcrawl_up 0`` (logged through
+:class:`~bloomcrawl.core.connection.RedisErrorPolicy`: each kind of failure
+once, the recovery once), and one spider whose keys are malformed is reported
+with what could be read, counted in ``bloomcrawl_spider_read_errors`` and
+logged once per kind of problem, while every other spider is reported as usual.
 
 Pages per node come from ``<spider>:pages_by_node`` (worker host name ->
 pages); a host name that exactly one scrapyd node reports as its
@@ -25,24 +32,28 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import FrameType
 
 import redis
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from bloomcrawl import __version__
-from bloomcrawl.core import defaults, keys
-from bloomcrawl.core.bloom import BloomInfo
-from bloomcrawl.core.connection import describe_redis, redis_from_url
-from bloomcrawl.core.errors import RedisUnavailableError, SettingError
-from bloomcrawl.ops import inspection, scrapyd
+from bloomcrawl.core import defaults
+from bloomcrawl.core.connection import (
+    REDIS_ERRORS,
+    RedisErrorPolicy,
+    describe_redis,
+    redis_from_url,
+)
+from bloomcrawl.core.errors import SettingError
+from bloomcrawl.ops import inspection, metrics, scrapyd
 
 logger = logging.getLogger(__name__)
 
@@ -50,93 +61,45 @@ DEFAULT_PORT = 9410
 DEFAULT_BIND = "127.0.0.1"
 DEFAULT_REDIS_TIMEOUT = 2.0
 
-#: Shared crawl stats (``<spider>:stats``, :data:`bloomcrawl.keys.STATS_FIELDS`) -> counters.
-STATS_METRICS: dict[str, tuple[str, str]] = {
-    "pages": ("bloomcrawl_pages_total",
-              "Pages crawled (responses whose outcome is final), from the shared crawl stats."),
-    "items": ("bloomcrawl_items_total", "Items scraped, from the shared crawl stats."),
-    "filtered": ("bloomcrawl_requests_filtered_total",
-                 "Requests the scheduler dropped as already seen, from the shared crawl stats."),
-    "requeued": ("bloomcrawl_leases_requeued_total",
-                 "Expired leases put back into the queue (their worker died or stalled)."),
-    "errors": ("bloomcrawl_errors_total",
-               "Requests that ended in an error, from the shared crawl stats."),
-    "bad_start_urls": ("bloomcrawl_bad_start_urls_total",
-                       "Malformed start-URL entries skipped."),
-    "unserializable": ("bloomcrawl_unserializable_requests_total",
-                       "Requests that could not be serialized for the queue and were dropped."),
-}
-
-# name, help, value of a filter; all labelled by spider
-_FILTER_GAUGES: tuple[tuple[str, str, Callable[[BloomInfo], float]], ...] = (
-    ("bloomcrawl_filter_capacity", "Items the filter is sized for before it grows.",
-     lambda f: f.capacity),
-    ("bloomcrawl_filter_items", "Distinct items added to the filter.", lambda f: f.items),
-    ("bloomcrawl_filter_bits", "Bits of all the filter's slices (allocated or not).",
-     lambda f: f.bits),
-    ("bloomcrawl_filter_bits_set", "Bits set, counted exactly as they are set.",
-     lambda f: f.bits_set),
-    ("bloomcrawl_filter_fill_ratio", "Bits set / bits.", lambda f: f.fill_ratio),
-    ("bloomcrawl_filter_slices", "Slices of the fullest partition (1 until the filter grows).",
-     lambda f: f.slices),
-    ("bloomcrawl_filter_partitions", "Partitions (Redis Cluster slots) of filter and queue.",
-     lambda f: f.partitions),
-    ("bloomcrawl_filter_hashes", "Bits set per item in the first slice (k).",
-     lambda f: f.hashes),
-    ("bloomcrawl_filter_target_false_positive_ratio",
-     "False-positive rate the filter was created for.", lambda f: f.error_rate),
-    ("bloomcrawl_filter_estimated_false_positive_ratio",
-     "False-positive rate estimated from each slice's items and size.",
-     lambda f: f.estimated_false_positive_rate),
-    ("bloomcrawl_filter_memory_bytes", "Bytes of filter bits Redis holds (allocated chunks).",
-     lambda f: f.memory_bytes),
-)
-_FILTER_COUNTERS: tuple[tuple[str, str, Callable[[BloomInfo], float]], ...] = (
-    ("bloomcrawl_filter_checked_total", "Fingerprints checked against the filter.",
-     lambda f: f.checked),
-    ("bloomcrawl_filter_duplicates_total",
-     "Fingerprints the filter answered as already seen (duplicates filtered).",
-     lambda f: f.filtered),
-)
-_SPIDER_GAUGES: tuple[tuple[str, str, Callable[[inspection.SpiderState], int | None]], ...] = (
-    ("bloomcrawl_queue_requests", "Requests waiting in the queue.", lambda s: s.queue_length),
-    ("bloomcrawl_leased_requests", "Requests leased to a worker and not yet acked.",
-     lambda s: s.leased),
-    ("bloomcrawl_leases_expired", "Leases past their deadline, not yet requeued.",
-     lambda s: s.leases_expired),
-    ("bloomcrawl_start_urls", "Start-URL entries waiting to be read.", lambda s: s.start_urls),
-    ("bloomcrawl_stored_items", "Items waiting in the spider's Redis items list.",
-     lambda s: s.items_stored),
-)
-JOB_STATES = ("pending", "running", "finished")
-NODE_PAGES_METRIC = "bloomcrawl_node_pages_total"
-
 
 class _Outages:
-    """Log each part of the cluster going down once, and its recovery once."""
+    """Log each problem once when it appears and once when it is gone, not on every scrape.
 
-    def __init__(self) -> None:
-        self._down: dict[str, str] = {}
+    ``consequence`` says what the exporter reports meanwhile; ``resolved``
+    ends the line logged when a problem is gone.
+    """
+
+    def __init__(self, consequence: str, resolved: str) -> None:
+        self.consequence = consequence
+        self.resolved = resolved
+        self._open: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def failed(self, part: str, reason: str) -> None:
         with self._lock:
-            previous = self._down.get(part)
-            self._down[part] = reason
+            previous = self._open.get(part)
+            self._open[part] = reason
         if previous is None:
-            logger.warning("%s: %s (reported as down until it answers again)", part, reason)
+            logger.warning("%s: %s (%s)", part, reason, self.consequence)
         else:
-            logger.debug("%s still down: %s", part, reason)
+            logger.debug("%s still: %s", part, reason)
 
     def recovered(self, part: str) -> None:
         with self._lock:
-            previous = self._down.pop(part, None)
+            previous = self._open.pop(part, None)
         if previous is not None:
-            logger.info("%s answers again", part)
+            logger.info("%s %s", part, self.resolved)
 
-    def is_down(self, part: str) -> bool:
+    def now(self, problems: dict[str, str]) -> None:
+        """Exactly ``problems`` (key -> the line to log) are open now."""
         with self._lock:
-            return part in self._down
+            new = [key for key in problems if key not in self._open]
+            gone = [key for key in self._open if key not in problems]
+            self._open = dict(problems)
+        for key in new:
+            logger.warning("%s (%s)", problems[key], self.consequence)
+        for key in gone:
+            logger.info("%s: %s", key, self.resolved)
 
 
 @dataclass
@@ -178,8 +141,14 @@ class ClusterCollector(Collector):
     def __init__(self, client: redis.Redis, *, scrapyd: ScrapydNodes | None = None) -> None:
         self.client = client
         self.scrapyd = scrapyd or ScrapydNodes()
-        self._outages = _Outages()
-        self._redis_part = f"Redis at {describe_redis(client)}"
+        # Redis failing goes through the package's one policy (each kind logged once,
+        # the recovery once); the scrape interval is Prometheus's, so its delay is unused
+        self._redis_errors = RedisErrorPolicy(logger, client, "bloomcrawl_up is 0 until it"
+                                              " answers")
+        self._redis_errors_lock = threading.Lock()
+        self._outages = _Outages("reported as down until it answers again", "answers again")
+        self._spider_problems = _Outages("its other metrics are still reported",
+                                         "readable again")
         # node URL -> the node_name it last reported, so that a node's pages keep
         # their label while it does not answer
         self._node_names: dict[str, str] = {}
@@ -208,7 +177,7 @@ class ClusterCollector(Collector):
             families += redis_families
         host_labels = self._host_labels(statuses)
         if spiders is not None:
-            families.append(self._node_pages_family(spiders, host_labels))
+            families.append(metrics.node_pages_family(spiders, host_labels))
         build_info = GaugeMetricFamily(
             "bloomcrawl_exporter_build_info", "The exporter's version.", labels=["version"])
         build_info.add_metric([__version__], 1)
@@ -227,97 +196,36 @@ class ClusterCollector(Collector):
         up = GaugeMetricFamily("bloomcrawl_up", "1 when Redis answered this scrape, else 0.")
         try:
             snap = inspection.snapshot(self.client)
-        except (RedisUnavailableError, redis.RedisError) as exc:
-            self._outages.failed(self._redis_part, str(exc))
+        except REDIS_ERRORS as exc:
+            with self._redis_errors_lock:
+                self._redis_errors.failed(exc)
             up.add_metric([], 0)
             return [up], None
-        self._outages.recovered(self._redis_part)
+        with self._redis_errors_lock:
+            self._redis_errors.ok()
         up.add_metric([], 1)
-        families: list[Metric] = [up]
-        families.append(GaugeMetricFamily(
-            "bloomcrawl_redis_memory_used_bytes", "Redis used_memory (INFO memory).",
-            value=snap.memory.used_bytes))
-        families.append(GaugeMetricFamily(
-            "bloomcrawl_redis_memory_max_bytes", "Redis maxmemory; 0 when unlimited.",
-            value=snap.memory.max_bytes))
-        families.append(GaugeMetricFamily(
-            "bloomcrawl_spiders", "Spiders (Bloom filters) found in Redis.",
-            value=len(snap.spiders)))
         unique = self._unique_spiders(snap.spiders)
-        families += self._spider_families(unique)
-        return families, unique
+        return [up, *metrics.redis_families(snap), *metrics.spider_families(unique)], unique
 
     def _unique_spiders(
         self, spiders: list[inspection.SpiderState]
     ) -> list[inspection.SpiderState]:
-        """The first filter of each spider name; the problems of each logged once."""
+        """The first filter of each spider name; each problem logged once, and its end."""
         seen: set[str] = set()
         unique = []
+        problems: dict[str, str] = {}
         for state in spiders:
             part = f"spider {state.spider!r} (filter {state.filter_name!r})"
             if state.spider in seen:
-                self._outages.failed(part, "another filter already reports this spider; skipped")
+                problems[f"{part}: duplicate"] = (
+                    f"{part}: another filter already reports this spider; skipped")
                 continue
             seen.add(state.spider)
             unique.append(state)
-            if state.problems:
-                self._outages.failed(part, "; ".join(state.problems))
-            else:
-                self._outages.recovered(part)
+            for issue in state.issues:
+                problems.setdefault(f"{part}: {issue.kind}", f"{part}: {issue.message}")
+        self._spider_problems.now(problems)
         return unique
-
-    def _spider_families(self, unique: list[inspection.SpiderState]) -> list[Metric]:
-        info = GaugeMetricFamily(
-            "bloomcrawl_spider_info",
-            "Each spider's filter, queue type and filter backend (bitmap or redisbloom).",
-            labels=["spider", "filter", "queue_type", "backend"])
-        for state in unique:
-            info.add_metric([state.spider, state.filter_name, state.queue_type or "",
-                             state.backend or ""], 1)
-        out: list[Metric] = [info]
-        for name, doc, filter_value in _FILTER_GAUGES:
-            gauge = GaugeMetricFamily(name, doc, labels=["spider"])
-            for state in unique:
-                if state.filter is not None:
-                    gauge.add_metric([state.spider], filter_value(state.filter))
-            out.append(gauge)
-        for name, doc, filter_value in _FILTER_COUNTERS:
-            counter = CounterMetricFamily(name, doc, labels=["spider"])
-            for state in unique:
-                if state.filter is not None:
-                    counter.add_metric([state.spider], filter_value(state.filter))
-            out.append(counter)
-        for name, doc, spider_value in _SPIDER_GAUGES:
-            gauge = GaugeMetricFamily(name, doc, labels=["spider"])
-            for state in unique:
-                value = spider_value(state)
-                if value is not None:
-                    gauge.add_metric([state.spider], value)
-            out.append(gauge)
-        for stat in keys.STATS_FIELDS:
-            name, doc = STATS_METRICS.get(
-                stat, (f"bloomcrawl_{stat}_total", f"Shared crawl stat {stat!r}."))
-            counter = CounterMetricFamily(name, doc, labels=["spider"])
-            for state in unique:
-                counter.add_metric([state.spider], state.stats.get(stat, 0))
-            out.append(counter)
-        return out
-
-    def _node_pages_family(self, spiders: list[inspection.SpiderState],
-                           host_labels: dict[str, str]) -> Metric:
-        counter = CounterMetricFamily(
-            NODE_PAGES_METRIC,
-            "Pages crawled per worker host, from <spider>:pages_by_node; node is the scrapyd"
-            " node's host:port when exactly one node reports that host name, else the host"
-            " name.", labels=["spider", "node"])
-        for state in spiders:
-            pages: dict[str, int] = {}
-            for host, count in state.pages_by_node.items():
-                node = host_labels.get(host, host)
-                pages[node] = pages.get(node, 0) + count
-            for node, count in sorted(pages.items()):
-                counter.add_metric([state.spider, node], count)
-        return counter
 
     # -- scrapyd ---------------------------------------------------------------
 
@@ -338,25 +246,13 @@ class ClusterCollector(Collector):
             (scrapyd.node_label(url), name) for url, name in names.items())
 
     def _node_families(self, statuses: list[scrapyd.NodeStatus]) -> list[Metric]:
-        nodes = GaugeMetricFamily(
-            "bloomcrawl_scrapyd_nodes", "scrapyd nodes configured or resolved from DNS.",
-            value=len(statuses))
-        up = GaugeMetricFamily(
-            "bloomcrawl_scrapyd_node_up", "1 when the node's daemonstatus.json answered.",
-            labels=["node"])
-        jobs = GaugeMetricFamily(
-            "bloomcrawl_scrapyd_jobs", "Jobs on the node by state (scrapyd keeps the last"
-            " finished_to_keep finished jobs).", labels=["node", "state"])
         for status in statuses:
             part = f"scrapyd node {status.node}"
-            up.add_metric([status.node], 1 if status.up else 0)
             if status.up:
                 self._outages.recovered(part)
-                for state in JOB_STATES:
-                    jobs.add_metric([status.node, state], getattr(status, state))
             else:
                 self._outages.failed(part, status.error or "no answer")
-        return [nodes, up, jobs]
+        return metrics.node_families(statuses)
 
 
 def build_registry(collector: Collector) -> CollectorRegistry:

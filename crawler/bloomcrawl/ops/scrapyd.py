@@ -49,10 +49,19 @@ T = TypeVar("T")
 
 
 class ScrapydError(OpsError):
-    """A scrapyd endpoint failed; ``reason`` is the short cause, the message names the URL."""
+    """A scrapyd endpoint failed; ``reason`` is the short cause, the message names the URL.
 
-    def __init__(self, url: str, reason: str, detail: str = "") -> None:
-        super().__init__(f"{url}: {reason}" + (f" {detail}" if detail else ""))
+    ``unreachable`` is the node's URL when no answer came at all (connection
+    refused, a timeout): the message then says the node could not be reached.
+    """
+
+    def __init__(self, url: str, reason: str, detail: str = "", *,
+                 unreachable: str | None = None) -> None:
+        if unreachable:
+            message = f"cannot reach the scrapyd node {unreachable}: {reason}"
+        else:
+            message = f"{url}: {reason}" + (f" {detail}" if detail else "")
+        super().__init__(message)
         self.url = url
         self.reason = reason
 
@@ -68,7 +77,10 @@ class NodeStatus:
     running: int = 0
     finished: int = 0
     node_name: str | None = None
+    #: why it is not up, in short (``[Errno 111] Connection refused``)
     error: str | None = None
+    #: the same as one line naming the node (``cannot reach the scrapyd node http://...: ...``)
+    failure: str | None = None
     duration_seconds: float = 0.0
 
 
@@ -99,9 +111,11 @@ class Node:
         except urllib.error.HTTPError as exc:
             detail = exc.read(500).decode(errors="replace").strip()
             raise ScrapydError(url, f"HTTP {exc.code} {exc.reason}", detail) from exc
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        except (urllib.error.URLError, OSError) as exc:
             reason = str(getattr(exc, "reason", exc)) or type(exc).__name__
-            raise ScrapydError(url, reason) from exc
+            raise ScrapydError(url, reason, unreachable=self.url) from exc
+        except http.client.HTTPException as exc:
+            raise ScrapydError(url, str(exc) or type(exc).__name__) from exc
         try:
             return json.loads(raw)
         except ValueError as exc:
@@ -131,6 +145,7 @@ class Node:
             body = self._call("daemonstatus.json", None, None, timeout)
         except ScrapydError as exc:
             status.error = exc.reason
+            status.failure = str(exc)
         else:
             if isinstance(body, dict) and body.get("status", "ok") == "ok":
                 status.up = True
@@ -141,6 +156,7 @@ class Node:
                 status.node_name = str(name) if name is not None else None
             else:
                 status.error = f"unexpected answer: {body!r:.200}"
+                status.failure = f"scrapyd node {self.url} gave an {status.error}"
         status.duration_seconds = time.monotonic() - started
         return status
 
@@ -220,10 +236,10 @@ def schedule(nodes: Sequence[Node], project: str, spider: str,
     data += [("setting", "{}={}".format(*pair)) for pair in settings]
     data += list(spider_args)
     results = for_each_node(nodes, lambda node: node.request("schedule.json", data))
-    errors = [f"{node.url}: {error}" for node, _, error in results if error]
+    errors = [error for _, _, error in results if error]
     if errors:
-        raise OpsError("scheduling %s failed on %d of %d node(s):\n  %s" % (
-            spider, len(errors), len(results), "\n  ".join(errors)))
+        raise OpsError("scheduling %s failed on %d of %d node(s): %s" % (
+            spider, len(errors), len(results), "; ".join(errors)))
     return {node.url: str(answer["jobid"]) for node, answer, _ in results if answer}
 
 

@@ -20,11 +20,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import redis
+
+from bloomcrawl.core.errors import BloomcrawlError
 from bloomcrawl.ops.cli.parser import build_parser
 from bloomcrawl.ops.cluster.state import Paths
-from bloomcrawl.ops.console import OpsError, warn
+from bloomcrawl.ops.console import warn
 
 __all__ = ["build_parser", "main"]
+
+
+def failure_line(exc: BaseException) -> str:
+    """What a command that failed says (after ``bloomcrawl <command>: ``), never a traceback.
+
+    Our own errors (:class:`~bloomcrawl.ops.console.OpsError`, Redis out of
+    reach, a bad setting) say what they could not do and name the server;
+    an error redis-py raised where no call of ours named the server still
+    names it as redis-py does.
+    """
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return f"cannot reach Redis: {exc}"
+    if isinstance(exc, redis.RedisError):
+        return f"Redis refused a command: {exc}"
+    return str(exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,8 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = Paths.from_environment()
     try:
         return int(args.func(args, paths))
-    except OpsError as exc:
-        warn(f"bloomcrawl {args.command}: {exc}")
+    except (BloomcrawlError, redis.RedisError) as exc:
+        warn(f"bloomcrawl {args.command}: {failure_line(exc)}")
         return 1
     except KeyboardInterrupt:
         return 130

@@ -13,7 +13,9 @@ import contextlib
 import time
 from pathlib import Path
 
-from bloomcrawl.ops.cli.target import TargetOptions, resolve_target
+from bloomcrawl.ops import scrapyd
+from bloomcrawl.ops.cli.status import report_nodes
+from bloomcrawl.ops.cli.target import TargetOptions, no_cluster, resolve_target
 from bloomcrawl.ops.cluster.compose import COMPOSE_SERVICE, Compose, docker_reachable
 from bloomcrawl.ops.cluster.envfile import ensure_env_file, read_env_file
 from bloomcrawl.ops.cluster.local import LocalCluster
@@ -93,14 +95,15 @@ def down(paths: Paths, *, keep_data: bool) -> int:
         paths.cluster_file.unlink(missing_ok=True)
         say("cluster down%s" % (" (volumes kept)" if keep_data else ""))
     else:
-        say(f"no cluster recorded in {paths.state_dir}")
+        # like docker-compose down: stopping what is not running is done, not an error
+        say(str(no_cluster(paths, hint="nothing to stop")))
     return 0
 
 
 def scale(paths: Paths, workers: int) -> int:
     cluster = load_cluster(paths)
     if cluster is None:
-        raise OpsError("no cluster is up: `make up WORKERS=%d`" % workers)
+        raise no_cluster(paths, hint="start one with `make up WORKERS=%d`" % workers)
     if cluster.mode == "local":
         return LocalCluster(paths, read_env_file(paths.env_file)).scale(workers)
     compose = Compose(paths)
@@ -116,6 +119,8 @@ def scale(paths: Paths, workers: int) -> int:
 def logs(paths: Paths, service: str | None, *, tail: int, follow: bool) -> int:
     """The last ``tail`` lines of each service's log (of ``service`` alone when given)."""
     cluster = load_cluster(paths)
+    if cluster is None and not (paths.env_file.is_file() and docker_reachable()):
+        raise no_cluster(paths, hint="no logs to show; start one with `make up` or `make demo`")
     if cluster is not None and cluster.mode == "local":
         for record in cluster.processes:
             if service and not record.name.startswith(service):
@@ -155,6 +160,8 @@ def cmd_logs(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_nodes(args: argparse.Namespace, paths: Paths) -> int:
-    for node in resolve_target(paths, TargetOptions.from_args(args), need_nodes=True).nodes:
+    """Every node's URL on stdout; a line on stderr, and exit 1, for each that does not answer."""
+    nodes = resolve_target(paths, TargetOptions.from_args(args), need_nodes=True).nodes
+    for node in nodes:
         say(node.url)
-    return 0
+    return 1 if report_nodes(scrapyd.node_statuses(nodes), "nodes") else 0

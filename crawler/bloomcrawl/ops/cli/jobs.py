@@ -2,13 +2,14 @@
 
 ``deploy`` builds the egg once (``scrapyd-deploy --build-egg``) and uploads it
 to every node, failing when any node fails; ``schedule`` starts a job on every
-node; ``seed`` pushes start URLs; ``crawl`` does both; ``clear`` deletes a
-spider's frontier.
+node; ``seed`` pushes start URLs; ``crawl`` does both; ``clear`` deletes every
+key of a spider (its filters, queues, leases, start URLs, stats and items).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
 import time
 import urllib.parse
@@ -19,7 +20,8 @@ from pathlib import Path
 import redis
 
 from bloomcrawl.core import defaults, keys
-from bloomcrawl.ops import scrapyd
+from bloomcrawl.core.connection import redis_errors
+from bloomcrawl.ops import inspection, scrapyd
 from bloomcrawl.ops.cli.status import watch
 from bloomcrawl.ops.cli.target import TargetOptions, resolve_target
 from bloomcrawl.ops.cluster.state import Paths
@@ -44,7 +46,7 @@ def deploy_project(paths: Paths, nodes: Sequence[scrapyd.Node], project: str,
     for node, answer, error in results:
         if answer is None:
             failed += 1
-            say(f"FAIL {node.url}: {error}")
+            say(f"FAIL {error}")  # names the node
         else:
             say("ok   {}: {} {}, spiders: {}".format(node.url, project, version,
                                                      answer.get("spiders")))
@@ -109,38 +111,94 @@ class CrawlOptions:
                                 self.spider_arguments(urls))
 
 
-def seed(client: redis.Redis, spider: str, urls: Sequence[str]) -> int:
-    """Push ``urls`` to the spider's start URLs; every one must be an http(s) URL."""
-    key = keys.spider_key(defaults.START_URLS_KEY, spider)
+def check_start_urls(urls: Sequence[str]) -> None:
+    """:class:`OpsError` unless every one of ``urls`` is an http(s) URL."""
     for url in urls:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise OpsError(f"not an http(s) URL: {url!r}")
+
+
+def seed(client: redis.Redis, spider: str, urls: Sequence[str]) -> int:
+    """Push ``urls`` to the spider's start URLs; every one must be an http(s) URL."""
+    key = keys.spider_key(defaults.START_URLS_KEY, spider)
+    check_start_urls(urls)
     if urls:
-        client.rpush(key, *urls)
+        with redis_errors(client):
+            client.rpush(key, *urls)
     return len(urls)
 
 
+#: one partition's keys of a filter (after ``{<filter>:``) and of its queue
+_PARTITION = r"\d+\}.*"
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a SCAN pattern."""
+    return re.sub(r"([\\*?\[\]])", r"\\\1", text)
+
+
+def _partitioned(prefix: str) -> tuple[str, re.Pattern[str]]:
+    """A SCAN pattern for keys starting ``prefix``, and the exact form of partition keys."""
+    return _glob_escape(prefix) + "*", re.compile(re.escape(prefix) + _PARTITION, re.S)
+
+
+def _names_of(frontier: keys.FrontierKeys) -> tuple[set[str], list[tuple[str, re.Pattern[str]]]]:
+    exact = {frontier.meta, frontier.stats, frontier.stats_applied, frontier.pages_by_node,
+             frontier.start_urls, frontier.start_leases, frontier.start_deadlines,
+             frontier.start_counter, frontier.items, frontier.item_ids}
+    tag = "{%s:" % frontier.filter
+    return exact, [_partitioned(tag), _partitioned("%s:%s" % (frontier.queue, tag))]
+
+
+def spider_key_names(client: redis.Redis, spider: str
+                     ) -> tuple[set[str], list[tuple[str, re.Pattern[str]]]]:
+    """Every key of a spider: exact names, and (SCAN pattern, exact form) of partitioned ones.
+
+    The filters are the spider's default one and every filter whose meta hash
+    names the spider (``BLOOMFILTER_KEY`` set otherwise), with the queues the
+    meta hashes record. The patterns match ``{<filter>:<P>}...`` (state, bits,
+    RedisBloom) and ``<queue>:{<filter>:<P>}:...`` (queue, leases, deadlines,
+    lease counter) for any partition number, whatever the parameters say now.
+    """
+    default = keys.FrontierKeys(spider)
+    found = inspection.find_meta_keys(client)
+    pipe = client.pipeline(transaction=False)
+    for meta_key in found:
+        pipe.hget(meta_key, "spider")
+    owners = pipe.execute(raise_on_error=False) if found else []
+    metas = [default.meta] + [meta_key for meta_key, owner in zip(found, owners, strict=True)
+                              if owner == spider.encode() and meta_key != default.meta]
+    pipe = client.pipeline(transaction=False)
+    for meta_key in metas:
+        pipe.hgetall(meta_key)
+    exact, patterns = _names_of(default)
+    for meta_key, reply in zip(metas, pipe.execute(raise_on_error=False), strict=True):
+        meta = ({k.decode(errors="replace"): v.decode(errors="replace") for k, v in reply.items()}
+                if isinstance(reply, dict) else {})
+        exact.add(meta_key)
+        try:
+            recorded = inspection.frontier_keys(keys.filter_name_from_meta(meta_key), meta, spider)
+        except ValueError:
+            continue  # names that break hash tags were never used: the default ones were
+        more, more_patterns = _names_of(recorded)
+        exact |= more
+        patterns += [p for p in more_patterns if p not in patterns]
+    return exact, patterns
+
+
 def clear_spider(client: redis.Redis, spider: str) -> int:
-    """Delete a spider's frontier: filter, queue, leases, stats, start URLs, items."""
-    frontier = keys.FrontierKeys(spider)
-    names = [frontier.meta, frontier.stats, frontier.start_urls, frontier.items]
-    patterns = [
-        keys.partition_tag(frontier.filter, 0).replace(":0}", ":*}").replace("{", "\\{")
-        .replace("}", "\\}") + "*",
-        frontier.queue + ":\\{" + frontier.filter + ":*",
-    ]
-    deleted = int(client.delete(*names))
-    for pattern in patterns:
-        batch: list[bytes] = []
-        for key in client.scan_iter(match=pattern, count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                deleted += int(client.delete(*batch))
-                batch = []
-        if batch:
-            deleted += int(client.delete(*batch))
-    return deleted
+    """Delete every key of a spider (:func:`spider_key_names`); how many there were."""
+    with redis_errors(client):
+        exact, patterns = spider_key_names(client, spider)
+        doomed = set(exact)
+        for glob, form in patterns:
+            for raw in client.scan_iter(match=glob, count=1000):
+                name = raw.decode(errors="replace")
+                if form.fullmatch(name):
+                    doomed.add(name)
+        names = sorted(doomed)
+        return sum(int(client.unlink(*names[i:i + 500])) for i in range(0, len(names), 500))
 
 
 # --- the commands -----------------------------------------------------------------
@@ -160,7 +218,8 @@ def cmd_schedule(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_seed(args: argparse.Namespace, paths: Paths) -> int:
-    target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=False)
+    target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=False,
+                            need_redis=True)
     count = seed(target.redis(), args.spider, args.urls)
     say("pushed %d start URL(s) to %s" % (count, keys.spider_key(
         defaults.START_URLS_KEY, args.spider)))
@@ -170,10 +229,13 @@ def cmd_seed(args: argparse.Namespace, paths: Paths) -> int:
 def cmd_crawl(args: argparse.Namespace, paths: Paths) -> int:
     if not args.urls:
         raise OpsError("give at least one start URL (make crawl URL=https://...)")
-    target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=True)
+    check_start_urls(args.urls)
+    target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=True,
+                            need_redis=True)
+    client = target.redis()  # before any job starts: jobs without their seeds would idle
     options = CrawlOptions.from_args(args)
     jobs = options.schedule(target.nodes, args.urls)
-    count = seed(target.redis(), options.spider, args.urls)
+    count = seed(client, options.spider, args.urls)
     say("seeded %d URL(s); %s running on %d node(s)" % (count, options.spider, len(jobs)))
     if args.wait:
         return watch(target, options.spider, options.project, jobs, args.timeout)
@@ -183,6 +245,7 @@ def cmd_crawl(args: argparse.Namespace, paths: Paths) -> int:
 def cmd_clear(args: argparse.Namespace, paths: Paths) -> int:
     if not args.yes:
         raise OpsError(f"this deletes {args.spider}'s filter, queue and stats: add --yes")
-    target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=False)
+    target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=False,
+                            need_redis=True)
     say("deleted %d key(s) of %s" % (clear_spider(target.redis(), args.spider), args.spider))
     return 0

@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 
 from bloomcrawl import __version__
+from bloomcrawl.core import defaults, keys
 from bloomcrawl.ops.cli import cluster, demo, jobs, status
+
+
+def spider_name(name: str) -> str:
+    """A spider name its Redis keys can be made of (no hash-tag braces)."""
+    try:
+        keys.check_key(keys.spider_key(defaults.STATS_KEY, name))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return name
 
 
 def _add_nodes(p: argparse.ArgumentParser) -> None:
@@ -22,7 +32,7 @@ def _add_redis(p: argparse.ArgumentParser) -> None:
 
 
 def _add_crawl_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--spider", default=jobs.DEFAULT_SPIDER)
+    p.add_argument("--spider", default=jobs.DEFAULT_SPIDER, type=spider_name)
     p.add_argument("--project", default=jobs.DEFAULT_PROJECT)
     p.add_argument("--allowed-domains", help="comma list; default: the start URLs' hosts")
     p.add_argument("--depth-limit", type=int)
@@ -80,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("seed", help="push start URLs to <spider>:start_urls")
     _add_redis(p)
-    p.add_argument("--spider", default=jobs.DEFAULT_SPIDER)
+    p.add_argument("--spider", default=jobs.DEFAULT_SPIDER, type=spider_name)
     p.add_argument("urls", nargs="+")
     p.set_defaults(func=jobs.cmd_seed)
 
@@ -93,9 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("urls", nargs="*")
     p.set_defaults(func=jobs.cmd_crawl)
 
-    p = sub.add_parser("clear", help="delete a spider's filter, queue, leases and stats")
+    p = sub.add_parser("clear", help="delete every key of a spider: filter, queue, leases,"
+                       " start URLs, stats, items")
     _add_redis(p)
-    p.add_argument("--spider", default=jobs.DEFAULT_SPIDER)
+    p.add_argument("--spider", default=jobs.DEFAULT_SPIDER, type=spider_name)
     p.add_argument("--yes", action="store_true")
     p.set_defaults(func=jobs.cmd_clear)
 
@@ -107,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("filter-info", help="a Bloom filter's size and fill, as JSON")
     _add_redis(p)
-    p.add_argument("--spider", default=jobs.DEFAULT_SPIDER)
+    p.add_argument("--spider", default=jobs.DEFAULT_SPIDER, type=spider_name)
     p.add_argument("--filter", help="filter name (default <spider>:bloomfilter)")
     p.set_defaults(func=status.cmd_filter_info)
 

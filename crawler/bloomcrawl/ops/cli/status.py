@@ -44,12 +44,13 @@ def frontier_line(client: redis.Redis, spider: str
     with contextlib.suppress(*REDIS_FAILURES):
         meta = keys.meta_key(keys.spider_key(defaults.FILTER_KEY, spider))
         state = inspection.spider_state(client, meta)
-    stats: dict[str, int] = {}
-    with contextlib.suppress(*REDIS_FAILURES):
-        raw = client.hgetall(keys.spider_key(defaults.STATS_KEY, spider))
-        stats = {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
-    if state is None:
+    if state is None:  # no filter yet: the stats alone
+        stats: dict[str, int] = {}
+        with contextlib.suppress(*REDIS_FAILURES, ValueError):
+            raw = client.hgetall(keys.spider_key(defaults.STATS_KEY, spider))
+            stats = {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
         return ("pages %d  items %d" % (stats.get("pages", 0), stats.get("items", 0)), None)
+    stats = state.stats
     return ("pages %d  items %d  queue %s  leased %s  filtered %d  requeued %d" % (
         stats.get("pages", 0), stats.get("items", 0), state.queue_length, state.leased,
         stats.get("filtered", 0), stats.get("requeued", 0)), state)
@@ -77,8 +78,19 @@ def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
         time.sleep(WATCH_INTERVAL)
 
 
+def report_nodes(nodes: Sequence[scrapyd.NodeStatus], command: str) -> int:
+    """One line on stderr for each node that did not answer; how many did not."""
+    down = [n for n in nodes if not n.up]
+    for n in down:
+        warn(f"bloomcrawl {command}: {n.failure or n.error}")
+    return len(down)
+
+
 def status(target: Target) -> int:
-    """Print the nodes and every spider's frontier; 1 when a node or Redis is down."""
+    """Print the nodes and every spider's frontier; 1 when a node or Redis is down.
+
+    Redis out of reach raises (its line names the server) once the nodes are printed.
+    """
     mode = target.cluster.mode if target.cluster else "not recorded (using REDIS_URL / --nodes)"
     say(f"cluster: {mode}")
     nodes = scrapyd.node_statuses(target.nodes)
@@ -90,33 +102,39 @@ def status(target: Target) -> int:
             rows.append([n.node, "yes" if n.up else "NO", n.pending, n.running, n.finished,
                          n.error or ""])
         say(table(rows))
-    try:
-        snap = inspection.snapshot(target.redis())
-    except REDIS_FAILURES as exc:
-        say(f"redis: unreachable ({exc})")
-        return 1
+    nodes_down = report_nodes(nodes, "status")
+    snap = inspection.snapshot(target.redis())
     say("redis: %.1f MiB used" % (snap.memory.used_bytes / 2**20))
     if not snap.spiders:
         say("spiders: none yet")
-        return 0 if up == len(nodes) else 1
-    rows = [["spider", "queue", "leased", "pages", "items", "filtered", "filter items",
-             "fill", "est. FP rate", "slices", "memory"]]
+    else:
+        say(table(spider_rows(snap.spiders)))
     for s in snap.spiders:
+        for problem in s.problems:
+            say(f"{s.spider}: {problem}")
+    return 1 if nodes_down else 0
+
+
+def spider_rows(spiders: Sequence[inspection.SpiderState]) -> list[list[object]]:
+    """The header and one row per spider; ``-`` where a figure could not be read."""
+    def shown(value: object) -> object:
+        return "-" if value is None else value
+
+    rows: list[list[object]] = [[
+        "spider", "start urls", "start leased", "queue", "leased", "pages", "items",
+        "filtered", "filter items", "fill", "est. FP rate", "slices", "memory"]]
+    for s in spiders:
         info = s.filter
         rows.append([
-            s.spider, s.queue_length if s.queue_length is not None else "-",
-            s.leased if s.leased is not None else "-", s.stats.get("pages", 0),
-            s.stats.get("items", 0), s.stats.get("filtered", 0),
+            s.spider, shown(s.start_urls), shown(s.start_urls_leased), shown(s.queue_length),
+            shown(s.leased), shown(s.stats.get("pages")), shown(s.stats.get("items")),
+            shown(s.stats.get("filtered")),
             info.items if info else "-", percent(info.fill_ratio if info else None),
             f"{info.estimated_false_positive_rate:.2g}" if info else "-",
             info.slices if info else "-",
             "%.1f MiB" % (info.memory_bytes / 2**20) if info else "-",
         ])
-    say(table(rows))
-    for s in snap.spiders:
-        for problem in s.problems:
-            say(f"{s.spider}: {problem}")
-    return 0 if up == len(nodes) else 1
+    return rows
 
 
 # --- the commands -----------------------------------------------------------------
@@ -124,7 +142,7 @@ def status(target: Target) -> int:
 
 def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
     options = TargetOptions.from_args(args)
-    target = resolve_target(paths, options, need_nodes=False)
+    target = resolve_target(paths, options, need_nodes=False, need_redis=True)
     if target.cluster is not None and not target.nodes:
         with contextlib.suppress(OpsError):
             target = resolve_target(paths, options, need_nodes=True)
@@ -132,7 +150,8 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_filter_info(args: argparse.Namespace, paths: Paths) -> int:
-    target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=False)
+    target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=False,
+                            need_redis=True)
     name = args.filter or keys.spider_key(defaults.FILTER_KEY, args.spider)
     state = inspection.spider_state(target.redis(), keys.meta_key(name))
     if state is None or state.filter is None:

@@ -2,7 +2,10 @@
 
 Each comes from the command line when given there, else from the environment
 (``REDIS_URL``, ``SCRAPYD_NODES``, ``SCRAPYD_USERNAME``, ``SCRAPYD_PASSWORD``),
-else from the cluster ``up`` recorded and its ``.env``.
+else from the cluster ``up`` recorded and its ``.env``. With none of these, a
+command that needs Redis or the nodes fails with :func:`no_cluster`'s line,
+saying how to start one; never with a guess at a server that may be someone
+else's.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from dataclasses import dataclass
 
 import redis
 
-from bloomcrawl.core import defaults
+from bloomcrawl.core.connection import ping, redis_from_url
+from bloomcrawl.core.errors import RedisUnavailableError
 from bloomcrawl.ops import scrapyd
 from bloomcrawl.ops.cluster.compose import Compose
 from bloomcrawl.ops.cluster.envfile import read_env_file
@@ -49,16 +53,47 @@ class Target:
     compose: Compose | None
 
     def redis(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url, socket_connect_timeout=5, socket_timeout=30)
+        """A client to the cluster's Redis, which answered a PING.
+
+        Raises :class:`~bloomcrawl.core.errors.RedisUnavailableError` naming the
+        server (never its password) when it does not answer or refuses the
+        credentials.
+        """
+        client = redis_from_url(self.redis_url, socket_connect_timeout=5, socket_timeout=30)
+        try:
+            ping(client)
+        except RedisUnavailableError as exc:
+            gone = [p for p in self.cluster.gone() if p.name == "redis"] if (
+                self.cluster is not None and self.cluster.mode == "local") else []
+            if gone:
+                raise OpsError(f"{exc} (the local cluster's redis-server, pid {gone[0].pid},"
+                               " is not running: `make down`, then `make up`)") from exc
+            raise
+        return client
 
 
 def _split(urls: str) -> list[str]:
     return [u for u in urls.split(",") if u.strip()]
 
 
+def no_cluster(paths: Paths, instead: str = "", *,
+               hint: str = "start one with `make up` or `make demo`") -> OpsError:
+    """The line a command fails with when no cluster is recorded and none was given.
+
+    ``instead`` names the options that point the command at a cluster ``up``
+    did not start.
+    """
+    return OpsError(f"no cluster is running (none recorded in {paths.state_dir}): {hint}"
+                    + (f", or pass {instead}" if instead else ""))
+
+
 def resolve_target(paths: Paths, options: TargetOptions | None = None, *,
-                   need_nodes: bool) -> Target:
-    """The target; with ``need_nodes``, :class:`OpsError` when no scrapyd node is known."""
+                   need_nodes: bool, need_redis: bool = False) -> Target:
+    """The target; :class:`OpsError` when a part it needs is nowhere to be found.
+
+    With ``need_nodes``, at least one scrapyd node must be known; with
+    ``need_redis``, a Redis URL (``redis_url`` is ``""`` when none is known).
+    """
     options = options or TargetOptions()
     cluster = load_cluster(paths)
     env = read_env_file(paths.env_file)
@@ -67,7 +102,9 @@ def resolve_target(paths: Paths, options: TargetOptions | None = None, *,
     password = (os.environ.get("SCRAPYD_PASSWORD")
                 or (cluster.password if cluster else "") or env.get("SCRAPYD_PASSWORD", ""))
     redis_url = (options.redis_url or os.environ.get("REDIS_URL")
-                 or (cluster.redis_url if cluster else "") or defaults.REDIS_URL)
+                 or (cluster.redis_url if cluster else ""))
+    if need_redis and not redis_url:
+        raise no_cluster(paths, "--redis-url URL (REDIS_URL)")
     compose = Compose(paths) if cluster is not None and cluster.mode == "docker" else None
     urls: list[str] = []
     if options.nodes:
@@ -82,6 +119,9 @@ def resolve_target(paths: Paths, options: TargetOptions | None = None, *,
     elif cluster is not None and need_nodes:
         urls = compose.worker_urls() if compose is not None else cluster.scrapyd_urls()
     if need_nodes and not urls:
-        raise OpsError("no scrapyd nodes: run `make up`, or pass --nodes URL,... (SCRAPYD_NODES)")
+        if cluster is None:
+            raise no_cluster(paths, "--nodes URL,... (SCRAPYD_NODES)")
+        raise OpsError(f"the cluster recorded in {paths.state_dir} has no scrapyd node:"
+                       " `make up`, or pass --nodes URL,... (SCRAPYD_NODES)")
     nodes = [scrapyd.Node(url, username, password) for url in urls]
     return Target(redis_url, nodes, cluster, compose)

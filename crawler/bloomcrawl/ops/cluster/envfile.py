@@ -7,10 +7,15 @@ scrapyd credentials and the Redis password from it.
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
+from typing import TextIO
 
 from bloomcrawl.ops.console import say
+
+#: files holding a secret (or naming where one is) are readable by their owner alone
+PRIVATE_MODE = 0o600
 
 ENV_HEADER = """\
 # bloomcrawl cluster settings, written by `bloomcrawl up` (make up) with random
@@ -34,6 +39,22 @@ def read_env_file(path: Path) -> dict[str, str]:
     return values
 
 
+def open_private(path: Path, *, append: bool = False) -> TextIO:
+    """Open ``path`` for writing, owner-only (:data:`PRIVATE_MODE`) before a byte is written.
+
+    A new file is created with that mode (never world-readable, not even for a
+    moment); an existing one is narrowed to it first.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, PRIVATE_MODE)
+    try:
+        os.fchmod(fd, PRIVATE_MODE)
+        return os.fdopen(fd, "a" if append else "w")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def new_secret() -> str:
     """URL-safe without escaping: it goes into redis:// URLs and basic auth."""
     return secrets.token_hex(16)
@@ -54,11 +75,10 @@ def ensure_env_file(path: Path) -> dict[str, str]:
         return values
     path.parent.mkdir(parents=True, exist_ok=True)
     existed = path.exists()
-    with path.open("a") as f:
+    with open_private(path, append=True) as f:
         if not existed:
             f.write(ENV_HEADER)
         for name, value in missing.items():
             f.write(f"{name}={value}\n")
-    path.chmod(0o600)
     say("{} {} ({})".format("updated" if existed else "created", path, ", ".join(missing)))
     return read_env_file(path)

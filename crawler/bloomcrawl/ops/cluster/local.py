@@ -66,14 +66,13 @@ class LocalCluster:
         started = time.monotonic()
         cluster = load_cluster(self.paths)
         created = cluster is None
+        # the state (pids, ports), data and logs are the operator's alone
+        self.paths.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, exist_ok=True)
         try:
             if cluster is None:
                 cluster = self._start_redis()
-            alive = [p for p in cluster.processes if is_ours(p)]
-            if len(alive) != len(cluster.processes):
-                dead = sorted({p.name for p in cluster.processes} - {p.name for p in alive})
-                raise OpsError("recorded processes are gone (%s): `make down`, then `make up`"
-                               % ", ".join(dead))
+            self._check_alive(cluster)
             self._scale_to(cluster, workers)
             self._ensure_prometheus(cluster)
             if demo:
@@ -91,6 +90,13 @@ class LocalCluster:
             if "prometheus" in cluster.ports else "   prometheus: not installed"))
         say(f"grafana: not started in local mode; state and logs in {self.dir}")
         return 0
+
+    @staticmethod
+    def _check_alive(cluster: Cluster) -> None:
+        gone = cluster.gone()
+        if gone:
+            raise OpsError("recorded processes are gone (%s): `make down`, then `make up`"
+                           % ", ".join(sorted(p.name for p in gone)))
 
     def _taken_ports(self, cluster: Cluster) -> set[int]:
         return {p.port for p in cluster.processes if p.port} | set(cluster.ports.values())
@@ -186,9 +192,10 @@ class LocalCluster:
         port = cluster.ports.get("exporter") or pick_port(
             int(self.env.get("EXPORTER_PORT") or 9410), self._taken_ports(cluster))
         cluster.ports["exporter"] = port
+        # REDIS_URL (password included) goes in its environment, never on its command line
         process = spawn("exporter", [
             self.python, "-m", "bloomcrawl.ops.exporter", "--bind", "127.0.0.1",
-            "--port", str(port), "--redis-url", cluster.redis_url,
+            "--port", str(port),
         ], log=self.dir / "exporter.log", cwd=self.dir, env=self._exporter_env(cluster),
             port=port)
         process.wait_ready(lambda: http_ok("http://127.0.0.1:%d/metrics" % port), 30)
@@ -200,6 +207,7 @@ class LocalCluster:
             raise OpsError("no cluster is up")
         if workers < 1:
             raise OpsError("WORKERS must be at least 1")
+        self._check_alive(cluster)
         self._scale_to(cluster, workers)
         urls = cluster.scrapyd_urls()
         say("%d scrapyd node(s): %s" % (len(urls), " ".join(urls)))

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import redis
 
+from bloomcrawl.ops.cluster.envfile import open_private
 from bloomcrawl.ops.console import OpsError
 from bloomcrawl.ops.noproxy import http_ok
 from bloomcrawl.ops.scrapyd import Node
@@ -375,18 +376,27 @@ def start_redis(data_dir: Path, *, port: int | None = None, log: Path | None = N
                 timeout: float = 20.0) -> ManagedProcess:
     """redis-server on 127.0.0.1, its data in ``data_dir``, no RDB snapshots.
 
+    A ``password`` goes into an owner-only config file in ``data_dir``, never
+    onto the command line, which every user of the machine can read.
+
     ``port=None``: a free port (another one if that start fails). ``module``
     is loaded (RedisBloom); ``extra_args`` are appended to the command line.
     """
     executable = binary or _installed("redis-server", "redis-server")
     data_dir.mkdir(parents=True, exist_ok=True)
+    cmd_start = [executable]
+    if password:
+        # in a file only its owner reads: a command line is world-readable (ps, /proc)
+        config = data_dir / "auth.conf"
+        with open_private(config) as f:
+            quoted = password.replace("\\", "\\\\").replace('"', '\\"')
+            f.write(f'requirepass "{quoted}"\n')
+        cmd_start.append(str(config))
 
     def start(port: int) -> ManagedProcess:
-        cmd = [executable, "--port", str(port), "--bind", HOST, "--daemonize", "no",
+        cmd = [*cmd_start, "--port", str(port), "--bind", HOST, "--daemonize", "no",
                "--dir", str(data_dir), "--save", "", "--appendonly",
                "yes" if appendonly else "no"]
-        if password:
-            cmd += ["--requirepass", password]
         if module:
             cmd += ["--loadmodule", module]
         cmd += extra_args

@@ -3,7 +3,8 @@
 The record says how the cluster runs (``docker`` or ``local``), its ports and,
 for a local cluster, every process it started (pid and start time, so that
 ``down`` stops exactly those). Secrets are never in it: they are read from
-``.env`` each time.
+``.env`` each time. It is written owner-only all the same (created 0600, in a
+state directory created 0700), as the local cluster's data and logs under it are.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import bloomcrawl
-from bloomcrawl.ops.cluster.envfile import read_env_file
-from bloomcrawl.ops.cluster.processes import ProcessRecord, redis_url
+from bloomcrawl.ops.cluster.envfile import open_private, read_env_file
+from bloomcrawl.ops.cluster.processes import ProcessRecord, is_ours, redis_url
 from bloomcrawl.ops.console import OpsError
 
 DEFAULT_REDIS_PORT = 6379
@@ -80,6 +81,10 @@ class Cluster:
         """``http://127.0.0.1:PORT`` of every local scrapyd node, by node number."""
         return ["http://127.0.0.1:%s" % p.port for p in self.scrapyd_processes() if p.port]
 
+    def gone(self) -> list[ProcessRecord]:
+        """The recorded local processes that are no longer running."""
+        return [p for p in self.processes if not is_ours(p)]
+
     def to_json(self) -> dict[str, Any]:
         data = {
             "mode": self.mode,
@@ -87,8 +92,6 @@ class Cluster:
             "ports": self.ports,
             "processes": [p.__dict__ for p in self.processes],
         }
-        if self.mode == "local":
-            data["redis_url"] = self.redis_url
         return data
 
 
@@ -96,27 +99,35 @@ def load_cluster(paths: Paths) -> Cluster | None:
     """The cluster ``up`` recorded, or ``None``. Secrets are read from ``.env``."""
     if not paths.cluster_file.is_file():
         return None
-    data = json.loads(paths.cluster_file.read_text())
     env = read_env_file(paths.env_file)
-    ports = {str(k): int(v) for k, v in data.get("ports", {}).items()}
-    if data["mode"] == "docker":
-        url = redis_url(int(env.get("REDIS_PORT") or DEFAULT_REDIS_PORT),
-                        env.get("REDIS_PASSWORD", ""))
-    else:
-        url = data["redis_url"]
-    return Cluster(
-        mode=data["mode"],
-        redis_url=url,
-        username=env.get("SCRAPYD_USERNAME", ""),
-        password=env.get("SCRAPYD_PASSWORD", ""),
-        project_name=data.get("project_name", "bloomcrawl"),
-        processes=[ProcessRecord(**p) for p in data.get("processes", [])],
-        ports=ports,
-    )
+    try:
+        data = json.loads(paths.cluster_file.read_text())
+        ports = {str(k): int(v) for k, v in data.get("ports", {}).items()}
+        if data["mode"] == "docker":
+            url = redis_url(int(env.get("REDIS_PORT") or DEFAULT_REDIS_PORT),
+                            env.get("REDIS_PASSWORD", ""))
+        elif "redis" in ports:
+            url = redis_url(ports["redis"], env.get("REDIS_PASSWORD", ""))
+        else:  # recorded by an older version, password included
+            url = data["redis_url"]
+        return Cluster(
+            mode=data["mode"],
+            redis_url=url,
+            username=env.get("SCRAPYD_USERNAME", ""),
+            password=env.get("SCRAPYD_PASSWORD", ""),
+            project_name=data.get("project_name", "bloomcrawl"),
+            processes=[ProcessRecord(**p) for p in data.get("processes", [])],
+            ports=ports,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise OpsError(f"{paths.cluster_file} is unreadable ({type(exc).__name__}: {exc}):"
+                       " stop what it started by hand, then delete it") from exc
 
 
 def save_cluster(paths: Paths, cluster: Cluster) -> None:
-    paths.state_dir.mkdir(parents=True, exist_ok=True)
+    """Write the record at once (a new file renamed over the old one), owner-only."""
+    paths.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = paths.cluster_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cluster.to_json(), indent=2) + "\n")
+    with open_private(tmp) as f:
+        f.write(json.dumps(cluster.to_json(), indent=2) + "\n")
     tmp.replace(paths.cluster_file)

@@ -1,0 +1,194 @@
+"""What one scrape of the exporter reports: metric names, help texts and labels.
+
+Pure functions from what :mod:`bloomcrawl.ops.inspection` read in Redis and
+what the scrapyd nodes answered to fresh metric families; the collector in
+:mod:`bloomcrawl.ops.exporter` does the reading, the logging and the locking.
+Every family is labelled by ``spider``, ``node`` (``host:port``) or a fixed
+set of values: no label takes a URL, a job id or an error message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from bloomcrawl.core import keys
+from bloomcrawl.core.bloom import BloomInfo
+from bloomcrawl.ops import inspection, scrapyd
+
+#: Shared crawl stats (``<spider>:stats``, :data:`bloomcrawl.keys.STATS_FIELDS`) -> counters.
+STATS_METRICS: dict[str, tuple[str, str]] = {
+    "pages": ("bloomcrawl_pages_total",
+              "Pages crawled (responses whose outcome is final), from the shared crawl stats."),
+    "items": ("bloomcrawl_items_total", "Items scraped, from the shared crawl stats."),
+    "filtered": ("bloomcrawl_requests_filtered_total",
+                 "Requests the scheduler dropped as already seen, from the shared crawl stats."),
+    "requeued": ("bloomcrawl_leases_requeued_total",
+                 "Expired leases put back into the queue (their worker died or stalled)."),
+    "errors": ("bloomcrawl_errors_total",
+               "Requests that ended in an error, from the shared crawl stats."),
+    "bad_start_urls": ("bloomcrawl_bad_start_urls_total",
+                       "Malformed start-URL entries skipped."),
+    "unserializable": ("bloomcrawl_unserializable_requests_total",
+                       "Requests that could not be serialized for the queue and were dropped."),
+}
+JOB_STATES = scrapyd.JOB_STATES
+NODE_PAGES_METRIC = "bloomcrawl_node_pages_total"
+READ_ERRORS_METRIC = "bloomcrawl_spider_read_errors"
+
+# name, help, value of a filter; all labelled by spider
+_FILTER_GAUGES: tuple[tuple[str, str, Callable[[BloomInfo], float]], ...] = (
+    ("bloomcrawl_filter_capacity", "Items the filter is sized for before it grows.",
+     lambda f: f.capacity),
+    ("bloomcrawl_filter_items", "Distinct items added to the filter.", lambda f: f.items),
+    ("bloomcrawl_filter_bits", "Bits of all the filter's slices (allocated or not).",
+     lambda f: f.bits),
+    ("bloomcrawl_filter_bits_set", "Bits set, counted exactly as they are set.",
+     lambda f: f.bits_set),
+    ("bloomcrawl_filter_fill_ratio", "Bits set / bits.", lambda f: f.fill_ratio),
+    ("bloomcrawl_filter_slices", "Slices of the fullest partition (1 until the filter grows).",
+     lambda f: f.slices),
+    ("bloomcrawl_filter_partitions", "Partitions (Redis Cluster slots) of filter and queue.",
+     lambda f: f.partitions),
+    ("bloomcrawl_filter_hashes", "Bits set per item in the first slice (k).",
+     lambda f: f.hashes),
+    ("bloomcrawl_filter_target_false_positive_ratio",
+     "False-positive rate the filter was created for.", lambda f: f.error_rate),
+    ("bloomcrawl_filter_estimated_false_positive_ratio",
+     "False-positive rate estimated from each slice's items and size.",
+     lambda f: f.estimated_false_positive_rate),
+    ("bloomcrawl_filter_memory_bytes", "Bytes of filter bits Redis holds (allocated chunks).",
+     lambda f: f.memory_bytes),
+)
+_FILTER_COUNTERS: tuple[tuple[str, str, Callable[[BloomInfo], float]], ...] = (
+    ("bloomcrawl_filter_checked_total", "Fingerprints checked against the filter.",
+     lambda f: f.checked),
+    ("bloomcrawl_filter_duplicates_total",
+     "Fingerprints the filter answered as already seen (duplicates filtered).",
+     lambda f: f.filtered),
+)
+_SpiderValue = Callable[[inspection.SpiderState], int | None]
+_SPIDER_GAUGES: tuple[tuple[str, str, _SpiderValue], ...] = (
+    ("bloomcrawl_queue_requests", "Requests waiting in the queue.", lambda s: s.queue_length),
+    ("bloomcrawl_leased_requests", "Requests leased to a worker and not yet acked.",
+     lambda s: s.leased),
+    ("bloomcrawl_leases_expired", "Leases past their deadline, not yet requeued.",
+     lambda s: s.leases_expired),
+    ("bloomcrawl_start_urls", "Start-URL entries waiting to be read.", lambda s: s.start_urls),
+    ("bloomcrawl_start_urls_leased",
+     "Start-URL entries a worker took and has not queued yet; back in the list when their"
+     " lease expires.", lambda s: s.start_urls_leased),
+    ("bloomcrawl_stored_items", "Items waiting in the spider's Redis items list.",
+     lambda s: s.items_stored),
+    ("bloomcrawl_stored_item_ids",
+     "Ids of the items stored (each item is stored once); the set is never trimmed, so it"
+     " grows with every item, also after the items list is consumed.", lambda s: s.item_ids),
+    ("bloomcrawl_stats_workers",
+     "Worker runs whose stats are recorded in <spider>:stats:applied (one field per run;"
+     " cleared with the spider).", lambda s: s.stats_workers),
+)
+_SPIDER_COUNTERS: tuple[tuple[str, str, _SpiderValue], ...] = (
+    ("bloomcrawl_leases_total",
+     "Requests leased to workers, from the partitions' lease counters; above"
+     " bloomcrawl_pages_total by the leases that expired and were leased again.",
+     lambda s: s.leases_total),
+)
+
+
+def redis_families(snap: inspection.RedisSnapshot) -> list[Metric]:
+    """Redis's memory and the number of filters found."""
+    return [
+        GaugeMetricFamily("bloomcrawl_redis_memory_used_bytes",
+                          "Redis used_memory (INFO memory).", value=snap.memory.used_bytes),
+        GaugeMetricFamily("bloomcrawl_redis_memory_max_bytes",
+                          "Redis maxmemory; 0 when unlimited.", value=snap.memory.max_bytes),
+        GaugeMetricFamily("bloomcrawl_spiders", "Spiders (Bloom filters) found in Redis.",
+                          value=len(snap.spiders)),
+    ]
+
+
+def spider_families(spiders: list[inspection.SpiderState]) -> list[Metric]:
+    """Every spider's filter, frontier and shared stats, as far as each could be read.
+
+    ``spiders`` holds each spider name once. A value that could not be read
+    is left out rather than reported as 0 (a counter dropping to 0 reads as a
+    reset, and a rate spike follows when it comes back).
+    """
+    info = GaugeMetricFamily(
+        "bloomcrawl_spider_info",
+        "Each spider's filter, queue type and filter backend (bitmap or redisbloom).",
+        labels=["spider", "filter", "queue_type", "backend"])
+    errors = GaugeMetricFamily(
+        READ_ERRORS_METRIC,
+        "Kinds of the spider's keys this scrape could not read (malformed filter parameters,"
+        " a key of the wrong type, a counter that is not a number); 0 when all were read."
+        " The exporter's log says which.", labels=["spider"])
+    for state in spiders:
+        info.add_metric([state.spider, state.filter_name, state.queue_type or "",
+                         state.backend or ""], 1)
+        errors.add_metric([state.spider], len({i.kind for i in state.issues if i.read_error}))
+    out: list[Metric] = [info, errors]
+    with_filter = [(state, state.filter) for state in spiders if state.filter is not None]
+    for family, filter_table in ((GaugeMetricFamily, _FILTER_GAUGES),
+                                 (CounterMetricFamily, _FILTER_COUNTERS)):
+        for name, doc, filter_value in filter_table:
+            metric = family(name, doc, labels=["spider"])
+            for state, bloom in with_filter:
+                metric.add_metric([state.spider], filter_value(bloom))
+            out.append(metric)
+    for family, spider_table in ((GaugeMetricFamily, _SPIDER_GAUGES),
+                                 (CounterMetricFamily, _SPIDER_COUNTERS)):
+        for name, doc, spider_value in spider_table:
+            metric = family(name, doc, labels=["spider"])
+            for state in spiders:
+                value = spider_value(state)
+                if value is not None:
+                    metric.add_metric([state.spider], value)
+            out.append(metric)
+    for stat in keys.STATS_FIELDS:
+        name, doc = STATS_METRICS.get(
+            stat, (f"bloomcrawl_{stat}_total", f"Shared crawl stat {stat!r}."))
+        counter = CounterMetricFamily(name, doc, labels=["spider"])
+        for state in spiders:
+            if stat in state.stats:
+                counter.add_metric([state.spider], state.stats[stat])
+        out.append(counter)
+    return out
+
+
+def node_pages_family(spiders: list[inspection.SpiderState],
+                      host_labels: dict[str, str]) -> Metric:
+    """Pages per worker host, labelled by ``host_labels`` (host name -> node label)."""
+    counter = CounterMetricFamily(
+        NODE_PAGES_METRIC,
+        "Pages crawled per worker host, from <spider>:pages_by_node; node is the scrapyd"
+        " node's host:port when exactly one node reports that host name, else the host"
+        " name.", labels=["spider", "node"])
+    for state in spiders:
+        pages: dict[str, int] = {}
+        for host, count in state.pages_by_node.items():
+            node = host_labels.get(host, host)
+            pages[node] = pages.get(node, 0) + count
+        for node, count in sorted(pages.items()):
+            counter.add_metric([state.spider, node], count)
+    return counter
+
+
+def node_families(statuses: list[scrapyd.NodeStatus]) -> list[Metric]:
+    """How many nodes, which answered, and their jobs by state."""
+    nodes = GaugeMetricFamily(
+        "bloomcrawl_scrapyd_nodes", "scrapyd nodes configured or resolved from DNS.",
+        value=len(statuses))
+    up = GaugeMetricFamily(
+        "bloomcrawl_scrapyd_node_up", "1 when the node's daemonstatus.json answered.",
+        labels=["node"])
+    jobs = GaugeMetricFamily(
+        "bloomcrawl_scrapyd_jobs", "Jobs on the node by state (scrapyd keeps the last"
+        " finished_to_keep finished jobs).", labels=["node", "state"])
+    for status in statuses:
+        up.add_metric([status.node], 1 if status.up else 0)
+        if status.up:
+            for state in JOB_STATES:
+                jobs.add_metric([status.node, state], getattr(status, state))
+    return [nodes, up, jobs]

@@ -1,0 +1,231 @@
+"""Every ``bloomcrawl`` command, run as a user runs it, meeting no cluster, an
+unreachable Redis or an unreachable scrapyd node: one line naming what it could
+not reach, a non-zero exit, never a traceback.
+
+Real processes only: ``python -m bloomcrawl.ops.cli`` subprocesses, a closed
+127.0.0.1 port for what is unreachable, an empty state directory for no
+cluster, and ``make status``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from bloomcrawl.ops.cluster.processes import ProcessRecord
+
+from conftest import ROOT, RedisServer, free_port
+
+REFUSED = "[Errno 111] Connection refused"
+NO_CLUSTER = ("no cluster is running (none recorded in {state}): start one with `make up` or"
+              " `make demo`")
+NO_REDIS = ", or pass --redis-url URL (REDIS_URL)"
+NO_NODES = ", or pass --nodes URL,... (SCRAPYD_NODES)"
+
+
+@dataclass
+class Run:
+    code: int
+    stdout: str
+    stderr: str
+
+    def assert_failed_with(self, line: str) -> None:
+        """Exit 1, ``line`` on stderr, and nothing that looks like a traceback anywhere."""
+        output = self.stdout + self.stderr
+        assert self.code == 1, (self.code, output)
+        assert "Traceback" not in output and 'File "' not in output, output
+        assert line in self.stderr.splitlines(), (line, self.stderr)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """No cluster: an empty state directory, no .env, nothing in the environment."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SCRAPYD_", "REDIS_", "BLOOMCRAWL_"))}
+    env.update(BLOOMCRAWL_ROOT=str(ROOT), BLOOMCRAWL_STATE_DIR=str(tmp_path / "run"),
+               BLOOMCRAWL_ENV_FILE=str(tmp_path / "no.env"), HOME=str(tmp_path / "home"))
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def bloomcrawl(env: dict[str, str], *args: str) -> Run:
+    done = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.cli", *args], cwd=ROOT,
+                          env=env, text=True, capture_output=True, timeout=120)
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+# --- no cluster at all ------------------------------------------------------------------
+
+NO_CLUSTER_LINES = {
+    ("status",): NO_CLUSTER + NO_REDIS,
+    ("nodes",): NO_CLUSTER + NO_NODES,
+    ("deploy",): NO_CLUSTER + NO_NODES,
+    ("schedule",): NO_CLUSTER + NO_NODES,
+    ("seed", "http://a.invalid/"): NO_CLUSTER + NO_REDIS,
+    ("crawl", "http://a.invalid/"): NO_CLUSTER + NO_REDIS,
+    ("clear", "--yes"): NO_CLUSTER + NO_REDIS,
+    ("filter-info",): NO_CLUSTER + NO_REDIS,
+    ("logs",): ("no cluster is running (none recorded in {state}): no logs to show; start one"
+                " with `make up` or `make demo`"),
+    ("scale", "2"): ("no cluster is running (none recorded in {state}): start one with"
+                     " `make up WORKERS=2`"),
+}
+
+
+@pytest.mark.parametrize("args", list(NO_CLUSTER_LINES), ids=" ".join)
+def test_no_cluster(env: dict[str, str], args: tuple[str, ...]) -> None:
+    line = NO_CLUSTER_LINES[args].format(state=env["BLOOMCRAWL_STATE_DIR"])
+    bloomcrawl(env, *args).assert_failed_with(f"bloomcrawl {args[0]}: {line}")
+    assert not Path(env["BLOOMCRAWL_STATE_DIR"]).exists(), "a failed command left state behind"
+
+
+def test_down_without_a_cluster_has_nothing_to_do(env: dict[str, str]) -> None:
+    run = bloomcrawl(env, "down")
+    assert run.code == 0, run
+    assert run.stdout.splitlines() == [
+        "no cluster is running (none recorded in %s): nothing to stop"
+        % env["BLOOMCRAWL_STATE_DIR"]]
+    assert not Path(env["BLOOMCRAWL_STATE_DIR"]).exists()
+
+
+def test_make_status_without_a_cluster_says_how_to_start_one(env: dict[str, str]) -> None:
+    # -o: the venv counts as up to date (a test never reinstalls the project)
+    done = subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", "status"],
+                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=300)
+    assert done.returncode == 2, done  # make's own code for a recipe that failed
+    run = Run(1, done.stdout, done.stderr)
+    line = NO_CLUSTER.format(state=env["BLOOMCRAWL_STATE_DIR"]) + NO_REDIS
+    run.assert_failed_with(f"bloomcrawl status: {line}")
+
+
+# --- an unreachable Redis, given or recorded ---------------------------------------------------
+
+
+def redis_unreachable(port: int) -> str:
+    return (f"cannot reach Redis at redis://127.0.0.1:{port}/0: Error 111 connecting to"
+            f" 127.0.0.1:{port}. Connection refused.")
+
+
+@pytest.mark.parametrize("args", [
+    ("status",), ("seed", "http://a.invalid/"), ("clear", "--yes"), ("filter-info",),
+], ids=" ".join)
+def test_redis_given_but_unreachable(env: dict[str, str], args: tuple[str, ...]) -> None:
+    port = free_port()
+    # a password in the URL never shows in the line
+    run = bloomcrawl(env, *args, "--redis-url", f"redis://:s3cret@127.0.0.1:{port}/0")
+    run.assert_failed_with(f"bloomcrawl {args[0]}: {redis_unreachable(port)}")
+    assert "s3cret" not in run.stdout + run.stderr
+
+
+def test_crawl_checks_redis_before_starting_any_job(env: dict[str, str],
+                                                    redis_server: RedisServer) -> None:
+    port = free_port()
+    env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+    # the node is unreachable too: had crawl scheduled first, it would name the node
+    run = bloomcrawl(env, "crawl", "--nodes", f"http://127.0.0.1:{free_port()}",
+                     "http://a.invalid/")
+    run.assert_failed_with(f"bloomcrawl crawl: {redis_unreachable(port)}")
+
+
+# --- an unreachable scrapyd node ----------------------------------------------------------------
+
+
+def node_unreachable(url: str) -> str:
+    return f"cannot reach the scrapyd node {url}: {REFUSED}"
+
+
+def test_nodes_names_the_node_that_does_not_answer(env: dict[str, str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    run = bloomcrawl(env, "nodes", "--nodes", url)
+    run.assert_failed_with(f"bloomcrawl nodes: {node_unreachable(url)}")
+    assert run.stdout == url + "\n"  # still the list, for scripts
+
+
+def test_deploy_to_an_unreachable_node(env: dict[str, str], tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    egg = tmp_path / "project.egg"
+    egg.write_bytes(b"not built: the node is never reached")
+    run = bloomcrawl(env, "deploy", "--nodes", url, "--egg", str(egg), "--version", "7")
+    output = run.stdout + run.stderr
+    assert run.code == 1 and "Traceback" not in output, output
+    assert run.stdout.splitlines() == [f"FAIL {node_unreachable(url)}",
+                                       "deployed bloomcrawl 7 to 0 of 1 node(s)"]
+
+
+def test_schedule_on_an_unreachable_node(env: dict[str, str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    run = bloomcrawl(env, "schedule", "--nodes", url)
+    run.assert_failed_with("bloomcrawl schedule: scheduling site failed on 1 of 1 node(s): "
+                           + node_unreachable(url))
+
+
+def test_crawl_on_an_unreachable_node(env: dict[str, str], redis_server: RedisServer) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    run = bloomcrawl(env, "crawl", "--nodes", url, "--redis-url", redis_server.url,
+                     "http://a.invalid/")
+    run.assert_failed_with("bloomcrawl crawl: scheduling site failed on 1 of 1 node(s): "
+                           + node_unreachable(url))
+
+
+def test_status_names_the_node_and_still_reports_redis(env: dict[str, str],
+                                                       redis_server: RedisServer) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    run = bloomcrawl(env, "status", "--nodes", url, "--redis-url", redis_server.url)
+    run.assert_failed_with(f"bloomcrawl status: {node_unreachable(url)}")
+    assert "nodes: 0 of 1 up" in run.stdout and "redis: " in run.stdout
+
+
+# --- a recorded local cluster whose processes are gone ---------------------------------------
+
+
+def record_dead_cluster(env: dict[str, str]) -> tuple[int, str, int]:
+    """A local cluster's record whose Redis and node are gone: (redis port, node URL, pid)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that was ours once and is no process now
+    redis_port, node_port = free_port(), free_port()
+    state = Path(env["BLOOMCRAWL_STATE_DIR"])
+    state.mkdir(parents=True)
+    records = [ProcessRecord("redis", dead.pid, 1, os.devnull, redis_port).__dict__,
+               ProcessRecord("scrapyd-1", dead.pid, 1, os.devnull, node_port).__dict__]
+    (state / "cluster.json").write_text(json.dumps({
+        "mode": "local", "project_name": "bloomcrawl", "processes": records,
+        "ports": {"redis": redis_port, "exporter": free_port()}}))
+    return redis_port, f"http://127.0.0.1:{node_port}", dead.pid
+
+
+def test_a_recorded_cluster_that_is_gone(env: dict[str, str]) -> None:
+    redis_port, url, pid = record_dead_cluster(env)
+    gone = (f"{redis_unreachable(redis_port)} (the local cluster's redis-server, pid {pid},"
+            " is not running: `make down`, then `make up`)")
+    for args in (("status",), ("seed", "http://a.invalid/"), ("clear", "--yes"),
+                 ("filter-info",), ("crawl", "http://a.invalid/")):
+        bloomcrawl(env, *args).assert_failed_with(f"bloomcrawl {args[0]}: {gone}")
+    run = bloomcrawl(env, "status")
+    run.assert_failed_with(f"bloomcrawl status: {node_unreachable(url)}")
+    bloomcrawl(env, "nodes").assert_failed_with(f"bloomcrawl nodes: {node_unreachable(url)}")
+    bloomcrawl(env, "schedule").assert_failed_with(
+        f"bloomcrawl schedule: scheduling site failed on 1 of 1 node(s): {node_unreachable(url)}")
+    bloomcrawl(env, "scale", "2").assert_failed_with(
+        "bloomcrawl scale: recorded processes are gone (redis, scrapyd-1): `make down`, then"
+        " `make up`")
+    # down stops nothing it did not start, forgets the record and says so
+    run = bloomcrawl(env, "down")
+    assert run.code == 0 and "local cluster down" in run.stdout, run
+    bloomcrawl(env, "status").assert_failed_with(
+        "bloomcrawl status: " + NO_CLUSTER.format(state=env["BLOOMCRAWL_STATE_DIR"]) + NO_REDIS)
+
+
+def test_an_unreadable_cluster_record(env: dict[str, str]) -> None:
+    record = Path(env["BLOOMCRAWL_STATE_DIR"]) / "cluster.json"
+    record.parent.mkdir(parents=True)
+    record.write_text('{"mode": ')
+    line = (f"{record} is unreadable (JSONDecodeError: Expecting value: line 1 column 10"
+            " (char 9)): stop what it started by hand, then delete it")
+    for args in (("status",), ("down",), ("nodes",), ("up",)):
+        bloomcrawl(env, *args).assert_failed_with(f"bloomcrawl {args[0]}: {line}")
