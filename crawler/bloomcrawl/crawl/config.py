@@ -200,6 +200,8 @@ class FrontierConfig:
     prefetch: int = defaults.PREFETCH
     seen_cache: int = defaults.SEEN_CACHE
     allow_eviction: bool = defaults.REDIS_ALLOW_EVICTION
+    #: Scrapy's CONCURRENT_REQUESTS: how many leases the engine can use at once
+    concurrency: int = 16
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str | None) -> FrontierConfig:
@@ -224,4 +226,5 @@ class FrontierConfig:
                                minimum=0),
             allow_eviction=settings.getbool("REDIS_ALLOW_EVICTION",
                                             defaults.REDIS_ALLOW_EVICTION),
+            concurrency=get_int(settings, "CONCURRENT_REQUESTS", 16, minimum=1),
         )

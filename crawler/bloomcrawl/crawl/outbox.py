@@ -45,6 +45,8 @@ class Batch:
     #: back if the server turns out to have changed (their fingerprints may be lost)
     held: list[Any]
     lease_from: int | None
+    #: how many requests to lease (from ``lease_from``, else from the next partitions)
+    want: int
     check_idle: bool
 
 
@@ -60,13 +62,12 @@ class Reply:
 
 class Outbox:
     def __init__(self, io: RedisIO, errors: RedisErrorPolicy, stats: StatsCollector, *,
-                 prefetch: int, on_reply: Callable[[Reply, Batch], None],
+                 on_reply: Callable[[Reply, Batch], None],
                  on_retry: Callable[[], None], on_full: Callable[[FilterFullError], None],
                  log_extra: dict[str, Any] | None = None) -> None:
         self.io = io
         self.errors = errors
         self.stats = stats
-        self.prefetch = prefetch
         self.on_reply = on_reply
         self.on_retry = on_retry
         self.on_full = on_full
@@ -98,7 +99,7 @@ class Outbox:
         """A partition with acks to send: a lease from it carries them in the same call."""
         return next((p for p, tokens in self.acks.items() if tokens), None)
 
-    def send(self, lease_from: int | None = None, *, check_idle: bool = False,
+    def send(self, lease_from: int | None = None, *, want: int = 1, check_idle: bool = False,
              errors: list[Failure] | None = None) -> None:
         """Start one exchange with all that is owed, unless one is under way.
 
@@ -115,7 +116,7 @@ class Outbox:
             self._number += 1
             stats.append((self._number, dict(self.counts)))
         batch = Batch(self.outgoing, self.acks, stats, self.start_waiting, self.held,
-                      lease_from, check_idle)
+                      lease_from, want, check_idle)
         self.outgoing, self.acks, self.counts = [], defaultdict(list), defaultdict(int)
         self.start_waiting, self.held = [], []
         self.exchanging = True
@@ -148,7 +149,7 @@ class Outbox:
     def _in_thread(self, frontier: Frontier, batch: Batch) -> Reply:
         """The Redis side of an exchange (on the I/O thread: touches no buffer)."""
         done = frontier.exchange(batch.outgoing, batch.acks, batch.stats,
-                                 lease_from=batch.lease_from, want=self.prefetch)
+                                 lease_from=batch.lease_from, want=batch.want)
         reply = Reply(done, done.leases)
         if batch.lease_from is not None:
             # the partition was empty: probe the others one at a time, so a worker
@@ -157,7 +158,7 @@ class Outbox:
                 if reply.leases:
                     break
                 p = (batch.lease_from + i) % frontier.partitions
-                reply.leases = frontier.lease(p, self.prefetch)
+                reply.leases = frontier.lease(p, batch.want)
         if batch.check_idle and not reply.leases:
             reply.frontier_size = frontier.size(with_leases=True)
         return reply

@@ -80,6 +80,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_BATCH = 500
+#: requests leased in one exchange at the most
+MAX_LEASE = 32
 MAX_POLL_DELAY = 1.0
 ACK_DELAY = 0.05
 
@@ -108,8 +110,7 @@ class Scheduler:
         # requests leased and not handed to the engine yet
         self._local: deque[tuple[Lease, Request]] = deque()
         # what this worker owes Redis, and the one exchange at a time that sends it
-        self.outbox = Outbox(self.io, self.errors, self.stats, prefetch=config.prefetch,
-                             on_reply=self._exchanged,
+        self.outbox = Outbox(self.io, self.errors, self.stats, on_reply=self._exchanged,
                              on_retry=lambda: self._exchange(lease=self._starved),
                              on_full=self._filter_full)
         self.start_urls = StartUrls(self.io, self.outbox, self.stats, self.enqueue_request,
@@ -333,7 +334,23 @@ class Scheduler:
             if lease_from is None:
                 lease_from = self._rotation % self.frontier.partitions
                 self._rotation += 1
-        self.outbox.send(lease_from, check_idle=check_idle)
+        self.outbox.send(lease_from, want=self._demand(), check_idle=check_idle)
+
+    def _demand(self) -> int:
+        """How many requests to lease: SCHEDULER_PREFETCH, or the engine's free slots.
+
+        The engine asks for one request at a time and waits for the lease to
+        reach it; leasing only one per exchange would leave download slots
+        idle for a round trip each.
+        """
+        if not self.io.threaded:
+            return self.config.prefetch
+        try:
+            downloader = self.crawler.engine.downloader
+        except (AttributeError, RuntimeError):  # no engine (yet)
+            return self.config.prefetch
+        free = self.config.concurrency - len(getattr(downloader, "active", ()))
+        return max(self.config.prefetch, min(free - len(self._local), MAX_LEASE))
 
     def _exchanged(self, reply: Reply, batch: Batch) -> None:
         frontier = self._frontier()
@@ -365,10 +382,13 @@ class Scheduler:
             self._frontier_size = None
             self._poll_delay = 0.05
             self._wake_engine()
-        # what piled up meanwhile goes now (the acks of pages that finished, new links);
-        # after an empty lease, looking for work again is the poller's job
-        if not self._closing:
-            self._exchange(lease=self._starved and self._redis_may_have_work)
+        # a starved engine gets its next lease now (with what piled up meanwhile: acks,
+        # new links); else what piled up rides with the next lease, or the ack timer's
+        # exchange. After an empty lease, looking for work again is the poller's job.
+        if not self._closing and (
+                (self._starved and self._redis_may_have_work and not self._local)
+                or len(self.outbox.outgoing) >= MAX_BATCH):
+            self._exchange()
 
     def _filter_full(self, exc: FilterFullError) -> None:
         """The filter refuses new items: stop the crawl, loudly, rather than drop URLs."""
