@@ -114,14 +114,24 @@ def check_eviction_policy(info: dict[str, Any], client: Any, allow: bool) -> Non
             % (describe_redis(client), policy))
 
 
+class ServerChangedError(redis.RedisError):
+    """The Redis behind the client is another server: the call was not sent.
+
+    Not a ConnectionError, so redis-py's retries do not send it on: the
+    caller first decides what no longer holds (see :class:`ServerWatch`).
+    """
+
+
 class ServerWatch:
     """Tells when the Redis behind a client is another server than before.
 
     A restart or a failover (to a replica, maybe lagging) may roll state
     back, and any of them breaks the client's connections: every new
     connection asks the server's ``run_id`` before its first command (a
-    hook on redis-py's connect), so the change is known before that command
-    runs. :attr:`epoch` counts the changes; read it before and after a call.
+    hook on redis-py's connect). On a change, :attr:`epoch` goes up and that
+    first call fails with :class:`ServerChangedError` before anything of it
+    is sent, so nothing meant for the old state (an ack of work whose
+    results the rollback lost) reaches the new one unchecked.
     """
 
     def __init__(self, client: Any) -> None:
@@ -143,9 +153,12 @@ class ServerWatch:
         run_id = next((line.split(":", 1)[1].strip() for line in text.splitlines()
                        if line.startswith("run_id:")), None)
         if run_id != self.run_id:
-            if self.run_id is not None:
+            previous, self.run_id = self.run_id, run_id
+            if previous is not None:
                 self.epoch += 1
-            self.run_id = run_id
+                raise ServerChangedError("Redis at %s:%s is another server (run_id %s, was %s)"
+                                         % (getattr(connection, "host", "?"),
+                                            getattr(connection, "port", "?"), run_id, previous))
 
 
 #: error replies that say "not now" (memory, a replica, a busy script, loading):
@@ -201,6 +214,8 @@ class RedisErrorPolicy:
 
     def failed(self, exc: BaseException) -> float:
         """Log ``exc`` if its kind is new in this outage; returns the delay before a retry."""
+        if isinstance(exc, ServerChangedError):
+            return 0.0  # not a failure: the caller says what changed, and tries again at once
         kind = error_kind(exc)
         self.failures += 1
         if self.down_since is None:

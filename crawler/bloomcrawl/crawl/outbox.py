@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bloomcrawl.core.connection import ServerChangedError
 from bloomcrawl.core.errors import FilterFullError
 from bloomcrawl.core.frontier import Exchanged, Frontier, Lease, Outgoing
 from bloomcrawl.crawl.redis_io import call_later, log_unexpected
@@ -183,6 +184,16 @@ class Outbox:
             return
         if isinstance(failure.value, FilterFullError):
             self.on_full(failure.value)
+            return
+        if isinstance(failure.value, ServerChangedError):
+            # nothing of the batch was sent: send it again at once, through on_retry,
+            # which first decides what no longer holds on the new server
+            if self.closing:
+                return
+            if self.io.threaded:
+                self._retry_call = call_later(0, self._retry)
+            else:
+                self.on_retry()
             return
         self.stats.inc_value("bloomcrawl/redis_errors")
         delay = self.errors.failed(failure.value or RuntimeError(failure))

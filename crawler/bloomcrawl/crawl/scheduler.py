@@ -328,6 +328,8 @@ class Scheduler:
         """
         if self.outbox.busy() or self.frontier is None:
             return
+        if self.watch.epoch != self._epoch_seen:
+            self._server_changed()
         lease_from = None
         if lease and not self._local and (self._starved or self._redis_may_have_work):
             lease_from = self.outbox.ack_partition()  # the acks ride with the lease
@@ -355,7 +357,7 @@ class Scheduler:
     def _exchanged(self, reply: Reply, batch: Batch) -> None:
         frontier = self._frontier()
         if self.watch.epoch != self._epoch_seen:
-            self._server_changed(batch.held)
+            self._server_changed()
         if frontier.filter_generation != self._seen_generation:
             logger.warning("the Bloom filter %s was deleted; it was created again",
                            frontier.keys.filter, extra={"spider": self.spider})
@@ -526,23 +528,32 @@ class Scheduler:
         self._poll_delay = 0.05
         self._exchange(lease=self._starved)
 
-    def _server_changed(self, held: list[Request]) -> None:
-        """Redis restarted or failed over since the last exchange, maybe rolled back.
+    def _server_changed(self) -> None:
+        """Redis restarted or failed over, and may have rolled state back.
 
-        The seen cache then remembers fingerprints Redis may have lost: a page
-        crawled again (its ack rolled back too) would have its links dropped
-        against it. Forget them, send again what was dropped against them
-        since the last exchange, and have the filter and layout checked;
-        leases rolled back expire and are requeued as usual.
+        The first call to the new server failed (ServerChangedError) before
+        it was sent; its batch is back in the buffers. From here on:
+
+        * the seen cache may remember fingerprints Redis lost: forget it, and
+          send again what was dropped against it since the last exchange;
+        * the leases this worker holds, and the acks it has not sent, are for
+          work whose items or links may have gone to the old state: they are
+          not acked; the leases that still exist expire and are crawled again;
+        * the filter and the layout are checked again.
         """
         self._epoch_seen = self.watch.epoch
+        outbox = self.outbox
+        held, outbox.held = outbox.held, []
+        dropped = len(self._inflight) + sum(len(t) for t in outbox.acks.values())
         logger.warning("Redis at %s is another server now (run_id %s): restarted or failed"
-                       " over; forgetting the %d fingerprints this worker remembered and"
-                       " sending %d requests again", describe_redis(self.server),
-                       self.watch.run_id, len(self._seen), len(held),
-                       extra={"spider": self.spider})
+                       " over, maybe rolled back; forgetting the %d fingerprints this worker"
+                       " remembered, sending %d requests again, leaving %d leases to expire",
+                       describe_redis(self.server), self.watch.run_id, len(self._seen),
+                       len(held), dropped, extra={"spider": self.spider})
         self.stats.inc_value("bloomcrawl/redis_restarts")
         self._seen.clear()
+        self._inflight.clear()
+        outbox.acks.clear()
         self._redis_may_have_work = True
         for request in held:
             self.enqueue_request(request)

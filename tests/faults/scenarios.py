@@ -1,0 +1,436 @@
+"""The faults of issue 9, each a :class:`Scenario` that runs one crawl and injects it.
+
+Shared by the tests (``tests/faults/test_*.py``, bloomcrawl only) and by
+``bench/faults.py`` (bloomcrawl and plain scrapy-redis, same site, same
+fault). A scenario says how to set up Redis and the workers, when and how
+to inject its fault, and records what it saw (``Outcome.facts``); the
+checks live in the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faults.harness import BLOOMCRAWL, Contender, FaultRun, Outcome, Site, WorkerProcess
+from faults.servers import RedisProcess
+
+SPIDER = "site"
+#: seconds Redis (or a worker) stays stopped, the OOM lasts, the replica switch waits
+PAUSE_S = 5.0
+STALL_S = 10.0
+#: the socket timeout the workers get where a scenario must outlast it
+SHORT_SOCKET_TIMEOUT_S = 2
+#: replies dropped after Redis applied the command
+DROPS = 2
+
+
+def lease_packet_marker() -> bytes:
+    """Bytes found only in a worker's packets that take requests from the queue.
+
+    The SHA of bloomcrawl's lease script as the installed package computes it
+    (its EVALSHA carries it), or any EVALSHA when that script is gone.
+    """
+    try:
+        from bloomcrawl.core.scripts import Script
+
+        return Script("frontier_lease.lua").sha.encode()
+    except (ImportError, OSError, AttributeError):
+        return b"EVALSHA"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One fault; :meth:`run` is one crawl under it."""
+
+    key: str
+    title: str
+    inject: Callable[[FaultRun, dict[str, Any]], None]
+    pages: int = 200
+    workers: int = 2
+    settings: dict[str, str] = field(default_factory=dict)
+    #: Redis as this fault needs it (None: a plain one, no persistence)
+    redis: Callable[[Path], RedisProcess] | None = None
+    #: start entries instead of the site's home page (bloomcrawl's start_urls)
+    seeds: Callable[[Site], list[str]] | None = None
+    #: before the workers start (Redis and the proxy are up)
+    prepare: Callable[[FaultRun, dict[str, Any]], None] | None = None
+    #: bench/faults.py runs it for scrapy-redis too (the fault means the same there)
+    bench: bool = True
+
+    def run(self, workdir: Path, contender: Contender = BLOOMCRAWL, *,
+            site: Site | None = None, extra_settings: dict[str, str] | None = None,
+            **finish: float) -> Outcome:
+        facts: dict[str, Any] = {}
+        redis_server = self.redis(workdir / "redis") if self.redis else None
+        run = FaultRun(workdir, self.key, contender=contender, pages=self.pages,
+                       workers=self.workers, settings={**self.settings, **(extra_settings or {})},
+                       redis_server=redis_server, site=site)
+        try:
+            if self.seeds is not None:
+                run.seeds = self.seeds(run.site)
+            run.start(workers=False)
+            if self.prepare is not None:
+                self.prepare(run, facts)
+            run.start_workers()
+            self.inject(run, facts)
+            outcome = run.finish(**finish)
+            outcome.facts.update(facts)
+            return outcome
+        finally:
+            run.close()
+
+
+# -- injections ----------------------------------------------------------------------
+
+
+def inject_rollback(run: FaultRun, facts: dict[str, Any]) -> None:
+    """BGSAVE at 1/4 of the pages; at 1/2, SIGKILL Redis and start it from that RDB at once."""
+    run.wait_pages(0.25)
+    run.redis.bgsave()
+    facts["snapshot_at"] = run.distinct()
+    run.wait_pages(0.5)
+    run.redis.kill()
+    facts["killed_at"] = run.distinct()
+    run.redis.start()
+    run.fault_over()
+
+
+def inject_state_key_deleted(run: FaultRun, facts: dict[str, Any]) -> None:
+    """DEL partition 0's filter state at 1/2 (an eviction, a DEL, a lost shard)."""
+    from bloomcrawl.core import keys
+
+    run.wait_pages(0.5)
+    client = run.client()
+    try:
+        key = keys.FrontierKeys(SPIDER).state(0)
+        facts["deleted"] = client.delete(key)
+        facts["key"] = key
+    finally:
+        client.close()
+    run.fault_over()
+
+
+def inject_oom(run: FaultRun, facts: dict[str, Any]) -> None:
+    """At 1/3: maxmemory below what Redis uses, noeviction (every write: OOM); after 5 s, none."""
+    run.wait_pages(1 / 3)
+    client = run.client()
+    try:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)
+        facts["oom_at"] = run.distinct()
+        time.sleep(PAUSE_S)
+        client.config_set("maxmemory", 0)
+    finally:
+        client.close()
+    run.fault_over()
+
+
+def inject_eviction(run: FaultRun, facts: dict[str, Any]) -> None:
+    """At 1/4: allkeys-lru with maxmemory below what Redis uses, for 5 s: keys are evicted."""
+    run.wait_pages(0.25)
+    client = run.client()
+    try:
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        client.config_set("maxmemory", max(1, used * 3 // 4))
+        time.sleep(PAUSE_S)
+        facts["evicted_keys"] = int(client.info("stats")["evicted_keys"])
+        client.config_set("maxmemory", 0)
+        client.config_set("maxmemory-policy", "noeviction")
+    finally:
+        client.close()
+    run.fault_over()
+
+
+def inject_dropped_replies(run: FaultRun, facts: dict[str, Any]) -> None:
+    """At 1/4, the replies to the next 2 packets that take requests from the queue are lost.
+
+    Redis applied each of those commands; the worker's client sees its
+    connection close and sends the command again.
+    """
+    assert run.proxy is not None
+    run.wait_pages(0.25)
+    run.proxy.drop_replies(run.contender.pop_marker or lease_packet_marker(), count=DROPS)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+            run.proxy.drops_pending or run.proxy.replies_dropped < run.proxy.packets_matched):
+        time.sleep(0.05)
+    facts["replies_dropped"] = run.proxy.replies_dropped
+    run.fault_over()
+
+
+def inject_redis_sigstop(run: FaultRun, facts: dict[str, Any]) -> None:
+    """At 1/3, SIGSTOP Redis for 5 s (the workers' socket timeout is 2 s), then SIGCONT."""
+    run.wait_pages(1 / 3)
+    run.redis.send_signal(signal.SIGSTOP)
+    facts["stopped_at"] = run.distinct()
+    try:
+        time.sleep(PAUSE_S)
+    finally:
+        run.redis.send_signal(signal.SIGCONT)
+    run.fault_over()
+
+
+def inject_restart(run: FaultRun, facts: dict[str, Any]) -> None:
+    """At 1/2, SIGKILL Redis and start it again (same port, same data directory)."""
+    run.wait_pages(0.5)
+    run.redis.kill()
+    facts["killed_at"] = run.distinct()
+    run.redis.start()
+    facts["keys_after_restart"] = _dbsize(run)
+    if facts.get("reseed"):
+        run.seed([run.site.url])
+    run.fault_over()
+
+
+def inject_restart_empty(run: FaultRun, facts: dict[str, Any]) -> None:
+    """At 1/2, SIGKILL a Redis without persistence, start it empty, seed the home page again."""
+    facts["reseed"] = run.contender.start == "redis"
+    inject_restart(run, facts)
+
+
+def _dbsize(run: FaultRun) -> int:
+    client = run.client()
+    try:
+        return int(client.dbsize())
+    finally:
+        client.close()
+
+
+def prepare_replica(run: FaultRun, facts: dict[str, Any]) -> None:
+    """A second redis-server replicating the first, in sync before the crawl starts."""
+    replica = RedisProcess(run.workdir / "replica",
+                           extra_args=["--replicaof", "127.0.0.1", str(run.redis.port)])
+    run.other_servers.append(replica)
+    replica.start()
+    client = replica.client()
+    try:
+        deadline = time.monotonic() + 15
+        while client.info("replication").get("master_link_status") != "up":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica did not sync")
+            time.sleep(0.05)
+    finally:
+        client.close()
+
+
+def inject_failover(run: FaultRun, facts: dict[str, Any]) -> None:
+    """At 1/3 the replica is promoted and the old master made its replica (READONLY).
+
+    As a careful failover does it: the old master's writes are paused until
+    the replica has every one of them, so no acknowledged write is lost. For
+    2 s the workers still reach the old master and get READONLY; then the
+    proxy sends them to the new one.
+    """
+    assert run.proxy is not None
+    [replica] = run.other_servers
+    run.wait_pages(1 / 3)
+    old, new = run.client(), replica.client()
+    try:
+        old.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+        offset = int(old.info("replication")["master_repl_offset"])
+        deadline = time.monotonic() + 5
+        while int(new.info("replication").get("slave_repl_offset", -1)) < offset:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica did not catch up")
+            time.sleep(0.01)
+        new.execute_command("REPLICAOF", "NO", "ONE")
+        old.execute_command("REPLICAOF", "127.0.0.1", str(replica.port))
+        old.execute_command("CLIENT", "UNPAUSE")
+        facts["promoted_at"] = run.distinct()
+        time.sleep(2.0)  # the old master answers writes with READONLY meanwhile
+        run.proxy.set_upstream(replica.port)
+    finally:
+        old.close()
+        new.close()
+    # from now on "Redis" is the promoted replica (the harness reads the results there)
+    run.other_servers[0], run.redis = run.redis, replica
+    run.fault_over()
+
+
+def lease_holder(run: FaultRun) -> WorkerProcess | None:
+    """The worker holding the most of bloomcrawl's leases right now, if any holds one.
+
+    A lease token starts with its worker's id, ``<host>-<pid>-<random>``.
+    """
+    from bloomcrawl.core import keys
+
+    frontier = keys.FrontierKeys(SPIDER, partitions=4)
+    client = run.client()
+    try:
+        tokens = [t.decode() for p in range(frontier.partitions)
+                  for t in client.hkeys(frontier.leases(p))]
+    finally:
+        client.close()
+    held = {w: sum(1 for t in tokens if "-%d-" % w.proc.pid in t) for w in run.workers}
+    busiest = max(run.workers, key=lambda w: held[w])
+    return busiest if held[busiest] else None
+
+
+def inject_worker_sigstop(run: FaultRun, facts: dict[str, Any]) -> None:
+    """At 1/3, SIGSTOP a worker holding leases for 8 s (leases last 3 s), then SIGCONT.
+
+    bloomcrawl: the worker holding the most leases (waiting up to 5 s for
+    one to hold any); other contenders: the first worker.
+    """
+    run.wait_pages(1 / 3)
+    worker = None
+    if run.contender.start == "redis":
+        deadline = time.monotonic() + 5
+        while worker is None and time.monotonic() < deadline:
+            worker = lease_holder(run)
+            if worker is None:
+                time.sleep(0.01)
+    worker = worker or run.workers[0]
+    worker.pause()
+    facts["stopped"] = worker.name
+    facts["stopped_at"] = run.distinct()
+    time.sleep(8.0)
+    worker.resume()
+    run.fault_over()
+
+
+def inject_stall(run: FaultRun, facts: dict[str, Any]) -> None:
+    """At 1/3, the proxy forwards nothing for 10 s, then delivers what it held."""
+    assert run.proxy is not None
+    run.wait_pages(1 / 3)
+    facts["stall_from"] = time.monotonic()
+    run.proxy.stall(STALL_S)
+    time.sleep(STALL_S)
+    facts["stall_to"] = time.monotonic()
+    run.fault_over()
+
+
+def heartbeat_lags(outcome: Outcome, *, after: float = 1.0) -> dict[str, float | None]:
+    """Each worker's worst reactor lag (s) from the stall's start to ``after`` s past its end.
+
+    None for a worker whose :mod:`faults.heartbeat` file is missing (the
+    extension never ran).
+    """
+    start, end = outcome.facts["stall_from"], outcome.facts["stall_to"] + after
+    worst: dict[str, float | None] = {}
+    for name, log in outcome.log_files.items():
+        path = log.with_name(name + ".heartbeat.json")
+        if not path.exists():
+            worst[name] = None
+            continue
+        lags = json.loads(path.read_text())["lags"]
+        # a tick that ended at ``at``, ``lag`` seconds late, covers (at - lag, at)
+        worst[name] = max([lag for at, lag in lags if at >= start and at - lag <= end],
+                          default=0.0)
+    return worst
+
+
+def inject_nothing(run: FaultRun, facts: dict[str, Any]) -> None:
+    """The fault is in the data given at the start; the crawl just runs."""
+    run.fault_over()
+
+
+MALFORMED_PARAMS = {"broken-null": "null", "broken-list": "[1, 2]", "broken-text": "{not json"}
+
+
+def inject_malformed_meta(run: FaultRun, facts: dict[str, Any]) -> None:
+    """At 1/4, three other spiders' filter meta hashes appear, malformed.
+
+    Their ``params`` are JSON null, a JSON list and no JSON at all; the rest
+    of each hash is what a scheduler records.
+    """
+    run.wait_pages(0.25)
+    client = run.client()
+    try:
+        for spider, params in MALFORMED_PARAMS.items():
+            client.hset("%s:bloomfilter:meta" % spider, mapping={
+                "params": params, "ready": "1", "spider": spider,
+                "queue": "%s:requests" % spider, "queue_type": "priority",
+                "stats": "%s:stats" % spider, "start_urls": "%s:start_urls" % spider,
+                "items": "%s:items" % spider, "pages_by_node": "%s:pages_by_node" % spider})
+    finally:
+        client.close()
+    facts["malformed_from"] = time.monotonic()
+    run.fault_over()
+
+
+# -- start data ------------------------------------------------------------------------
+
+
+BAD_SEEDS = (
+    json.dumps({"url": "PLACEHOLDER", "priority": int("9" * 400)}),
+    json.dumps({"url": "PLACEHOLDER", "meta": {"_bloomcrawl_lease": [0, "forged-token"]}}),
+)
+
+
+def seeds_with_bad_entries(site: Site) -> list[str]:
+    """Two bad entries first, then 50 good seeds (the home page and pages 1-49)."""
+    bad = [entry.replace("PLACEHOLDER", site.page_url(60 + i)) for i, entry in
+           enumerate(BAD_SEEDS)]
+    return bad + [site.url] + [site.page_url(page) for page in range(1, 50)]
+
+
+def prepare_init_callback(run: FaultRun, facts: dict[str, Any]) -> None:
+    """Put one request whose callback is ``"__init__"`` into the queue (robots.txt: a 200)."""
+    from scrapy import Request, Spider
+
+    from bloomcrawl.core import keys
+    from bloomcrawl.crawl.serialization import request_to_json
+
+    url = run.site.url + "robots.txt"
+    entry = json.loads(request_to_json(Request(url), Spider(name=SPIDER)))
+    entry["callback"] = "__init__"
+    client = run.client()
+    try:
+        client.zadd(keys.FrontierKeys(SPIDER).queue_part(0), {json.dumps(entry): -100})
+    finally:
+        client.close()
+    facts["entry_url"] = url
+
+
+def redis_aof(workdir: Path) -> RedisProcess:
+    return RedisProcess(workdir, appendonly=True, appendfsync="always")
+
+
+def redis_allkeys_lru(workdir: Path) -> RedisProcess:
+    return RedisProcess(workdir, extra_args=["--maxmemory", "64mb",
+                                             "--maxmemory-policy", "allkeys-lru"])
+
+
+SOCKET_TIMEOUT = json.dumps({"socket_timeout": SHORT_SOCKET_TIMEOUT_S})
+RETRYING_CLIENT = json.dumps({"retry_on_timeout": True})
+
+SCENARIOS: dict[str, Scenario] = {s.key: s for s in (
+    Scenario("rollback", "Redis rolled back to an older snapshot", inject_rollback),
+    Scenario("state-key-deleted", "one partition's filter state deleted",
+             inject_state_key_deleted, bench=False),
+    Scenario("oom", "OOM under maxmemory noeviction for 5 s", inject_oom),
+    Scenario("eviction", "allkeys-lru evicting for 5 s", inject_eviction),
+    Scenario("dropped-reply", "2 replies lost after Redis applied the pop",
+             inject_dropped_replies, settings={"REDIS_PARAMS": RETRYING_CLIENT}),
+    Scenario("redis-sigstop", "Redis SIGSTOPped 5 s (socket timeout 2 s)",
+             inject_redis_sigstop, settings={"REDIS_PARAMS": SOCKET_TIMEOUT}),
+    Scenario("restart-aof", "Redis SIGKILLed and restarted, AOF always", inject_restart,
+             redis=redis_aof),
+    Scenario("restart-empty", "Redis SIGKILLed and restarted empty, reseeded",
+             inject_restart_empty, bench=False),
+    Scenario("failover", "replica promoted, old master READONLY for 2 s", inject_failover,
+             prepare=prepare_replica),
+    Scenario("worker-sigstop", "a worker SIGSTOPped 8 s (lease 3 s)", inject_worker_sigstop),
+    Scenario("stall", "Redis unreachable (proxy stalled) 10 s", inject_stall,
+             settings={"EXTENSIONS": json.dumps({"faults.heartbeat.Heartbeat": 0}),
+                       "FAULTS_HEARTBEAT_FILE": "{workdir}/{worker}.heartbeat.json"}),
+    Scenario("bad-seeds", "a 400-digit priority and an internal meta key among 50 seeds",
+             inject_nothing, pages=100, seeds=seeds_with_bad_entries, bench=False),
+    Scenario("init-callback", 'a queue entry with callback "__init__"', inject_nothing,
+             pages=100, prepare=prepare_init_callback,
+             settings={"SPIDER_MODULES": "faults.spiders"}, bench=False),
+    Scenario("malformed-meta", "another spider's meta hash malformed", inject_malformed_meta,
+             pages=150, bench=False),
+    Scenario("growth-limit", "a filter at its slice limit (BLOOMFILTER_GROWTH=1.01)",
+             inject_nothing, pages=400,
+             settings={"BLOOMFILTER_GROWTH": "1.01", "BLOOMFILTER_CAPACITY": "1",
+                       "BLOOMFILTER_PARTITIONS": "1"}, bench=False),
+)}

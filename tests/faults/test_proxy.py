@@ -1,0 +1,157 @@
+"""The fault proxy against a real redis-server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from faults.proxy import FaultProxy
+
+from conftest import RedisServer
+
+
+@pytest.fixture
+def proxy(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[FaultProxy]:
+    with FaultProxy(redis_server.port) as p:
+        yield p
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def client(proxy: FaultProxy, *, retries: int = 0, timeout: float = 5.0) -> redis.Redis:
+    """A client through the proxy; by default it never resends a command."""
+    return redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=timeout,
+                       socket_connect_timeout=timeout, retry=Retry(NoBackoff(), retries),
+                       # redis-py 5 retries only the errors listed here
+                       retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+
+
+def test_passes_commands_through(proxy: FaultProxy, redis_client: redis.Redis) -> None:
+    c = client(proxy)
+    assert c.set("k", "v")
+    assert redis_client.get("k") == b"v"
+    big = b"x" * 300_000  # several reads either way
+    c.set("big", big)
+    assert c.get("big") == big
+    assert proxy.connections == 1
+    c.close()
+
+
+def test_delay(proxy: FaultProxy) -> None:
+    c = client(proxy)
+    c.ping()
+    proxy.set_delay(0.2)
+    started = time.monotonic()
+    c.ping()
+    assert time.monotonic() - started >= 0.4  # request and reply each wait
+    proxy.set_delay(0)
+    started = time.monotonic()
+    c.ping()
+    assert time.monotonic() - started < 0.2
+    c.close()
+
+
+def test_stall_holds_bytes_then_delivers_them(proxy: FaultProxy,
+                                              redis_client: redis.Redis) -> None:
+    c = client(proxy)
+    c.ping()
+    proxy.stall(1.0)
+    result: list[object] = []
+    t = threading.Thread(target=lambda: result.append(c.incr("n")))
+    t.start()
+    time.sleep(0.5)
+    assert redis_client.get("n") is None  # held: Redis has not seen it
+    t.join(5)
+    assert result == [1]
+    assert redis_client.get("n") == b"1"
+    short = client(proxy, timeout=0.3)
+    proxy.stall(1.0)
+    with pytest.raises(redis.TimeoutError):
+        short.ping()
+    proxy.resume()
+    c.close()
+    short.close()
+
+
+def test_cut_closes_every_connection(proxy: FaultProxy) -> None:
+    a = client(proxy)
+    a.ping()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
+        s.sendall(b"PING\r\n")
+        assert s.recv(100) == b"+PONG\r\n"
+        assert proxy.cut() == 2
+        assert s.recv(100) == b""  # FIN
+    assert wait_for(lambda: proxy.connections == 0)
+    assert a.ping()  # redis-py notices the closed connection and opens a new one
+    a.close()
+
+
+def test_reset_sends_rst(proxy: FaultProxy) -> None:
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
+        s.sendall(b"PING\r\n")
+        assert s.recv(100) == b"+PONG\r\n"
+        assert proxy.reset() == 1
+        with pytest.raises(ConnectionResetError):
+            s.sendall(b"PING\r\n")
+            time.sleep(0.2)
+            s.sendall(b"PING\r\n")
+            s.recv(100)
+
+
+def test_dropped_reply_after_the_command_was_applied(proxy: FaultProxy,
+                                                     redis_client: redis.Redis) -> None:
+    no_retry = client(proxy)
+    proxy.drop_replies(b"INCR", count=1)
+    with pytest.raises(redis.ConnectionError):
+        no_retry.incr("n")
+    assert redis_client.get("n") == b"1"  # applied, though the client saw no reply
+    assert proxy.packets_matched == proxy.replies_dropped == 1 and proxy.drops_pending == 0
+    assert no_retry.incr("n") == 2  # only the next matching packet was dropped
+    # a client that retries sends the applied command again: it runs twice
+    retrying = client(proxy, retries=1)
+    proxy.drop_replies(b"INCR", count=1)
+    assert retrying.incr("n") == 4
+    assert redis_client.get("n") == b"4"
+    no_retry.close()
+    retrying.close()
+
+
+def test_switch_upstream(proxy: FaultProxy, redis_client: redis.Redis, tmp_path: Path) -> None:
+    other = RedisServer(tmp_path / "other")
+    other.start()
+    try:
+        c = client(proxy, retries=1)
+        first = c.info("server")["run_id"]
+        proxy.set_upstream(other.port)
+        second = c.info("server")["run_id"]
+        assert first != second
+        assert second == other.client().info("server")["run_id"]
+        c.close()
+    finally:
+        other.stop()
+
+
+def test_stop_closes_everything(redis_server: RedisServer) -> None:
+    p = FaultProxy(redis_server.port).start()
+    c = redis.Redis(port=p.port, retry=Retry(NoBackoff(), 0), socket_connect_timeout=1)
+    c.ping()
+    p.stop()
+    with pytest.raises(redis.ConnectionError):
+        c.ping()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", p.port), timeout=1).close()
