@@ -431,6 +431,7 @@ def test_a_restarted_redis_that_lost_state_gets_what_the_seen_cache_dropped(tmp_
         assert s.watch.epoch == epoch + 1  # the reconnection saw another run_id
         assert [r.url for r in got] == ["http://a.test/1#again"]
         assert s.stats.get_value("bloomcrawl/redis_restarts") == 1
+        s.server.connection_pool.disconnect()
     finally:
         server.stop()
 
@@ -442,3 +443,32 @@ def test_the_same_server_keeps_the_seen_cache(scheduler: Scheduler) -> None:
     assert scheduler.enqueue_request(Request("http://a.test/1#again")) is False
     assert drain(scheduler) == []
     assert scheduler.stats.get_value("bloomcrawl/redis_restarts") is None
+
+
+def test_counts_redis_lost_in_a_restart_are_sent_again_once(tmp_path) -> None:
+    from conftest import RedisServer
+
+    server = RedisServer(tmp_path / "r")  # no persistence: a restart loses the stats too
+    server.start()
+    try:
+        s = make_scheduler(server.url, BLOOMFILTER_PARTITIONS=1)
+        for i in range(2):
+            s.enqueue_request(Request("http://a.test/%d" % i))
+        pages = drain(s)
+        for request in pages:
+            finish(s, request)
+        s.send_pending()
+        stats = s.frontier.keys.stats
+        assert int(server.client().hget(stats, "pages")) == 2
+        server.restart()
+        s.enqueue_request(Request("http://a.test/new"))
+        assert [r.url for r in drain(s)] == ["http://a.test/new"]
+        s.send_pending()
+        # the two pages' counts came back, once, and nothing else was counted twice
+        assert int(server.client().hget(stats, "pages")) == 2
+        s.send_pending()
+        s.send_pending()
+        assert int(server.client().hget(stats, "pages")) == 2
+        s.server.connection_pool.disconnect()
+    finally:
+        server.stop()

@@ -231,6 +231,11 @@ class Frontier:
             done.leases = self._leases(lease_from, results[-1])
         return done
 
+    def applied_stats_number(self) -> int:
+        """The number of this worker's last exchange the shared stats hold."""
+        raw = self.server.hget(self.keys.stats_applied, self.worker_id)
+        return int(raw) if raw is not None else 0
+
     def lease(self, partition: int, want: int) -> list[Lease]:
         """Lease up to ``want`` requests from one partition."""
         return self.exchange((), {}, lease_from=partition, want=want).leases

@@ -13,12 +13,13 @@ back-off. Shared stats travel numbered, so a resent exchange counts once.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bloomcrawl.core.connection import ServerChangedError
+from bloomcrawl.core.connection import ServerChangedError, ServerWatch
 from bloomcrawl.core.errors import FilterFullError
 from bloomcrawl.core.frontier import Exchanged, Frontier, Lease, Outgoing
 from bloomcrawl.crawl.redis_io import call_later, log_unexpected
@@ -31,6 +32,11 @@ if TYPE_CHECKING:
     from bloomcrawl.crawl.redis_io import RedisIO
 
 logger = logging.getLogger(__name__)
+
+#: counts Redis confirmed, kept this long (and this many) to be sent again if Redis
+#: turns out to have lost them (a rollback, a restart without persistence)
+STATS_HISTORY_S = 900.0
+STATS_HISTORY_MAX = 100_000
 
 
 @dataclass
@@ -49,6 +55,8 @@ class Batch:
     #: how many requests to lease (from ``lease_from``, else from the next partitions)
     want: int
     check_idle: bool
+    #: the server epoch (ServerWatch) the batch was made for
+    epoch: int = 0
 
 
 @dataclass
@@ -62,11 +70,12 @@ class Reply:
 
 
 class Outbox:
-    def __init__(self, io: RedisIO, errors: RedisErrorPolicy, stats: StatsCollector, *,
-                 on_reply: Callable[[Reply, Batch], None],
+    def __init__(self, io: RedisIO, errors: RedisErrorPolicy, stats: StatsCollector,
+                 watch: ServerWatch, *, on_reply: Callable[[Reply, Batch], None],
                  on_retry: Callable[[], None], on_full: Callable[[FilterFullError], None],
                  log_extra: dict[str, Any] | None = None) -> None:
         self.io = io
+        self.watch = watch
         self.errors = errors
         self.stats = stats
         self.on_reply = on_reply
@@ -79,6 +88,8 @@ class Outbox:
         self.counts: dict[str, int] = defaultdict(int)
         # counts of failed exchanges, resent under their own numbers
         self.unconfirmed_stats: list[tuple[int, dict[str, int]]] = []
+        # counts Redis confirmed lately: (when, number, counts)
+        self.confirmed_stats: deque[tuple[float, int, dict[str, int]]] = deque()
         # start URL leases: requests made, not sent yet / sent, to be acked
         self.start_waiting: list[str] = []
         self.start_acks: list[str] = []
@@ -87,6 +98,8 @@ class Outbox:
         self.closing = False
         self._retry_call: Any = None
         self._number = 0
+        #: the number of the last exchange whose stats Redis confirmed
+        self.confirmed_number = 0
 
     def owes(self) -> bool:
         """Requests, acks or stats are waiting to be sent."""
@@ -113,11 +126,13 @@ class Outbox:
         if not (self.owes() or lease_from is not None or check_idle):
             return
         stats, self.unconfirmed_stats = self.unconfirmed_stats, []
-        if self.counts:
+        if self.counts or self.outgoing or self.acks:
+            # numbered even without counts: the number is how a restarted server
+            # tells whether it kept this worker's writes
             self._number += 1
             stats.append((self._number, dict(self.counts)))
         batch = Batch(self.outgoing, self.acks, stats, self.start_waiting, self.held,
-                      lease_from, want, check_idle)
+                      lease_from, want, check_idle, self.watch.epoch)
         self.outgoing, self.acks, self.counts = [], defaultdict(list), defaultdict(int)
         self.start_waiting, self.held = [], []
         self.exchanging = True
@@ -140,6 +155,17 @@ class Outbox:
             if failure:
                 failure[0].raiseException()
 
+    def restate(self, applied: int) -> int:
+        """Redis lost state: send again the counts it confirmed beyond number ``applied``.
+
+        ``applied`` is the number of this worker's last exchange the shared
+        stats hold now; each number is still added once.
+        """
+        again = [(number, counts) for _, number, counts in self.confirmed_stats
+                 if number > applied]
+        self.unconfirmed_stats[:0] = again  # lower numbers first, as the script needs
+        return len(again)
+
     def cancel(self) -> None:
         """Closing: no more retries."""
         self.closing = True
@@ -149,6 +175,10 @@ class Outbox:
 
     def _in_thread(self, frontier: Frontier, batch: Batch) -> Reply:
         """The Redis side of an exchange (on the I/O thread: touches no buffer)."""
+        if self.watch.epoch != batch.epoch:
+            # another call on this thread met a new server since the batch was made:
+            # its acks may be for work the old state got; the scheduler decides first
+            raise ServerChangedError("Redis changed server before this exchange was sent")
         done = frontier.exchange(batch.outgoing, batch.acks, batch.stats,
                                  lease_from=batch.lease_from, want=batch.want)
         reply = Reply(done, done.leases)
@@ -168,6 +198,14 @@ class Outbox:
         self.exchanging = False
         self.errors.ok()
         self.start_acks += batch.start_tokens
+        now = time.monotonic()
+        history = self.confirmed_stats
+        history.extend((now, number, counts) for number, counts in batch.stats)
+        if batch.stats:
+            self.confirmed_number = max(self.confirmed_number, batch.stats[-1][0])
+        while history and (len(history) > STATS_HISTORY_MAX
+                           or history[0][0] < now - STATS_HISTORY_S):
+            history.popleft()
         self.on_reply(reply, batch)
 
     def _failed(self, failure: Failure, batch: Batch, errors: list[Failure] | None) -> None:

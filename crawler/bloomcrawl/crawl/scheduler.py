@@ -103,6 +103,9 @@ class Scheduler:
         self.frontier: Frontier | None = None
         self.io = RedisIO()
         self.errors = RedisErrorPolicy(logger, server, "retrying; nothing leased is lost")
+        # another server behind the client (a restart, a failover) may have rolled
+        # state back under this worker's seen cache and leases: see _server_changed
+        self.watch = ServerWatch(server)
         # fingerprints this worker already sent through the filter: the filter only
         # grows, so they are in it for good and need no round trip
         self._seen: set[bytes] = set()
@@ -110,7 +113,7 @@ class Scheduler:
         # requests leased and not handed to the engine yet
         self._local: deque[tuple[Lease, Request]] = deque()
         # what this worker owes Redis, and the one exchange at a time that sends it
-        self.outbox = Outbox(self.io, self.errors, self.stats, on_reply=self._exchanged,
+        self.outbox = Outbox(self.io, self.errors, self.stats, self.watch, on_reply=self._exchanged,
                              on_retry=lambda: self._exchange(lease=self._starved),
                              on_full=self._filter_full)
         self.start_urls = StartUrls(self.io, self.outbox, self.stats, self.enqueue_request,
@@ -129,10 +132,8 @@ class Scheduler:
         self._idle_since: float | None = None
         self._loops: list[Any] = []
         self._closing = False
-        # another server behind the client (a restart, a failover) may have rolled
-        # state back under this worker's seen cache: see _exchanged
-        self.watch = ServerWatch(server)
         self._epoch_seen = 0
+        self._restate_needed = self._restating = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
@@ -330,6 +331,13 @@ class Scheduler:
             return
         if self.watch.epoch != self._epoch_seen:
             self._server_changed()
+        if self._restate_needed:
+            # the stats Redis lost go first, in order, before any newer number
+            if not self._restating:
+                self._restating = True
+                d = self.io.run(self.frontier.applied_stats_number)
+                d.addCallbacks(self._restate, self._restate_failed).addErrback(self._bug)
+            return
         lease_from = None
         if lease and not self._local and (self._starved or self._redis_may_have_work):
             lease_from = self.outbox.ack_partition()  # the acks ride with the lease
@@ -529,35 +537,63 @@ class Scheduler:
         self._exchange(lease=self._starved)
 
     def _server_changed(self) -> None:
-        """Redis restarted or failed over, and may have rolled state back.
+        """Redis restarted or failed over: find out whether it lost this worker's writes.
 
         The first call to the new server failed (ServerChangedError) before
-        it was sent; its batch is back in the buffers. From here on:
+        it was sent; its batch is back in the buffers. No exchange starts
+        until the new server said which of this worker's numbered exchanges
+        it holds (:meth:`_restate`).
+        """
+        self._epoch_seen = self.watch.epoch
+        self._restate_needed = True
+        self.stats.inc_value("bloomcrawl/redis_restarts")
+        self.io.run(self._frontier().reverify).addErrback(self._failed)
+
+    def _restate(self, applied: int) -> None:
+        """The new server holds this worker's exchanges up to number ``applied``."""
+        self._restate_needed = self._restating = False
+        outbox = self.outbox
+        if applied >= outbox.confirmed_number:
+            # a restart or failover that kept every write of ours (AOF, a caught-up
+            # replica): what this worker remembers still holds
+            logger.warning("Redis at %s is another server now (run_id %s) and kept this"
+                           " worker's writes", describe_redis(self.server),
+                           self.watch.run_id, extra={"spider": self.spider})
+            outbox.held.clear()
+        else:
+            self._rolled_back(applied)
+        self._exchange(lease=self._starved)
+
+    def _rolled_back(self, applied: int) -> None:
+        """Redis lost writes of ours (a rollback, a lagging replica, no persistence).
 
         * the seen cache may remember fingerprints Redis lost: forget it, and
           send again what was dropped against it since the last exchange;
         * the leases this worker holds, and the acks it has not sent, are for
-          work whose items or links may have gone to the old state: they are
+          work whose items or links may have gone to the lost state: they are
           not acked; the leases that still exist expire and are crawled again;
-        * the filter and the layout are checked again.
+        * the counts Redis lost go again, each once.
         """
-        self._epoch_seen = self.watch.epoch
         outbox = self.outbox
         held, outbox.held = outbox.held, []
         dropped = len(self._inflight) + sum(len(t) for t in outbox.acks.values())
-        logger.warning("Redis at %s is another server now (run_id %s): restarted or failed"
-                       " over, maybe rolled back; forgetting the %d fingerprints this worker"
-                       " remembered, sending %d requests again, leaving %d leases to expire",
-                       describe_redis(self.server), self.watch.run_id, len(self._seen),
-                       len(held), dropped, extra={"spider": self.spider})
-        self.stats.inc_value("bloomcrawl/redis_restarts")
+        again = outbox.restate(applied)
+        logger.warning("Redis at %s is another server now (run_id %s) and lost writes of this"
+                       " worker: forgetting the %d fingerprints it remembered, sending %d"
+                       " requests and the counts of %d exchanges again, leaving %d leases to"
+                       " expire", describe_redis(self.server), self.watch.run_id,
+                       len(self._seen), len(held), again, dropped, extra={"spider": self.spider})
+        self.stats.inc_value("bloomcrawl/redis_rollbacks")
         self._seen.clear()
         self._inflight.clear()
         outbox.acks.clear()
         self._redis_may_have_work = True
         for request in held:
             self.enqueue_request(request)
-        self.io.run(self._frontier().reverify).addErrback(self._failed)
+
+    def _restate_failed(self, failure: Failure) -> None:
+        self._restating = False  # still needed: the next exchange asks again
+        self._failed(failure)
 
     def _on_idle(self, spider: Spider) -> None:
         if self._local or self.outbox.owes() or self.outbox.exchanging:
