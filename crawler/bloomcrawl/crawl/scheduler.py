@@ -364,8 +364,6 @@ class Scheduler:
 
     def _exchanged(self, reply: Reply, batch: Batch) -> None:
         frontier = self._frontier()
-        if self.watch.epoch != self._epoch_seen:
-            self._server_changed()
         if frontier.filter_generation != self._seen_generation:
             logger.warning("the Bloom filter %s was deleted; it was created again",
                            frontier.keys.filter, extra={"spider": self.spider})
