@@ -187,7 +187,7 @@ def test_inspect_finds_spiders_with_scan_and_only_reads(redis_client: redis.Redi
     assert state.queue_key == "site:requests" and state.queue_type == "priority"
     assert state.backend == "bitmap"
     assert set(state.stats) == set(keys.STATS_FIELDS)
-    assert state.pages_by_node_key == "site:pages_by_node"
+    assert state.pages_by_node_key == "{site:stats}:pages_by_node"
     assert state.pages_by_node == {"worker-a": 30, "worker-b": 12}
     assert state.problems == []
     assert inspect.spider_state(redis_client, "nope:bloomfilter:meta") is None
@@ -291,14 +291,14 @@ def test_pages_by_node_without_the_meta_field_and_past_the_host_bound(
     state = inspect.spider_state(redis_client, front.frontier.meta)
     assert state is not None
     assert state.pages_by_node == {"worker-a": 30, "worker-b": 12, "worker-d": 50}
-    assert state.problems == ["site:pages_by_node names 5 worker hosts; reporting the 3"
+    assert state.problems == ["{site:stats}:pages_by_node names 5 worker hosts; reporting the 3"
                               " with the most pages"]
 
     redis_client.delete(front.frontier.pages_by_node)
     redis_client.set(front.frontier.pages_by_node, "not a hash")
     state = inspect.spider_state(redis_client, front.frontier.meta)
     assert state is not None and state.pages_by_node == {}
-    assert state.problems and "pages by node site:pages_by_node unreadable" in state.problems[0]
+    assert state.problems and "pages by node {site:stats}:pages_by_node unreadable" in state.problems[0]
     assert state.filter is not None and state.queue_length == 7
 
 

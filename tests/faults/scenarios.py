@@ -349,7 +349,7 @@ def inject_malformed_meta(run: FaultRun, facts: dict[str, Any]) -> None:
                 "params": params, "ready": "1", "spider": spider,
                 "queue": "%s:requests" % spider, "queue_type": "priority",
                 "stats": "%s:stats" % spider, "start_urls": "%s:start_urls" % spider,
-                "items": "%s:items" % spider, "pages_by_node": "%s:pages_by_node" % spider})
+                "items": "%s:items" % spider, "pages_by_node": "{%s:stats}:pages_by_node" % spider})
     finally:
         client.close()
     facts["malformed_from"] = time.monotonic()

@@ -7,16 +7,33 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
+import redis.cluster
+from redis.cluster import ClusterNode
+from redis.connection import parse_url
 
 from bloomcrawl.core import defaults
 from bloomcrawl.core.errors import RedisUnavailableError, SettingError
 
 
+#: URL schemes of a Redis Cluster: ``redis+cluster://host:port[,host:port...]``
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def is_cluster(client: Any) -> bool:
+    """True for a redis-py RedisCluster client."""
+    return isinstance(client, redis.cluster.RedisCluster)
+
+
 def describe_redis(client: Any) -> str:
-    """A redis:// URL naming the server a client talks to, without its password."""
+    """A URL naming the server (or cluster) a client talks to, without its password."""
+    if is_cluster(client):
+        kwargs = client.nodes_manager.connection_kwargs
+        scheme = "rediss+cluster" if kwargs.get("ssl") else "redis+cluster"
+        nodes = sorted(node.name for node in client.nodes_manager.startup_nodes.values())
+        return "%s://%s" % (scheme, ",".join(nodes))
     try:
         kwargs = client.connection_pool.connection_kwargs
     except AttributeError:
@@ -48,10 +65,13 @@ def check_redis_url(url: str) -> str:
     if not isinstance(url, str) or not url:
         raise SettingError("REDIS_URL must be a redis:// URL, got %r" % (url,))
     parts = urlsplit(url)
+    if parts.scheme in CLUSTER_SCHEMES:
+        _cluster_nodes(url)
+        return url
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise SettingError(
-            "REDIS_URL %r: scheme must be redis://, rediss:// or unix://, got %r"
-            % (url, parts.scheme)
+            "REDIS_URL %r: scheme must be redis://, rediss://, unix://, redis+cluster:// or"
+            " rediss+cluster://, got %r" % (url, parts.scheme)
         )
     if parts.scheme != "unix" and not parts.hostname:
         raise SettingError("REDIS_URL %r has no host" % (url,))
@@ -62,16 +82,81 @@ def check_redis_url(url: str) -> str:
     return url
 
 
-def redis_from_url(url: str, **params: Any) -> redis.Redis:
-    """A client for ``url`` with bounded timeouts unless ``params`` say otherwise."""
+def _cluster_nodes(url: str) -> list[tuple[str, int]]:
+    """The startup nodes of a ``redis+cluster://[user:password@]host:port[,host:port]`` URL."""
+    parts = urlsplit(url)
+    hosts = parts.netloc.rpartition("@")[2]
+    nodes = []
+    for entry in hosts.split(","):
+        host, _, port = entry.strip().rpartition(":")
+        host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SettingError("REDIS_URL %r: cluster node %r must be host:port" % (url, entry))
+        nodes.append((host, int(port)))
+    if parts.path not in ("", "/", "/0"):
+        raise SettingError("REDIS_URL %r: Redis Cluster has database 0 only, got %r"
+                           % (url, parts.path))
+    return nodes
+
+
+def cluster_url(nodes: Any) -> str:
+    """A ``redis+cluster://`` URL for REDIS_CLUSTER_NODES (``"h:p,h:p"`` or a list)."""
+    if isinstance(nodes, str):
+        nodes = [n for n in nodes.split(",") if n.strip()]
+    if not isinstance(nodes, list | tuple) or not nodes or not all(
+            isinstance(n, str) for n in nodes):
+        raise SettingError("REDIS_CLUSTER_NODES must be host:port entries, got %r" % (nodes,))
+    url = "redis+cluster://" + ",".join(n.strip() for n in nodes)
+    try:
+        check_redis_url(url)
+    except SettingError as exc:
+        raise SettingError("REDIS_CLUSTER_NODES: %s" % exc) from exc
+    return url
+
+
+def redis_from_url(url: str, **params: Any) -> Any:
+    """A client for ``url`` with bounded timeouts unless ``params`` say otherwise.
+
+    ``redis+cluster://`` (``rediss+cluster://`` for TLS) gives redis-py's
+    RedisCluster: it follows MOVED and ASK, and finds the new master after
+    a failover.
+    """
     check_redis_url(url)
     params.setdefault("socket_connect_timeout", defaults.REDIS_SOCKET_CONNECT_TIMEOUT)
     params.setdefault("socket_timeout", defaults.REDIS_SOCKET_TIMEOUT)
     params.setdefault("health_check_interval", defaults.REDIS_HEALTH_CHECK_INTERVAL)
+    scheme = urlsplit(url).scheme
     try:
+        if scheme in CLUSTER_SCHEMES:
+            return _cluster_from_url(url, **params)
         return redis.Redis.from_url(url, **params)
     except ValueError as exc:
         raise SettingError("REDIS_URL %r: %s" % (url, exc)) from exc
+
+
+def _cluster_from_url(url: str, **params: Any) -> redis.cluster.RedisCluster:
+    parts = urlsplit(url)
+    nodes = _cluster_nodes(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    # redis-py parses credentials and query options of a one-host URL
+    single = urlunsplit((CLUSTER_SCHEMES[parts.scheme],
+                         (userinfo + "@" if userinfo else "") + "%s:%d" % nodes[0],
+                         "", parts.query, ""))
+    options = parse_url(single)
+    for name in ("host", "port", "db", "connection_class"):
+        options.pop(name, None)
+    if parts.scheme == "rediss+cluster":
+        options["ssl"] = True
+    options.update(params)
+    try:
+        return redis.cluster.RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in nodes], **options)
+    except redis.RedisClusterException as exc:
+        raise RedisUnavailableError("cannot reach Redis Cluster at %s: %s" % (
+            url.replace(userinfo + "@", "") if userinfo else url, exc)) from exc
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise RedisUnavailableError("cannot reach Redis Cluster at %s: %s" % (
+            url.replace(userinfo + "@", "") if userinfo else url, exc)) from exc
 
 
 def ping(client: redis.Redis) -> None:
@@ -103,6 +188,17 @@ def server_info(client: Any) -> dict[str, Any]:
     return info
 
 
+def server_infos(client: Any) -> dict[str, dict[str, Any]]:
+    """:func:`server_info` of every master: ``{"host:port": info}`` (one entry without a cluster)."""
+    if not is_cluster(client):
+        return {describe_redis(client): server_info(client)}
+    infos = {}
+    with redis_errors(client):
+        for node in client.get_primaries():
+            infos[node.name] = client.info("server", "memory", target_nodes=node)
+    return infos
+
+
 def check_eviction_policy(info: dict[str, Any], client: Any, allow: bool) -> None:
     """Refuse a Redis that evicts keys, unless ``allow`` (REDIS_ALLOW_EVICTION) says so."""
     policy = info.get("maxmemory_policy", "noeviction")
@@ -132,33 +228,76 @@ class ServerWatch:
     first call fails with :class:`ServerChangedError` before anything of it
     is sent, so nothing meant for the old state (an ack of work whose
     results the rollback lost) reaches the new one unchecked.
+
+    On Redis Cluster, :meth:`prime` connects to every node and remembers
+    their run_ids; a connection later made to a server none of them was
+    (a replica promoted after its master failed is reached at its own
+    address, so addresses do not tell) is the change.
     """
 
     def __init__(self, client: Any) -> None:
         self.run_id: str | None = None
         self.epoch = 0
+        self.cluster = is_cluster(client)
+        self._client = client
+        self._known: set[str] = set()
+        self._primed = False
+        if self.cluster:
+            # RedisCluster runs its own connect first, then this one
+            self._previous_hook = client.user_on_connect_func
+            client.user_on_connect_func = self._on_cluster_connect
+            client.disconnect_connection_pools()  # made before the hook: reconnect through it
+            return
         pool = client.connection_pool
         self._previous_hook = pool.connection_kwargs.get("redis_connect_func")
         pool.connection_kwargs["redis_connect_func"] = self._on_connect
         pool.reset()  # connections made before the hook would not call it
+
+    def prime(self, infos: dict[str, dict[str, Any]]) -> None:
+        """The servers behind the client now (``infos`` from :func:`server_infos`) are the known ones."""
+        if not self.cluster:
+            self.run_id = next(iter(infos.values())).get("run_id")
+            return
+        self._known.update(str(info.get("run_id")) for info in infos.values())
+        with redis_errors(self._client):
+            # replicas too: the client asks them for the slot map after a failover
+            self._client.ping(target_nodes=redis.cluster.RedisCluster.ALL_NODES)
+        self._primed = True
 
     def _on_connect(self, connection: Any) -> None:
         if self._previous_hook is not None:
             self._previous_hook(connection)
         else:
             connection.on_connect()
-        connection.send_command("INFO", "server")
-        reply = connection.read_response()
-        text = reply.decode() if isinstance(reply, bytes) else str(reply)
-        run_id = next((line.split(":", 1)[1].strip() for line in text.splitlines()
-                       if line.startswith("run_id:")), None)
+        run_id = self._ask_run_id(connection)
         if run_id != self.run_id:
             previous, self.run_id = self.run_id, run_id
             if previous is not None:
-                self.epoch += 1
-                raise ServerChangedError("Redis at %s:%s is another server (run_id %s, was %s)"
-                                         % (getattr(connection, "host", "?"),
-                                            getattr(connection, "port", "?"), run_id, previous))
+                self._changed(connection, "run_id %s, was %s" % (run_id, previous))
+
+    def _on_cluster_connect(self, connection: Any) -> None:
+        if self._previous_hook is not None:
+            self._previous_hook(connection)
+        run_id = self._ask_run_id(connection)
+        if run_id in self._known:
+            return
+        self._known.add(run_id)
+        self.run_id = run_id
+        if self._primed:
+            self._changed(connection, "run_id %s, not a node of the cluster before" % run_id)
+
+    @staticmethod
+    def _ask_run_id(connection: Any) -> str:
+        connection.send_command("INFO", "server")
+        reply = connection.read_response()
+        text = reply.decode() if isinstance(reply, bytes) else str(reply)
+        return next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                     if line.startswith("run_id:")), "")
+
+    def _changed(self, connection: Any, why: str) -> None:
+        self.epoch += 1
+        raise ServerChangedError("Redis at %s:%s is another server (%s)" % (
+            getattr(connection, "host", "?"), getattr(connection, "port", "?"), why))
 
 
 #: error replies that say "not now" (memory, a replica, a busy script, loading):

@@ -14,6 +14,8 @@ FILTER_KEY = "%(spider)s:bloomfilter"
 FILTER_CAPACITY = 100_000_000
 FILTER_ERROR_RATE = 0.001
 FILTER_PARTITIONS = 4
+# on Redis Cluster, when BLOOMFILTER_PARTITIONS is not set: this many per master
+CLUSTER_PARTITIONS_PER_MASTER = 8
 FILTER_GROWTH = 2.0
 FILTER_TIGHTENING = 0.4
 FILTER_BACKEND = "auto"
@@ -36,7 +38,6 @@ SEEN_CACHE = 200_000
 START_URLS_KEY = "%(spider)s:start_urls"
 ITEMS_KEY = "%(spider)s:items"
 STATS_KEY = "%(spider)s:stats"
-NODE_PAGES_KEY = "%(spider)s:pages_by_node"
 
 # the items pipeline
 ITEMS_RETRY_TIMEOUT = 300.0

@@ -116,9 +116,11 @@ def filter_name_from_meta(key: str) -> str:
 #   <queue>:{NAME:P}:seq        string  lease token counter
 #   <spider>:stats              hash  pages, items, filtered, requeued, errors,
 #                                     bad_start_urls, unserializable (HINCRBY)
-#   <spider>:stats:applied      hash  worker -> number of its last exchange counted
+#   {<spider>:stats}:applied    hash  worker -> number of its last exchange counted
 #                                     (a resent exchange is counted once)
-#   <spider>:pages_by_node      hash  hostname of the worker -> pages it crawled
+#   {<spider>:stats}:pages_by_node
+#                               hash  hostname of the worker -> pages it crawled
+#                               (both in the stats hash's slot: one script updates all three)
 #   <spider>:start_urls         list  URLs or JSON {"url", "meta", "priority"}
 #   {<spider>:start_urls}:leases, :deadlines, :seq
 #                               start URLs taken by a worker and not queued yet
@@ -151,8 +153,10 @@ class FrontierKeys:
         self.filter = spider_key(filter_pattern, spider)
         self.queue = spider_key(queue_pattern, spider)
         self.stats = spider_key(defaults.STATS_KEY, spider)
-        self.stats_applied = self.stats + ":applied"
-        self.pages_by_node = spider_key(defaults.NODE_PAGES_KEY, spider)
+        # the stats script touches all three: one hash tag, one Redis Cluster slot
+        # (``S:stats`` hashes as a whole, ``{S:stats}:...`` by its tag: the same slot)
+        self.stats_applied = "{%s}:applied" % self.stats
+        self.pages_by_node = "{%s}:pages_by_node" % self.stats
         self.start_urls = spider_key(defaults.START_URLS_KEY, spider)
         tag = "{%s}" % self.start_urls
         self.start_leases = tag + ":leases"

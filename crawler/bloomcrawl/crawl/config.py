@@ -8,12 +8,19 @@ raised before anything touches Redis. Defaults come from
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.bloom import BloomFilter
-from bloomcrawl.core.connection import ping, redis_from_url
+from bloomcrawl.core.connection import (
+    cluster_url,
+    is_cluster,
+    ping,
+    redis_errors,
+    redis_from_url,
+)
 from bloomcrawl.core.errors import InvalidFilterParameters, SettingError
 from bloomcrawl.core.sizing import BACKENDS, REDISBLOOM_TIGHTENING, FilterParams
 
@@ -51,11 +58,12 @@ def get_int(settings: BaseSettings, name: str, default: int, minimum: int | None
     return value
 
 
-def get_optional_int(settings: BaseSettings, name: str) -> int | None:
+def get_optional_int(settings: BaseSettings, name: str,
+                     minimum: int | None = None) -> int | None:
     raw = settings.get(name)
     if raw is None or raw == "":
         return None
-    return get_int(settings, name, 0)
+    return get_int(settings, name, 0, minimum)
 
 
 def get_float(
@@ -79,8 +87,14 @@ def get_float(
 
 
 def redis_from_settings(settings: BaseSettings) -> redis.Redis:
-    """A client for REDIS_URL (plus REDIS_PARAMS), checked with a PING."""
-    url = settings.get("REDIS_URL") or defaults.REDIS_URL
+    """A client for REDIS_URL or REDIS_CLUSTER_NODES (plus REDIS_PARAMS), checked with a PING."""
+    nodes = settings.get("REDIS_CLUSTER_NODES")
+    if nodes:
+        if settings.get("REDIS_URL"):
+            raise SettingError("set REDIS_URL or REDIS_CLUSTER_NODES, not both")
+        url = cluster_url(nodes)
+    else:
+        url = settings.get("REDIS_URL") or defaults.REDIS_URL
     params = dict(settings.getdict("REDIS_PARAMS"))
     params.pop("decode_responses", None)
     client = redis_from_url(url, **params)
@@ -104,7 +118,8 @@ class FilterConfig:
     key_pattern: str
     capacity: int
     error_rate: float
-    partitions: int
+    #: None: BLOOMFILTER_PARTITIONS not set (see :func:`default_partitions`)
+    partitions: int | None
     growth: float
     tightening: float
     bit_exponent: int | None
@@ -134,8 +149,7 @@ class FilterConfig:
             key_pattern=key_pattern,
             capacity=capacity,
             error_rate=error_rate,
-            partitions=get_int(settings, "BLOOMFILTER_PARTITIONS", defaults.FILTER_PARTITIONS,
-                               1),
+            partitions=get_optional_int(settings, "BLOOMFILTER_PARTITIONS", minimum=1),
             growth=get_float(settings, "BLOOMFILTER_GROWTH", defaults.FILTER_GROWTH, 1, None),
             tightening=get_float(settings, "BLOOMFILTER_TIGHTENING",
                                  defaults.FILTER_TIGHTENING, 0, 1),
@@ -150,7 +164,8 @@ class FilterConfig:
         """Validate the parameters as the filter would, naming the settings."""
         concrete = self.backend if self.backend != "auto" else "bitmap"
         tightening = REDISBLOOM_TIGHTENING if concrete == "redisbloom" else self.tightening
-        common: dict[str, Any] = dict(partitions=self.partitions, growth=self.growth,
+        common: dict[str, Any] = dict(partitions=self.partitions or defaults.FILTER_PARTITIONS,
+                                      growth=self.growth,
                                       tightening=tightening, backend=concrete)
         try:
             if self.bit_exponent is not None and self.hashes is not None:
@@ -168,10 +183,36 @@ class FilterConfig:
 
     def open(self, server: Any, spider: str) -> BloomFilter:
         """Open (or create) ``spider``'s filter; a mismatch with the stored one is an error."""
+        key = self.key(spider)
+        partitions = self.partitions
+        if partitions is None:
+            partitions = default_partitions(server, key)
         return BloomFilter(
-            server, self.key(spider), self.capacity, self.error_rate, partitions=self.partitions,
+            server, key, self.capacity, self.error_rate, partitions=partitions,
             growth=self.growth, tightening=self.tightening, bit_exponent=self.bit_exponent,
             hashes=self.hashes, backend=self.backend)
+
+
+def default_partitions(server: Any, key: str) -> int:
+    """BLOOMFILTER_PARTITIONS when not set: enough to spread over a Redis Cluster's masters.
+
+    One Redis: :data:`~bloomcrawl.core.defaults.FILTER_PARTITIONS`. A Redis
+    Cluster: the partitions an existing filter has, else
+    :data:`~bloomcrawl.core.defaults.CLUSTER_PARTITIONS_PER_MASTER` per master
+    (each partition is one slot; slots are spread by hash, so a few per
+    master even out, and the cluster can later grow to that many masters).
+    """
+    if not is_cluster(server):
+        return defaults.FILTER_PARTITIONS
+    with redis_errors(server):
+        raw = server.hget(keys.meta_key(key), "params")
+        masters = len(server.get_primaries())
+    if raw is not None:
+        try:
+            return int(json.loads(raw)["partitions"])
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable: the filter names the problem when it opens
+    return max(defaults.FILTER_PARTITIONS, defaults.CLUSTER_PARTITIONS_PER_MASTER * masters)
 
 
 def queue_type_from_settings(value: Any) -> str:

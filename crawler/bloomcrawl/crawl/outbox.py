@@ -37,6 +37,11 @@ logger = logging.getLogger(__name__)
 #: turns out to have lost them (a rollback, a restart without persistence)
 STATS_HISTORY_S = 900.0
 STATS_HISTORY_MAX = 100_000
+#: requests of confirmed exchanges kept this long before the last confirmed one (and at
+#: most this many), to be sent again when Redis may have lost them: what a failover can
+#: drop is what the promoted replica had not received when its master died
+REPLAY_S = 30.0
+REPLAY_MAX = 100_000
 
 
 @dataclass
@@ -94,6 +99,9 @@ class Outbox:
         self.start_waiting: list[str] = []
         self.start_acks: list[str] = []
         self.held: list[Any] = []
+        # requests of confirmed exchanges: (when, requests), newest last
+        self.sent: deque[tuple[float, list[Outgoing]]] = deque()
+        self._sent_count = 0
         self.exchanging = False
         self.closing = False
         self._retry_call: Any = None
@@ -166,6 +174,17 @@ class Outbox:
         self.unconfirmed_stats[:0] = again  # lower numbers first, as the script needs
         return len(again)
 
+    def replay(self) -> int:
+        """Redis may have lost requests: queue again those of the recent exchanges.
+
+        Enqueue-if-new drops what Redis kept; returns how many go again.
+        """
+        again = [entry for _, outgoing in self.sent for entry in outgoing]
+        self.sent.clear()
+        self._sent_count = 0
+        self.outgoing[:0] = again
+        return len(again)
+
     def cancel(self) -> None:
         """Closing: no more retries."""
         self.closing = True
@@ -206,6 +225,12 @@ class Outbox:
         while history and (len(history) > STATS_HISTORY_MAX
                            or history[0][0] < now - STATS_HISTORY_S):
             history.popleft()
+        if batch.outgoing:
+            self.sent.append((now, batch.outgoing))
+            self._sent_count += len(batch.outgoing)
+        while self.sent and (self._sent_count > REPLAY_MAX
+                             or self.sent[0][0] < now - REPLAY_S):
+            self._sent_count -= len(self.sent.popleft()[1])
         self.on_reply(reply, batch)
 
     def _failed(self, failure: Failure, batch: Batch, errors: list[Failure] | None) -> None:

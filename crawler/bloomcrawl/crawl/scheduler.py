@@ -52,13 +52,13 @@ from bloomcrawl.core.connection import (
     ServerWatch,
     check_eviction_policy,
     describe_redis,
-    server_info,
+    server_infos,
 )
 from bloomcrawl.core.errors import FilterFullError, SettingError
 from bloomcrawl.core.frontier import Frontier, Lease, Outgoing
 from bloomcrawl.crawl.config import FilterConfig, FrontierConfig, redis_from_settings
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LOCAL_META_KEY, request_finished
-from bloomcrawl.crawl.outbox import Batch, Outbox, Reply
+from bloomcrawl.crawl.outbox import REPLAY_S, Batch, Outbox, Reply
 from bloomcrawl.crawl.redis_io import RedisIO, call_later, create_looping_call, log_unexpected
 from bloomcrawl.crawl.seeds import StartUrls
 from bloomcrawl.crawl.serialization import (
@@ -159,9 +159,10 @@ class Scheduler:
         """
         self.spider = spider
         self.errors.extra = self.outbox.log_extra = {"spider": spider}
-        info = server_info(self.server)
-        check_eviction_policy(info, self.server, self.config.allow_eviction)
-        self.watch.run_id = info.get("run_id")
+        infos = server_infos(self.server)
+        for info in infos.values():
+            check_eviction_policy(info, self.server, self.config.allow_eviction)
+        self.watch.prime(infos)
         bloom = self.filter_config.open(self.server, spider.name)
         try:
             frontier_keys = keys.FrontierKeys(
@@ -551,7 +552,7 @@ class Scheduler:
         """The new server holds this worker's exchanges up to number ``applied``."""
         self._restate_needed = self._restating = False
         outbox = self.outbox
-        if applied >= outbox.confirmed_number:
+        if applied >= outbox.confirmed_number and not self.watch.cluster:
             # a restart or failover that kept every write of ours (AOF, a caught-up
             # replica): what this worker remembers still holds
             logger.warning("Redis at %s is another server now (run_id %s) and kept this"
@@ -559,6 +560,8 @@ class Scheduler:
                            self.watch.run_id, extra={"spider": self.spider})
             outbox.held.clear()
         else:
+            # on Redis Cluster the stats' slot may have kept everything while the
+            # promoted master of other partitions lost what it had not replicated
             self._rolled_back(applied)
         self._exchange(lease=self._starved)
 
@@ -567,6 +570,12 @@ class Scheduler:
 
         * the seen cache may remember fingerprints Redis lost: forget it, and
           send again what was dropped against it since the last exchange;
+        * on Redis Cluster, the requests of the exchanges confirmed in the
+          last :data:`~bloomcrawl.crawl.outbox.REPLAY_S` seconds go again
+          (the filter drops those Redis kept): a page's ack and its links
+          live on different masters, and a failover may keep the ack and
+          lose the links. (One Redis loses a suffix of what it was sent: a
+          page whose links were lost lost its ack too, and is crawled again.)
         * the leases this worker holds, and the acks it has not sent, are for
           work whose items or links may have gone to the lost state: they are
           not acked; the leases that still exist expire and are crawled again;
@@ -576,11 +585,14 @@ class Scheduler:
         held, outbox.held = outbox.held, []
         dropped = len(self._inflight) + sum(len(t) for t in outbox.acks.values())
         again = outbox.restate(applied)
-        logger.warning("Redis at %s is another server now (run_id %s) and lost writes of this"
-                       " worker: forgetting the %d fingerprints it remembered, sending %d"
-                       " requests and the counts of %d exchanges again, leaving %d leases to"
-                       " expire", describe_redis(self.server), self.watch.run_id,
-                       len(self._seen), len(held), again, dropped, extra={"spider": self.spider})
+        replayed = outbox.replay() if self.watch.cluster else 0
+        logger.warning("Redis at %s is another server now (run_id %s) and may have lost writes"
+                       " of this worker: forgetting the %d fingerprints it remembered, sending"
+                       " %d requests (%d of them from the last %.0f s) and the counts of %d"
+                       " exchanges again, leaving %d leases to expire",
+                       describe_redis(self.server), self.watch.run_id, len(self._seen),
+                       len(held) + replayed, replayed, REPLAY_S, again, dropped,
+                       extra={"spider": self.spider})
         self.stats.inc_value("bloomcrawl/redis_rollbacks")
         self._seen.clear()
         self._inflight.clear()

@@ -240,8 +240,12 @@ def frontier_keys(filter_name: str, meta: dict[str, str], spider: str,
     frontier.start_urls = meta.get("start_urls") or frontier.start_urls
     frontier.items = meta.get("items") or frontier.items
     frontier.pages_by_node = meta.get("pages_by_node") or frontier.pages_by_node
-    for name in (frontier.stats, frontier.start_urls, frontier.items, frontier.pages_by_node):
+    for name in (frontier.stats, frontier.start_urls, frontier.items):
         keys.check_key(name)
+    # these two carry the stats hash's name as their hash tag (one slot for the three)
+    frontier.stats_applied = "{%s}:applied" % frontier.stats
+    if frontier.pages_by_node != "{%s}:pages_by_node" % frontier.stats:
+        keys.check_key(frontier.pages_by_node)  # recorded before the tag
     return frontier
 
 

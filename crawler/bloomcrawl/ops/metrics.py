@@ -85,7 +85,7 @@ _SPIDER_GAUGES: tuple[tuple[str, str, _SpiderValue], ...] = (
      "Ids of the items stored (each item is stored once); the set is never trimmed, so it"
      " grows with every item, also after the items list is consumed.", lambda s: s.item_ids),
     ("bloomcrawl_stats_workers",
-     "Worker runs whose stats are recorded in <spider>:stats:applied (one field per run;"
+     "Worker runs whose stats are recorded in {<spider>:stats}:applied (one field per run;"
      " cleared with the spider).", lambda s: s.stats_workers),
 )
 _SPIDER_COUNTERS: tuple[tuple[str, str, _SpiderValue], ...] = (
