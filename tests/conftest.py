@@ -115,4 +115,6 @@ def env_no_state(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+from redis_cluster import clean_cluster, private_cluster, redis_cluster  # noqa: E402,F401
+
 from demo_fixtures import demo_site  # noqa: E402,F401

@@ -1,0 +1,267 @@
+"""The filter and the frontier on a real Redis Cluster (3 masters, 1 replica each).
+
+Workers are real ``scrapy crawl site`` processes given a ``redis+cluster://``
+URL; the faults are real too: a master SIGKILLed and its replica promoted,
+slots migrated with their keys while the crawl runs.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bloomcrawl.core import keys
+from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.connection import redis_from_url
+from bloomcrawl.core.errors import SettingError
+from bloomcrawl.crawl.config import redis_from_settings
+
+from crawl_helpers import Worker, run_workers, wait_until
+from redis_cluster import RedisClusterProcesses
+from test_bloom import fill, fingerprints, measure_false_positives
+
+pytestmark = pytest.mark.slow
+
+SPIDER = "site"
+
+
+def shared_stats(client: Any) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in client.hgetall("%s:stats" % SPIDER).items()}
+
+
+def frontier_left(client: Any) -> int:
+    """Requests queued or leased anywhere, from the partition count the filter recorded."""
+    meta = client.hget(keys.meta_key("%s:bloomfilter" % SPIDER), "params")
+    f = keys.FrontierKeys(SPIDER, partitions=json.loads(meta)["partitions"])
+    return sum(client.zcard(f.queue_part(p)) + client.zcard(f.deadlines(p))
+               + client.hlen(f.leases(p)) for p in range(f.partitions))
+
+
+def owners(cluster: RedisClusterProcesses, names: list[str]) -> set[int]:
+    return {cluster.owner_of_slot(cluster.slot_of(name)) for name in names}
+
+
+# -- the filter --------------------------------------------------------------------
+
+
+def _race(url: str, barrier: Any, seed: int, queue: Any) -> None:
+    bf = BloomFilter(redis_from_url(url), "race:bloomfilter", capacity=50_000,
+                     error_rate=0.001, partitions=24)
+    fps = fingerprints(20_000, salt="race")
+    random.Random(seed).shuffle(fps)
+    barrier.wait()
+    new = 0
+    if seed == 0:
+        new += sum(bf.add(fp) for fp in fps[:1000])  # single adds mixed in
+        fps = fps[1000:]
+    for i in range(0, len(fps), 250):
+        new += sum(bf.add_many(fps[i:i + 250]))
+    queue.put(new)
+
+
+def test_four_processes_racing_on_a_cluster_get_exactly_one_true_each(clean_cluster) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(clean_cluster.startup_url, barrier, seed, queue))
+             for seed in range(4)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert all(r > 0 for r in results), results  # they really raced
+    assert sum(results) == 20_000, results
+    # the partitions really are spread: every master holds some
+    names = [keys.state_key("race:bloomfilter", p) for p in range(24)]
+    assert owners(clean_cluster, names) == set(clean_cluster.masters())
+
+
+def test_three_times_capacity_on_a_cluster_meets_the_error_rate(clean_cluster) -> None:
+    client = redis_from_url(clean_cluster.startup_url)
+    capacity, p = 60_000, 0.001
+    bf = BloomFilter(client, "grow:bloomfilter", capacity=capacity, error_rate=p,
+                     partitions=24)
+    assert fill(bf, 3 * capacity) >= 3 * capacity * 0.999
+    info = bf.info()
+    assert info.slices >= 2  # it grew
+    rate = measure_false_positives(bf)
+    assert rate <= 1.1 * p, rate
+    # every bit chunk lives in its partition's slot, on the master owning it
+    chunk_keys = [k.decode() for k in client.scan_iter(match="\\{grow:bloomfilter:*", count=1000)]
+    assert chunk_keys
+    for key in chunk_keys:
+        tag = key[key.index("{") + 1:key.index("}")]
+        assert clean_cluster.slot_of(key) == clean_cluster.slot_of("{%s}" % tag)
+
+
+def test_cluster_settings_are_checked_before_anything_is_written(clean_cluster) -> None:
+    from scrapy.settings import Settings
+
+    with pytest.raises(SettingError, match="not both"):
+        redis_from_settings(Settings({"REDIS_URL": "redis://127.0.0.1:1",
+                                      "REDIS_CLUSTER_NODES": "127.0.0.1:2"}))
+    with pytest.raises(SettingError, match="must be host:port"):
+        redis_from_url("redis+cluster://127.0.0.1:7000,nohost")
+    with pytest.raises(SettingError, match="database 0 only"):
+        redis_from_url("redis+cluster://127.0.0.1:7000/3")
+    nodes = ",".join("127.0.0.1:%d" % p for p in clean_cluster.masters())
+    client = redis_from_settings(Settings({"REDIS_CLUSTER_NODES": nodes}))
+    assert client.ping()
+
+
+# -- crawls ------------------------------------------------------------------------
+
+
+def check_exactly_once(site: Any, client: Any, workers: list[Worker]) -> None:
+    stats = site.stats()
+    assert stats["missing"] == 0, stats
+    assert stats["duplicates"] == 0, stats
+    total = len(site.hits())
+    shared = shared_stats(client)
+    assert shared["pages"] == total, shared
+    assert client.llen("%s:items" % SPIDER) == total
+    assert frontier_left(client) == 0
+    for w in workers:
+        assert w.proc.returncode == 0, w.text()[-3000:]
+        assert "Traceback" not in w.text(), w.text()[-3000:]
+
+
+def test_three_workers_crawl_a_cluster_exactly_once(clean_cluster, demo_site,
+                                                    tmp_path: Path) -> None:
+    client = clean_cluster.cluster_client()
+    client.rpush("%s:start_urls" % SPIDER, demo_site.url)
+    workers = [Worker("w%d" % i, clean_cluster.startup_url, tmp_path, {}) for i in range(3)]
+    run_workers(workers, timeout=300)
+    check_exactly_once(demo_site, client, workers)
+    per_worker = [w.stats().get("response_received_count", 0) for w in workers]
+    assert all(n > 0 for n in per_worker), per_worker
+    # 8 partitions per master by default, on every master
+    params = json.loads(client.hget(keys.meta_key("%s:bloomfilter" % SPIDER), "params"))
+    assert params["partitions"] == 24
+    queues = [keys.queue_key("%s:requests" % SPIDER, "%s:bloomfilter" % SPIDER, p)
+              for p in range(24)]
+    assert owners(clean_cluster, queues) == set(clean_cluster.masters())
+    # the stats script's three keys share one slot
+    f = keys.FrontierKeys(SPIDER)
+    assert len({clean_cluster.slot_of(k) for k in (f.stats, f.stats_applied,
+                                                   f.pages_by_node)}) == 1
+
+
+# two links a page: a binary tree, each page linked from one page only, so a lost
+# link is a lost subtree (a denser site would find it again through other pages)
+@pytest.mark.parametrize("demo_site", [{"pages": 1500, "links_per_page": 2, "delay_ms": 20}],
+                         indirect=True)
+@pytest.mark.parametrize("lagging", [False, True], ids=["caught-up", "lagging-replica"])
+def test_a_master_killed_mid_crawl_loses_no_page(private_cluster, demo_site, lagging: bool,
+                                                 tmp_path: Path) -> None:
+    """A failover drops the writes the replica had not received: detected, and recovered.
+
+    The killed master is the one holding the stats hash, so the stats, the
+    queue partitions and the filter partitions it owned all fail over.
+    ``lagging``: its replica is stopped for a second before the master dies,
+    so the promoted replica has lost a second of acknowledged writes (links,
+    acks, leases, counts) that other masters' partitions depend on.
+    """
+    cluster = private_cluster
+    client = cluster.cluster_client()
+    client.rpush("%s:start_urls" % SPIDER, demo_site.url)
+    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": "5", "SCHEDULER_LEASE_TIMEOUT": "10",
+                "SCHEDULER_REAP_INTERVAL": "1"}
+    workers = [Worker("w%d" % i, cluster.startup_url, tmp_path, settings) for i in range(3)]
+    total = len(demo_site.hits())
+    assert wait_until(lambda: sum(1 for h in demo_site.hits() if h) >= total // 4, 180)
+    victim = cluster.owner_of_slot(cluster.slot_of("%s:stats" % SPIDER))
+    fetches = lambda: sum(demo_site.hits())  # noqa: E731
+    lost_window = 0
+    if lagging:
+        replica = cluster.replica_of(victim)
+        cluster.wait_settled()
+        cluster.nodes[replica].send_signal(signal.SIGSTOP)
+        fetched_before = fetches()
+        # more than the sockets between them hold: what follows waits in the master's
+        # own buffer, and dies with it
+        cluster.node_client(victim).set("{%s:stats}:ballast" % SPIDER, b"x" * (48 << 20))
+        time.sleep(1.0)  # the master acknowledges the workers' writes meanwhile
+        written = cluster.node_client(victim).info("replication")["master_repl_offset"]
+        cluster.nodes[victim].kill()
+        cluster.nodes[replica].send_signal(signal.SIGCONT)
+        time.sleep(0.5)  # the replica reads what reached it
+        received = cluster.node_client(replica).info("replication")["slave_repl_offset"]
+        promoted = cluster.wait_failover(victim)
+        lost_window = fetches() - fetched_before
+        # the promoted replica really lacks acknowledged writes (links, acks, counts)
+        assert received < written, (received, written)
+    else:
+        promoted = cluster.kill_master(victim)
+    crawled_at_kill = sum(1 for h in demo_site.hits() if h)
+    run_workers(workers, timeout=300)
+    client = cluster.cluster_client()
+    assert promoted in cluster.masters() and victim not in cluster.live_ports
+    hits = demo_site.hits()
+    assert crawled_at_kill < total  # the crawl went on after the failover
+    assert min(hits) >= 1, [i for i, h in enumerate(hits) if h == 0][:20]  # nothing lost
+    shared = shared_stats(client)
+    twice = sum(h - 1 for h in hits if h > 1)
+    # every page fetched twice had its lease given back (the workers' own leases after
+    # the failover, left to expire), or was fetched while its master's replica lagged:
+    # its ack, or its enqueue, went with the writes the failover dropped
+    assert twice <= shared.get("requeued", 0) + lost_window, (twice, lost_window, shared)
+    assert shared["pages"] >= total, shared
+    assert frontier_left(client) == 0
+    items = {json.loads(i)["url"] for i in client.lrange("%s:items" % SPIDER, 0, -1)}
+    assert len(items) == total
+    noticed = sum(w.stats().get("bloomcrawl/redis_rollbacks", 0) for w in workers)
+    assert noticed >= 1, "no worker noticed the failover"
+    for w in workers:
+        assert w.proc.returncode == 0, w.text()[-3000:]
+        assert "Traceback" not in w.text(), w.text()[-3000:]
+
+
+@pytest.mark.parametrize("demo_site", [{"pages": 1500, "delay_ms": 20}], indirect=True)
+def test_slots_migrated_mid_crawl_lose_nothing(private_cluster, demo_site,
+                                               tmp_path: Path) -> None:
+    """Resharding moves keys under running Lua calls (ASK, TRYAGAIN): nothing lost or doubled."""
+    cluster = private_cluster
+    client = cluster.cluster_client()
+    client.rpush("%s:start_urls" % SPIDER, demo_site.url)
+    workers = [Worker("w%d" % i, cluster.startup_url, tmp_path,
+                      {"MAX_IDLE_TIME_BEFORE_CLOSE": "5"}) for i in range(3)]
+    total = len(demo_site.hits())
+    assert wait_until(lambda: sum(1 for h in demo_site.hits() if h) >= total // 4, 180)
+    f = keys.FrontierKeys(SPIDER, partitions=24)
+    # the slots of busy keys, one at a time, keys and all: the stats, then partitions
+    moved = []
+    errors: list[BaseException] = []
+
+    def migrate() -> None:
+        try:
+            for key in [f.stats, *(f.queue_part(p) for p in range(0, 24, 3))]:
+                source = cluster.owner_of_slot(cluster.slot_of(key))
+                target = next(m for m in cluster.masters() if m != source)
+                cluster.migrate_slot_of_key(key, target)
+                moved.append((key, source, target))
+        except BaseException as exc:  # reported below, not lost in the thread
+            errors.append(exc)
+
+    mover = threading.Thread(target=migrate)
+    mover.start()
+    mover.join(120)
+    assert not errors, errors
+    assert len(moved) == 9
+    crawled_after = sum(1 for h in demo_site.hits() if h)
+    run_workers(workers, timeout=300)
+    assert crawled_after < total  # the crawl was still going when the slots moved
+    client = cluster.cluster_client()
+    for key, _, target in moved:
+        assert cluster.owner_of_slot(cluster.slot_of(key)) == target
+    check_exactly_once(demo_site, client, workers)
