@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis_cluster import RedisClusterProcesses
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import BloomFilter
@@ -25,7 +26,6 @@ from bloomcrawl.core.errors import SettingError
 from bloomcrawl.crawl.config import redis_from_settings
 
 from crawl_helpers import Worker, run_workers, wait_until
-from redis_cluster import RedisClusterProcesses
 from test_bloom import fill, fingerprints, measure_false_positives
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,6 @@ from redis.connection import parse_url
 from bloomcrawl.core import defaults
 from bloomcrawl.core.errors import RedisUnavailableError, SettingError
 
-
 #: URL schemes of a Redis Cluster: ``redis+cluster://host:port[,host:port...]``
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
@@ -142,7 +141,7 @@ def _cluster_from_url(url: str, **params: Any) -> redis.cluster.RedisCluster:
     single = urlunsplit((CLUSTER_SCHEMES[parts.scheme],
                          (userinfo + "@" if userinfo else "") + "%s:%d" % nodes[0],
                          "", parts.query, ""))
-    options = parse_url(single)
+    options = parse_url(single)  # type: ignore[no-untyped-call]
     for name in ("host", "port", "db", "connection_class"):
         options.pop(name, None)
     if parts.scheme == "rediss+cluster":
@@ -150,7 +149,8 @@ def _cluster_from_url(url: str, **params: Any) -> redis.cluster.RedisCluster:
     options.update(params)
     try:
         return redis.cluster.RedisCluster(
-            startup_nodes=[ClusterNode(host, port) for host, port in nodes], **options)
+            startup_nodes=[ClusterNode(host, port)  # type: ignore[no-untyped-call]
+                           for host, port in nodes], **options)
     except redis.RedisClusterException as exc:
         raise RedisUnavailableError("cannot reach Redis Cluster at %s: %s" % (
             url.replace(userinfo + "@", "") if userinfo else url, exc)) from exc
@@ -189,7 +189,7 @@ def server_info(client: Any) -> dict[str, Any]:
 
 
 def server_infos(client: Any) -> dict[str, dict[str, Any]]:
-    """:func:`server_info` of every master: ``{"host:port": info}`` (one entry without a cluster)."""
+    """:func:`server_info` of every master: ``{"host:port": info}`` (one for one Redis)."""
     if not is_cluster(client):
         return {describe_redis(client): server_info(client)}
     infos = {}
@@ -254,7 +254,7 @@ class ServerWatch:
         pool.reset()  # connections made before the hook would not call it
 
     def prime(self, infos: dict[str, dict[str, Any]]) -> None:
-        """The servers behind the client now (``infos`` from :func:`server_infos`) are the known ones."""
+        """The servers behind the client now (``infos``, :func:`server_infos`) are known ones."""
         if not self.cluster:
             self.run_id = next(iter(infos.values())).get("run_id")
             return

@@ -25,7 +25,6 @@ from bloomcrawl.core.errors import InvalidFilterParameters, SettingError
 from bloomcrawl.core.sizing import BACKENDS, REDISBLOOM_TIGHTENING, FilterParams
 
 if TYPE_CHECKING:
-    import redis
     from scrapy.settings import BaseSettings
 
 #: SCHEDULER_QUEUE_CLASS values (bloomcrawl's names and scrapy-redis's classes)
@@ -86,7 +85,7 @@ def get_float(
     return value
 
 
-def redis_from_settings(settings: BaseSettings) -> redis.Redis:
+def redis_from_settings(settings: BaseSettings) -> Any:
     """A client for REDIS_URL or REDIS_CLUSTER_NODES (plus REDIS_PARAMS), checked with a PING."""
     nodes = settings.get("REDIS_CLUSTER_NODES")
     if nodes:
