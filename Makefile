@@ -13,6 +13,8 @@ WORKERS ?= 3
 SPIDER ?= site
 URL ?=
 SERVICE ?=
+# REDIS=cluster: a six-node Redis Cluster (docker-compose.cluster.yml) instead of one redis-server
+REDIS ?=
 .PHONY: up down scale deploy crawl demo status logs e2e
 
 help:
@@ -35,7 +37,8 @@ test: venv system-deps ## run the test suite (starts its own redis-server, scrap
 # the lowest versions pyproject allows (constraints/lowest.txt): the floors must be true
 LOWEST_VENV := .venv-lowest
 LOWEST_TESTS := tests/test_scheduler.py tests/test_frontier_protocol.py tests/test_scripts.py \
-	tests/test_bloom.py tests/test_dupefilter.py tests/test_frontier_crawl.py tests/faults
+	tests/test_bloom.py tests/test_dupefilter.py tests/test_frontier_crawl.py tests/faults \
+	tests/test_redis_cluster_crawl.py
 
 $(LOWEST_VENV)/.installed: pyproject.toml constraints/lowest.txt
 	$(PYTHON) -m venv $(LOWEST_VENV)
@@ -54,8 +57,8 @@ bench: venv system-deps ## benchmarks: side-by-side ratios against the seeds' re
 	$(PY) bench/dedup.py
 	$(PY) bench/exporter.py
 
-up: venv ## start the cluster with WORKERS=N workers (docker-compose; local processes without Docker)
-	$(BLOOMCRAWL) up --workers $(WORKERS)
+up: venv ## start the cluster with WORKERS=N workers (docker-compose; local processes without Docker); REDIS=cluster: on a Redis Cluster
+	$(BLOOMCRAWL) up --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS))
 
 down: venv ## stop the cluster and delete its data (KEEP_DATA=1 keeps it)
 	$(BLOOMCRAWL) down $(if $(KEEP_DATA),--keep-data)
@@ -70,7 +73,7 @@ crawl: venv ## crawl URL=... with SPIDER=site on every worker
 	$(BLOOMCRAWL) crawl --spider $(SPIDER) $(URL)
 
 demo: venv ## up, deploy, crawl the demo site, print progress until done, then a summary
-	$(BLOOMCRAWL) demo --workers $(WORKERS)
+	$(BLOOMCRAWL) demo --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS))
 
 status: venv ## nodes, jobs, queue, leases, filter fill and estimated false-positive rate
 	$(BLOOMCRAWL) status
@@ -78,5 +81,5 @@ status: venv ## nodes, jobs, queue, leases, filter fill and estimated false-posi
 logs: venv ## recent logs of the cluster (SERVICE=worker for one service)
 	$(BLOOMCRAWL) logs $(SERVICE)
 
-e2e: venv ## the cluster in real containers: up, deploy, crawls, a killed worker, Prometheus, down
+e2e: venv ## the cluster in real containers: up, deploy, crawls, a killed worker, Prometheus, a Redis Cluster, down (E2E_CASES=single,cluster)
 	tests/e2e/run.sh

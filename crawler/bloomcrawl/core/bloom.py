@@ -33,7 +33,7 @@ from typing import Any
 import redis
 
 from bloomcrawl.core import defaults, keys
-from bloomcrawl.core.connection import describe_redis, redis_errors
+from bloomcrawl.core.connection import describe_redis, is_cluster, redis_errors
 from bloomcrawl.core.errors import (
     BloomFilterError,
     FilterMismatchError,
@@ -96,11 +96,20 @@ _CONTAINS = {b: Script.for_backend(b, "bloom_contains.lua") for b in BACKENDS}
 
 
 def has_redisbloom(server: Any) -> bool:
-    """True when the server has the bf module loaded."""
+    """True when the server (on a cluster: a master) has the bf module loaded."""
     try:
-        modules = server.module_list()
+        # redis-py < 5.1 has no module_list on RedisCluster, nor a route for MODULE LIST
+        route = {"target_nodes": server.get_primaries()[0]} if is_cluster(server) else {}
+        modules = server.execute_command("MODULE LIST", **route)
     except redis.ResponseError:
         return False
+    for module in modules:
+        if not isinstance(module, dict):  # no reply callback: [name, value, ...]
+            module = dict(zip(module[::2], module[1::2], strict=False))
+        name = module.get(b"name", module.get("name"))
+        if name in (b"bf", "bf"):
+            return True
+    return False
     for module in modules:
         name = module.get(b"name", module.get("name"))
         if name in (b"bf", "bf"):

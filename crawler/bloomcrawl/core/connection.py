@@ -229,17 +229,19 @@ class ServerWatch:
     is sent, so nothing meant for the old state (an ack of work whose
     results the rollback lost) reaches the new one unchecked.
 
-    On Redis Cluster, :meth:`prime` connects to every node and remembers
-    their run_ids; a connection later made to a server none of them was
-    (a replica promoted after its master failed is reached at its own
-    address, so addresses do not tell) is the change.
+    On Redis Cluster, what matters is who the masters are: :meth:`prime`
+    remembers their run_ids, and a connection later made to a master none
+    of them was (a replica promoted after its master failed: it is reached
+    at its own address, so addresses do not tell) is the change. A client
+    may reach a promoted replica over a connection it opened while it was
+    a replica, so :meth:`check_masters` asks every master too (the
+    scheduler does, with each reaping).
     """
 
     def __init__(self, client: Any) -> None:
         self.run_id: str | None = None
         self.epoch = 0
         self.cluster = is_cluster(client)
-        self._client = client
         self._known: set[str] = set()
         self._primed = False
         if self.cluster:
@@ -259,10 +261,18 @@ class ServerWatch:
             self.run_id = next(iter(infos.values())).get("run_id")
             return
         self._known.update(str(info.get("run_id")) for info in infos.values())
-        with redis_errors(self._client):
-            # replicas too: the client asks them for the slot map after a failover
-            self._client.ping(target_nodes=redis.cluster.RedisCluster.ALL_NODES)
         self._primed = True
+
+    def check_masters(self, infos: dict[str, dict[str, Any]]) -> bool:
+        """True, and :attr:`epoch` up, when a master in ``infos`` was not one before."""
+        new = {str(info.get("run_id")) for info in infos.values()} - self._known
+        if not new:
+            return False
+        self._known |= new
+        self.run_id = sorted(new)[0]
+        if self._primed:
+            self.epoch += 1
+        return self._primed
 
     def _on_connect(self, connection: Any) -> None:
         if self._previous_hook is not None:
@@ -281,10 +291,14 @@ class ServerWatch:
         run_id = self._ask_run_id(connection)
         if run_id in self._known:
             return
+        connection.send_command("ROLE")
+        role = connection.read_response()[0]
+        if role not in (b"master", "master"):
+            return  # a replica answers reads and the slot map, never our writes
         self._known.add(run_id)
         self.run_id = run_id
         if self._primed:
-            self._changed(connection, "run_id %s, not a node of the cluster before" % run_id)
+            self._changed(connection, "run_id %s, not a master of the cluster before" % run_id)
 
     @staticmethod
     def _ask_run_id(connection: Any) -> str:

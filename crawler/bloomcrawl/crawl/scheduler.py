@@ -471,8 +471,14 @@ class Scheduler:
     def reap(self) -> None:
         """Put expired leases (any worker's) back into the queue."""
         if self.frontier is not None:
-            d = self.io.run(self.frontier.reap)
+            d = self.io.run(self._reap, self.frontier)
             d.addCallbacks(self._count_requeued, self._failed).addErrback(self._bug)
+
+    def _reap(self, frontier: Frontier) -> int:
+        if self.watch.cluster:
+            # a replica promoted over a connection opened before: see ServerWatch
+            self.watch.check_masters(server_infos(self.server))
+        return frontier.reap()
 
     def _count_requeued(self, requeued: int) -> None:
         if requeued:
