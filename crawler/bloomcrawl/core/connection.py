@@ -319,7 +319,10 @@ class ServerWatch:
 TRANSIENT_REPLIES = frozenset({"OOM", "READONLY", "MISCONF", "BUSY", "LOADING", "MASTERDOWN",
                                "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"})
 #: what a loop talking to Redis catches: every failure redis-py reports, and ours
-REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, RedisUnavailableError)
+REDIS_ERRORS: tuple[type[BaseException], ...] = (
+    redis.RedisError, RedisUnavailableError,
+    # not a RedisError: a slot no master serves (mid-failover), a cluster it cannot map
+    redis.exceptions.RedisClusterException)
 
 
 #: redis-py strips these codes from the message and raises its own class instead
@@ -333,6 +336,8 @@ def error_kind(exc: BaseException) -> str:
     """A short name for a Redis failure: "unreachable", the reply's code ("OOM"), or the type."""
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError | RedisUnavailableError):
         return "unreachable"
+    if isinstance(exc, redis.exceptions.SlotNotCoveredError):
+        return "CLUSTERDOWN"
     for cls in type(exc).__mro__:
         if cls.__name__ in _REPLY_CLASSES and cls.__module__ == "redis.exceptions":
             return _REPLY_CLASSES[cls.__name__]
@@ -379,13 +384,13 @@ class RedisErrorPolicy:
             if kind == "unreachable":
                 self.logger.warning("Redis at %s unreachable (%s): %s", where, exc,
                                     self.consequence, extra=self.extra)
-            elif kind in TRANSIENT_REPLIES:
+            elif kind in TRANSIENT_REPLIES or isinstance(exc, redis.exceptions.AskError):
                 self.logger.warning("Redis at %s refused a command (%s): %s", where, exc,
                                     self.consequence, extra=self.extra)
             else:
                 self.logger.error("Redis at %s failed a command (%s: %s): %s", where, kind, exc,
                                   self.consequence, extra=self.extra,
-                                  exc_info=not isinstance(exc, redis.RedisError))
+                                  exc_info=not isinstance(exc, REDIS_ERRORS))
         delay = self._delay
         self._delay = min(self.max_delay, self._delay * 2)
         return delay
