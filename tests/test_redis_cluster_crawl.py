@@ -215,6 +215,9 @@ def test_a_master_killed_mid_crawl_loses_no_page(private_cluster, demo_site, lag
     # every page fetched twice had its lease given back (the workers' own leases after
     # the failover, left to expire), or was fetched while its master's replica lagged:
     # its ack, or its enqueue, went with the writes the failover dropped
+    print("\nfailover (%s): %d pages, fetched twice %d, requeued %d, fetched while the"
+          " replica lagged %d" % ("lagging replica" if lagging else "caught-up replica", total,
+                                 twice, shared.get("requeued", 0), lost_window))
     assert twice <= shared.get("requeued", 0) + lost_window, (twice, lost_window, shared)
     assert shared["pages"] >= total, shared
     assert frontier_left(client) == 0
