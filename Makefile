@@ -28,8 +28,9 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed ## create .venv with bloomcrawl, its test tools and the demo site
 
-system-deps: ## install redis-server and prometheus (promtool) from Debian when missing
-	scripts/ensure-system-packages.sh redis-server=redis-server promtool=prometheus
+system-deps: ## install redis-server, prometheus (promtool) and docker-compose from Debian when missing
+	scripts/ensure-system-packages.sh redis-server=redis-server promtool=prometheus \
+		docker-compose=docker-compose
 
 test: venv system-deps ## run the test suite (starts its own redis-server, scrapyd, prometheus)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -49,10 +49,14 @@ start)
     # setsid: the engine outlives this shell; only its recorded pid stops it
     setsid dockerd --bip="$DOCKERD_BIP" --default-address-pool "$DOCKERD_POOL" \
         >"$LOG" 2>&1 </dev/null &
-    echo $! >"$PIDFILE"
+    spawned=$!
+    echo "$spawned" >"$PIDFILE"
     waited=0
     until engine_up; do
-        if ! recorded_pid >/dev/null; then
+        # our own child: alive is enough here, since for its first moments its
+        # command line is still this shell's or setsid's, not dockerd's (a dead
+        # child is a zombie, with an empty command line)
+        if ! tr '\0' ' ' <"/proc/$spawned/cmdline" 2>/dev/null | grep -q .; then
             echo "dockerd exited; last lines of $LOG:" >&2
             tail -n 20 "$LOG" >&2
             rm -f "$PIDFILE"

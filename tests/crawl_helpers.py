@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,20 @@ def run_workers(workers: list[Worker], timeout: float) -> None:
             w.stop()
         logs = "\n".join("--- %s\n%s" % (w.name, w.text()[-3000:]) for w in workers)
         raise AssertionError("workers did not finish in %.0f s\n%s" % (timeout, logs)) from None
+
+
+@contextmanager
+def stopped_at_exit(workers: list[Worker]) -> Iterator[list[Worker]]:
+    """Workers still running when the block ends (a failed assertion) are SIGKILLed.
+
+    A worker outlives an unreachable Redis by design; one left behind by a
+    failed test would write into whatever server later takes its port.
+    """
+    try:
+        yield workers
+    finally:
+        for w in workers:
+            w.stop()
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:

@@ -197,7 +197,7 @@ def test_inspect_finds_spiders_with_scan_and_only_reads(redis_client: redis.Redi
     used = {k.removeprefix("cmdstat_").split("|")[0]
             for k in redis_client.info("commandstats")}
     reads = {"scan", "hgetall", "hget", "hmget", "time", "info", "strlen", "llen", "zcard", "hlen",
-             "zcount", "config", "get", "scard"}
+             "zcount", "config", "get", "scard", "dbsize"}
     connection = {"client", "hello", "ping", "select", "auth"}
     assert used - reads - connection == set(), "the snapshot must only read"
     assert "keys" not in used and "bitcount" not in used
@@ -298,7 +298,8 @@ def test_pages_by_node_without_the_meta_field_and_past_the_host_bound(
     redis_client.set(front.frontier.pages_by_node, "not a hash")
     state = inspect.spider_state(redis_client, front.frontier.meta)
     assert state is not None and state.pages_by_node == {}
-    assert state.problems and "pages by node {site:stats}:pages_by_node unreadable" in state.problems[0]
+    assert state.problems
+    assert "pages by node {site:stats}:pages_by_node unreadable" in state.problems[0]
     assert state.filter is not None and state.queue_length == 7
 
 

@@ -25,7 +25,7 @@ from bloomcrawl.core.connection import redis_from_url
 from bloomcrawl.core.errors import SettingError
 from bloomcrawl.crawl.config import redis_from_settings
 
-from crawl_helpers import Worker, run_workers, wait_until
+from crawl_helpers import Worker, run_workers, stopped_at_exit, wait_until
 from test_bloom import fill, fingerprints, measure_false_positives
 
 pytestmark = pytest.mark.slow
@@ -141,20 +141,21 @@ def test_three_workers_crawl_a_cluster_exactly_once(clean_cluster, demo_site,
     client = clean_cluster.cluster_client()
     client.rpush("%s:start_urls" % SPIDER, demo_site.url)
     workers = [Worker("w%d" % i, clean_cluster.startup_url, tmp_path, {}) for i in range(3)]
-    run_workers(workers, timeout=300)
-    check_exactly_once(demo_site, client, workers)
-    per_worker = [w.stats().get("response_received_count", 0) for w in workers]
-    assert all(n > 0 for n in per_worker), per_worker
-    # 8 partitions per master by default, on every master
-    params = json.loads(client.hget(keys.meta_key("%s:bloomfilter" % SPIDER), "params"))
-    assert params["partitions"] == 24
-    queues = [keys.queue_key("%s:requests" % SPIDER, "%s:bloomfilter" % SPIDER, p)
-              for p in range(24)]
-    assert owners(clean_cluster, queues) == set(clean_cluster.masters())
-    # the stats script's three keys share one slot
-    f = keys.FrontierKeys(SPIDER)
-    assert len({clean_cluster.slot_of(k) for k in (f.stats, f.stats_applied,
-                                                   f.pages_by_node)}) == 1
+    with stopped_at_exit(workers):
+        run_workers(workers, timeout=300)
+        check_exactly_once(demo_site, client, workers)
+        per_worker = [w.stats().get("response_received_count", 0) for w in workers]
+        assert all(n > 0 for n in per_worker), per_worker
+        # 8 partitions per master by default, on every master
+        params = json.loads(client.hget(keys.meta_key("%s:bloomfilter" % SPIDER), "params"))
+        assert params["partitions"] == 24
+        queues = [keys.queue_key("%s:requests" % SPIDER, "%s:bloomfilter" % SPIDER, p)
+                  for p in range(24)]
+        assert owners(clean_cluster, queues) == set(clean_cluster.masters())
+        # the stats script's three keys share one slot
+        f = keys.FrontierKeys(SPIDER)
+        assert len({clean_cluster.slot_of(k) for k in (f.stats, f.stats_applied,
+                                                       f.pages_by_node)}) == 1
 
 
 # two links a page: a binary tree, each page linked from one page only, so a lost
@@ -178,56 +179,57 @@ def test_a_master_killed_mid_crawl_loses_no_page(private_cluster, demo_site, lag
     settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": "5", "SCHEDULER_LEASE_TIMEOUT": "10",
                 "SCHEDULER_REAP_INTERVAL": "1"}
     workers = [Worker("w%d" % i, cluster.startup_url, tmp_path, settings) for i in range(3)]
-    total = len(demo_site.hits())
-    assert wait_until(lambda: sum(1 for h in demo_site.hits() if h) >= total // 4, 180)
-    victim = cluster.owner_of_slot(cluster.slot_of("%s:stats" % SPIDER))
-    fetches = lambda: sum(demo_site.hits())  # noqa: E731
-    lost_window = 0
-    if lagging:
-        replica = cluster.replica_of(victim)
-        cluster.wait_settled()
-        cluster.nodes[replica].send_signal(signal.SIGSTOP)
-        fetched_before = fetches()
-        # more than the sockets between them hold: what follows waits in the master's
-        # own buffer, and dies with it
-        cluster.node_client(victim).set("{%s:stats}:ballast" % SPIDER, b"x" * (48 << 20))
-        time.sleep(1.0)  # the master acknowledges the workers' writes meanwhile
-        written = cluster.node_client(victim).info("replication")["master_repl_offset"]
-        cluster.nodes[victim].kill()
-        cluster.nodes[replica].send_signal(signal.SIGCONT)
-        time.sleep(0.5)  # the replica reads what reached it
-        received = cluster.node_client(replica).info("replication")["slave_repl_offset"]
-        promoted = cluster.wait_failover(victim)
-        lost_window = fetches() - fetched_before
-        # the promoted replica really lacks acknowledged writes (links, acks, counts)
-        assert received < written, (received, written)
-    else:
-        promoted = cluster.kill_master(victim)
-    crawled_at_kill = sum(1 for h in demo_site.hits() if h)
-    run_workers(workers, timeout=300)
-    client = cluster.cluster_client()
-    assert promoted in cluster.masters() and victim not in cluster.live_ports
-    hits = demo_site.hits()
-    assert crawled_at_kill < total  # the crawl went on after the failover
-    assert min(hits) >= 1, [i for i, h in enumerate(hits) if h == 0][:20]  # nothing lost
-    shared = shared_stats(client)
-    twice = sum(h - 1 for h in hits if h > 1)
-    # every page fetched twice had its lease given back (the workers' own leases after
-    # the failover, left to expire), or was fetched while its master's replica lagged:
-    # its ack, or its enqueue, went with the writes the failover dropped
-    print("\nfailover (%s): %d pages, fetched twice %d, requeued %d, fetched while the"
-          " replica lagged %d" % ("lagging replica" if lagging else "caught-up replica", total,
-                                 twice, shared.get("requeued", 0), lost_window))
-    assert twice <= shared.get("requeued", 0) + lost_window, (twice, lost_window, shared)
-    assert shared["pages"] >= total, shared
-    assert frontier_left(client) == 0
-    items = {json.loads(i)["url"] for i in client.lrange("%s:items" % SPIDER, 0, -1)}
-    assert len(items) == total
-    noticed = sum(w.stats().get("bloomcrawl/redis_rollbacks", 0) for w in workers)
-    assert noticed >= 1, "no worker noticed the failover"
-    for w in workers:
-        assert w.proc.returncode == 0, w.text()[-3000:]
-        assert "Traceback" not in w.text(), w.text()[-3000:]
+    with stopped_at_exit(workers):
+        total = len(demo_site.hits())
+        assert wait_until(lambda: sum(1 for h in demo_site.hits() if h) >= total // 4, 180)
+        victim = cluster.owner_of_slot(cluster.slot_of("%s:stats" % SPIDER))
+        fetches = lambda: sum(demo_site.hits())  # noqa: E731
+        lost_window = 0
+        if lagging:
+            replica = cluster.replica_of(victim)
+            cluster.wait_settled()
+            cluster.nodes[replica].send_signal(signal.SIGSTOP)
+            fetched_before = fetches()
+            # more than the sockets between them hold: what follows waits in the master's
+            # own buffer, and dies with it
+            cluster.node_client(victim).set("{%s:stats}:ballast" % SPIDER, b"x" * (48 << 20))
+            time.sleep(1.0)  # the master acknowledges the workers' writes meanwhile
+            written = cluster.node_client(victim).info("replication")["master_repl_offset"]
+            cluster.nodes[victim].kill()
+            cluster.nodes[replica].send_signal(signal.SIGCONT)
+            time.sleep(0.5)  # the replica reads what reached it
+            received = cluster.node_client(replica).info("replication")["slave_repl_offset"]
+            promoted = cluster.wait_failover(victim)
+            lost_window = fetches() - fetched_before
+            # the promoted replica really lacks acknowledged writes (links, acks, counts)
+            assert received < written, (received, written)
+        else:
+            promoted = cluster.kill_master(victim)
+        crawled_at_kill = sum(1 for h in demo_site.hits() if h)
+        run_workers(workers, timeout=300)
+        client = cluster.cluster_client()
+        assert promoted in cluster.masters() and victim not in cluster.live_ports
+        hits = demo_site.hits()
+        assert crawled_at_kill < total  # the crawl went on after the failover
+        assert min(hits) >= 1, [i for i, h in enumerate(hits) if h == 0][:20]  # nothing lost
+        shared = shared_stats(client)
+        twice = sum(h - 1 for h in hits if h > 1)
+        # every page fetched twice had its lease given back (the workers' own leases after
+        # the failover, left to expire), or was fetched while its master's replica lagged:
+        # its ack, or its enqueue, went with the writes the failover dropped
+        print("\nfailover (%s): %d pages, fetched twice %d, requeued %d, fetched while the"  # noqa: T201
+              " replica lagged %d" % ("lagging replica" if lagging else "caught-up replica", total,
+                                     twice, shared.get("requeued", 0), lost_window))
+        assert twice <= shared.get("requeued", 0) + lost_window, (twice, lost_window, shared)
+        assert shared["pages"] >= total, shared
+        assert frontier_left(client) == 0
+        items = {json.loads(i)["url"] for i in client.lrange("%s:items" % SPIDER, 0, -1)}
+        assert len(items) == total
+        noticed = sum(w.stats().get("bloomcrawl/redis_rollbacks", 0) for w in workers)
+        assert noticed >= 1, "no worker noticed the failover"
+        for w in workers:
+            assert w.proc.returncode == 0, w.text()[-3000:]
+            assert "Traceback" not in w.text(), w.text()[-3000:]
 
 
 @pytest.mark.parametrize("demo_site", [{"pages": 1500, "delay_ms": 20}], indirect=True)
@@ -239,32 +241,33 @@ def test_slots_migrated_mid_crawl_lose_nothing(private_cluster, demo_site,
     client.rpush("%s:start_urls" % SPIDER, demo_site.url)
     workers = [Worker("w%d" % i, cluster.startup_url, tmp_path,
                       {"MAX_IDLE_TIME_BEFORE_CLOSE": "5"}) for i in range(3)]
-    total = len(demo_site.hits())
-    assert wait_until(lambda: sum(1 for h in demo_site.hits() if h) >= total // 4, 180)
-    f = keys.FrontierKeys(SPIDER, partitions=24)
-    # the slots of busy keys, one at a time, keys and all: the stats, then partitions
-    moved = []
-    errors: list[BaseException] = []
+    with stopped_at_exit(workers):
+        total = len(demo_site.hits())
+        assert wait_until(lambda: sum(1 for h in demo_site.hits() if h) >= total // 4, 180)
+        f = keys.FrontierKeys(SPIDER, partitions=24)
+        # the slots of busy keys, one at a time, keys and all: the stats, then partitions
+        moved = []
+        errors: list[BaseException] = []
 
-    def migrate() -> None:
-        try:
-            for key in [f.stats, *(f.queue_part(p) for p in range(0, 24, 3))]:
-                source = cluster.owner_of_slot(cluster.slot_of(key))
-                target = next(m for m in cluster.masters() if m != source)
-                cluster.migrate_slot_of_key(key, target)
-                moved.append((key, source, target))
-        except BaseException as exc:  # reported below, not lost in the thread
-            errors.append(exc)
+        def migrate() -> None:
+            try:
+                for key in [f.stats, *(f.queue_part(p) for p in range(0, 24, 3))]:
+                    source = cluster.owner_of_slot(cluster.slot_of(key))
+                    target = next(m for m in cluster.masters() if m != source)
+                    cluster.migrate_slot_of_key(key, target)
+                    moved.append((key, source, target))
+            except BaseException as exc:  # reported below, not lost in the thread
+                errors.append(exc)
 
-    mover = threading.Thread(target=migrate)
-    mover.start()
-    mover.join(120)
-    assert not errors, errors
-    assert len(moved) == 9
-    crawled_after = sum(1 for h in demo_site.hits() if h)
-    run_workers(workers, timeout=300)
-    assert crawled_after < total  # the crawl was still going when the slots moved
-    client = cluster.cluster_client()
-    for key, _, target in moved:
-        assert cluster.owner_of_slot(cluster.slot_of(key)) == target
-    check_exactly_once(demo_site, client, workers)
+        mover = threading.Thread(target=migrate)
+        mover.start()
+        mover.join(120)
+        assert not errors, errors
+        assert len(moved) == 9
+        crawled_after = sum(1 for h in demo_site.hits() if h)
+        run_workers(workers, timeout=300)
+        assert crawled_after < total  # the crawl was still going when the slots moved
+        client = cluster.cluster_client()
+        for key, _, target in moved:
+            assert cluster.owner_of_slot(cluster.slot_of(key)) == target
+        check_exactly_once(demo_site, client, workers)

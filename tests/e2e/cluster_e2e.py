@@ -10,9 +10,23 @@
 5. Prometheus has scraped the exporter's metrics.
 6. ``make down`` leaves no container, network or volume of the project.
 
-The cluster runs as its own compose project with its own .env, state
-directory and free ports, so a developer's cluster is left alone. Prints one
-line per check and ends with "N passed, M failed".
+Then the same cluster on a Redis Cluster (``make up REDIS=cluster``: six
+nodes, 3 masters with 1 replica each, docker-compose.cluster.yml):
+
+7. ``make up WORKERS=3 REDIS=cluster``: every container healthy, 3 masters
+   with a replica each, the workers and the exporter on a redis+cluster:// URL.
+8. ``make deploy``; ``make demo``: every page exactly once, every worker
+   worked; ``make status`` on the host reads the cluster.
+9. The exporter's /metrics: the spider's metrics, and one series per master
+   of each per-master family (``bloomcrawl_redis_node_*``, ``_filter_node_*``).
+10. ``make down KEEP_DATA=1`` then ``make up REDIS=cluster``: the cluster
+    comes back (on new container addresses) with the crawl's data.
+11. ``make down`` leaves no container, network or volume of the project.
+
+E2E_CASES (``single,cluster`` by default) picks the cases to run. Each case
+runs as its own compose project with its own .env, state directory and free
+ports, so a developer's cluster is left alone. Prints one line per check and
+ends with "N passed, M failed".
 """
 
 from __future__ import annotations
@@ -43,13 +57,19 @@ from bloomcrawl.ops.cluster.envfile import read_env_file  # noqa: E402
 from bloomcrawl.ops.cluster.processes import free_port, port_is_free  # noqa: E402
 from bloomcrawl.ops.cluster.state import Paths  # noqa: E402
 
+#: the case running: its compose project and where its .env and state are (see use())
 PROJECT = "bloomcrawl-e2e"
 WORK = ROOT / ".run" / "e2e"
 ENV_FILE = WORK / ".env"
 STATE_DIR = WORK / "state"
 PAGES = 2000
 WORKERS = 3
-BUDGET = 14 * 60  # the whole test, cold, on 2 cores
+BUDGET = 14 * 60  # the whole test, both cases, cold, on 2 cores
+CASES = ("single", "cluster")
+#: the Redis Cluster's nodes (docker-compose.cluster.yml)
+CLUSTER_NODES = ("redis", "redis-2", "redis-3", "redis-4", "redis-5", "redis-6")
+#: per-master metric families: one series per master (per spider)
+PER_MASTER_PREFIXES = ("bloomcrawl_redis_node_", "bloomcrawl_filter_node_")
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 STARTED = time.monotonic()
 
@@ -82,6 +102,13 @@ def check(name: str, func: Callable[[], str | None]) -> bool:
 def skip(name: str, reason: str) -> None:
     results.append((name, False, "not run: " + reason))
     log("FAIL %s: not run: %s" % (name, reason))
+
+
+def use(project: str, work: Path) -> None:
+    """Run the next checks against compose project ``project``, its files under ``work``."""
+    global PROJECT, WORK, ENV_FILE, STATE_DIR
+    PROJECT, WORK = project, work
+    ENV_FILE, STATE_DIR = work / ".env", work / "state"
 
 
 def environment() -> dict[str, str]:
@@ -222,9 +249,9 @@ def responses_in_log(node: scrapyd.Node, log_url: str) -> int:
 # --- the checks -------------------------------------------------------------------
 
 
-def check_up() -> str:
+def check_up(*extra: str) -> str:
     started = time.monotonic()
-    make("up", "WORKERS=%d" % WORKERS, timeout=900)
+    make("up", "WORKERS=%d" % WORKERS, *extra, timeout=900)
     took = time.monotonic() - started
     nodes = target().nodes
     assert len(nodes) == WORKERS, "expected %d workers, found %s" % (WORKERS, nodes)
@@ -359,6 +386,119 @@ def check_prometheus() -> str:
         values["pages"], values["filter"], values["nodes"])
 
 
+def cluster_view() -> list[tuple[str, str, str, str]]:
+    """CLUSTER NODES as node 1 sees it: (announced host:port, role, id, master id) each."""
+    redis_1 = Compose(paths()).containers("redis")
+    assert redis_1, "no redis container"
+    out = subprocess.run(["docker", "exec", redis_1[0]["Id"], "redis-cli", "--no-auth-warning",
+                          "cluster", "nodes"], text=True, capture_output=True, check=True,
+                         timeout=60).stdout
+    view = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        address, _, hostname = fields[1].partition(",")
+        port = address.split("@")[0].rpartition(":")[2]
+        flags = set(fields[2].split(","))
+        assert not flags & {"fail", "fail?", "handshake", "noaddr"}, line
+        assert fields[7] == "connected", line
+        role = "master" if "master" in flags else "replica"
+        view.append(("%s:%s" % (hostname, port), role, fields[0], fields[3]))
+    return view
+
+
+def masters_with_replicas() -> list[str]:
+    """The masters' announced addresses; asserts 6 nodes, 3 masters with 1 replica each."""
+    view = cluster_view()
+    assert sorted(v[0] for v in view) == sorted("%s:6379" % n for n in CLUSTER_NODES), (
+        "nodes announce %s" % [v[0] for v in view])
+    masters = {v[2]: v[0] for v in view if v[1] == "master"}
+    replicas = [v[3] for v in view if v[1] == "replica"]
+    assert len(masters) == 3, "masters: %s" % sorted(masters.values())
+    assert sorted(replicas) == sorted(masters), "replicas of %s" % replicas
+    return sorted(masters.values())
+
+
+def check_cluster_up() -> str:
+    detail = check_up("REDIS=cluster")
+    masters = masters_with_replicas()
+    compose = Compose(paths())
+    for service in ("worker", "exporter"):
+        for c in compose.containers(service):
+            env = dict(e.partition("=")[::2] for e in c["Config"]["Env"])
+            assert env.get("REDIS_URL", "").startswith("redis+cluster://"), (
+                "%s has REDIS_URL %s" % (c["Name"], env.get("REDIS_URL", "").split("@")[-1]))
+    init = compose.containers("redis-cluster-init")
+    assert init and init[0]["State"]["Status"] == "exited" and init[0]["State"]["ExitCode"] == 0
+    return "%s; masters %s, one replica each; workers and exporter on redis+cluster://" % (
+        detail, ", ".join(masters))
+
+
+def check_cluster_status() -> str:
+    out = make("status", timeout=120)
+    rows = [line.split() for line in out.splitlines() if line.startswith("site ")]
+    assert rows, "make status shows no site spider:\n%s" % out[-1500:]
+    assert str(PAGES) in rows[0], "make status: %s" % " ".join(rows[0])
+    client: Any = target().redis()  # a RedisCluster
+    pages = int(client.hget("site:stats", "pages") or 0)
+    assert pages == PAGES, "site:stats pages %d read from the host" % pages
+    keys_per_master = {node.name: client.dbsize(target_nodes=node)
+                       for node in client.get_primaries()}
+    return "make status and the host's client read the cluster: keys per master %s" % (
+        sorted(keys_per_master.values()))
+
+
+def exporter_metrics() -> dict[str, list[tuple[dict[str, str], float]]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = "http://127.0.0.1:%s/metrics" % env_values()["EXPORTER_PORT"]
+    with OPENER.open(url, timeout=30) as response:
+        text = response.read().decode()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def check_cluster_metrics() -> str:
+    masters = masters_with_replicas()
+    samples = exporter_metrics()
+
+    def value(name: str, **labels: str) -> float:
+        found = [v for lbl, v in samples.get(name, []) if labels.items() <= lbl.items()]
+        assert found, "/metrics has no %s%s" % (name, labels or "")
+        return found[0]
+
+    assert value("bloomcrawl_up") == 1
+    assert value("bloomcrawl_pages_total", spider="site") == PAGES
+    assert value("bloomcrawl_filter_items", spider="site") == PAGES
+    per_master = sorted(n for n in samples if n.startswith(PER_MASTER_PREFIXES))
+    for name in per_master:
+        series = [lbl for lbl, _ in samples[name] if lbl.get("spider", "site") == "site"]
+        nodes = sorted(lbl.get("node", "") for lbl in series)
+        assert nodes == masters, "%s: series for %s, the masters are %s" % (name, nodes, masters)
+    if not per_master:
+        return "spider metrics present; the exporter has no per-master metrics"
+    return "spider metrics present; %d per-master families, one series per master each (%s)" % (
+        len(per_master), ", ".join(masters))
+
+
+def check_cluster_reup() -> str:
+    make("down", "KEEP_DATA=1", timeout=180)
+    make("up", "WORKERS=%d" % WORKERS, "REDIS=cluster", timeout=600)
+    masters = masters_with_replicas()
+    init = Compose(paths()).containers("redis-cluster-init")
+    logs = subprocess.run(["docker", "logs", init[0]["Id"]], text=True, capture_output=True,
+                          timeout=60)
+    assert "the cluster exists" in logs.stdout, "init did not find the cluster:\n" + logs.stdout
+    pages = int(target().redis().hget("site:stats", "pages") or 0)
+    assert pages == PAGES, "site:stats pages %d after the re-up" % pages
+    return "the cluster came back with its data (%d pages in site:stats); masters %s" % (
+        pages, ", ".join(masters))
+
+
 def check_down() -> str:
     make("down", timeout=180)
     left = project_resources()
@@ -366,8 +506,9 @@ def check_down() -> str:
     return "no container, network or volume of %s left" % PROJECT
 
 
-def main() -> int:
-    log("e2e: compose project %s, state in %s" % (PROJECT, WORK))
+def run_single() -> None:
+    use("bloomcrawl-e2e", ROOT / ".run" / "e2e")
+    log("single Redis: compose project %s, state in %s" % (PROJECT, WORK))
     compose_down_leftovers()
     write_env_file()
     up = False
@@ -389,6 +530,48 @@ def main() -> int:
             skip("Prometheus has the exporter's metrics", "no cluster")
     finally:
         check("make down leaves no container, network or volume", check_down)
+
+
+def run_cluster() -> None:
+    use("bloomcrawl-e2e-cluster", ROOT / ".run" / "e2e-cluster")
+    log("Redis Cluster: compose project %s, state in %s" % (PROJECT, WORK))
+    compose_down_leftovers()
+    write_env_file()
+    try:
+        steps: list[tuple[str, Callable[[], str | None]]] = [
+            ("make up WORKERS=3 REDIS=cluster: healthy, 3 masters with a replica each",
+             check_cluster_up),
+            ("Redis Cluster: make deploy reaches every worker", check_deploy),
+            ("Redis Cluster: 2,000-page crawl: every page exactly once, every worker worked",
+             check_demo_crawl),
+            ("Redis Cluster: make status on the host reads the cluster", check_cluster_status),
+            ("Redis Cluster: /metrics has the spider's and per-master metrics",
+             check_cluster_metrics),
+            ("Redis Cluster: make down KEEP_DATA=1, make up: back with its data",
+             check_cluster_reup),
+        ]
+        failed_step = ""
+        for i, (name, func) in enumerate(steps):
+            if failed_step:
+                skip(name, "failed before: " + failed_step)
+            elif not check(name, func) and i < 3:  # up, deploy, crawl: the rest needs them
+                failed_step = name
+    finally:
+        check("Redis Cluster: make down leaves no container, network or volume", check_down)
+
+
+def main() -> int:
+    cases = [c.strip() for c in os.environ.get("E2E_CASES", ",".join(CASES)).split(",")
+             if c.strip()]
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        sys.stderr.write("E2E_CASES: unknown %s (cases: %s)\n" % (unknown, ", ".join(CASES)))
+        return 2
+    log("e2e: %s" % ", ".join(cases))
+    if "single" in cases:
+        run_single()
+    if "cluster" in cases:
+        run_cluster()
     passed = sum(1 for _, ok, _ in results if ok)
     failed = len(results) - passed
     log("took %.0fs" % (time.monotonic() - STARTED))

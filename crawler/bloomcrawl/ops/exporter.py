@@ -13,6 +13,13 @@ once, the recovery once), and one spider whose keys are malformed is reported
 with what could be read, counted in ``bloomcrawl_spider_read_errors`` and
 logged once per kind of problem, while every other spider is reported as usual.
 
+On Redis Cluster (``--redis-url redis+cluster://host:port,...``) every master
+is read (``SCAN`` on each, ``INFO memory`` and ``DBSIZE`` of each): the
+``bloomcrawl_redis_node_*`` gauges are per master, labelled ``host:port``
+(the one server of a single Redis alike). A master that does not answer is
+``bloomcrawl_redis_node_up{node=...} 0`` and logged once; the spiders need
+every master, so ``bloomcrawl_up`` is 0 meanwhile, and the scrape still answers.
+
 Pages per node come from ``<spider>:pages_by_node`` (worker host name ->
 pages); a host name that exactly one scrapyd node reports as its
 ``node_name`` is labelled with that node's ``host:port``, as the other node
@@ -47,12 +54,12 @@ from redis.retry import Retry
 from bloomcrawl import __version__
 from bloomcrawl.core import defaults
 from bloomcrawl.core.connection import (
-    REDIS_ERRORS,
     RedisErrorPolicy,
     describe_redis,
+    is_cluster,
     redis_from_url,
 )
-from bloomcrawl.core.errors import SettingError
+from bloomcrawl.core.errors import RedisUnavailableError, SettingError
 from bloomcrawl.ops import inspection, metrics, scrapyd
 
 logger = logging.getLogger(__name__)
@@ -149,6 +156,8 @@ class ClusterCollector(Collector):
         self._outages = _Outages("reported as down until it answers again", "answers again")
         self._spider_problems = _Outages("its other metrics are still reported",
                                          "readable again")
+        self._masters = _Outages("bloomcrawl_redis_node_up is 0 for it until it answers",
+                                 "answers again (or is no master any more)")
         # node URL -> the node_name it last reported, so that a node's pages keep
         # their label while it does not answer
         self._node_names: dict[str, str] = {}
@@ -194,18 +203,35 @@ class ClusterCollector(Collector):
     def _redis_families(self) -> tuple[list[Metric], list[inspection.SpiderState] | None]:
         """The Redis metrics, and the spiders they report (``None``: Redis is down)."""
         up = GaugeMetricFamily("bloomcrawl_up", "1 when Redis answered this scrape, else 0.")
+        nodes = self._redis_nodes()
         try:
-            snap = inspection.snapshot(self.client)
-        except REDIS_ERRORS as exc:
+            snap = inspection.snapshot(self.client, nodes)
+        except inspection.FAILURES as exc:
             with self._redis_errors_lock:
                 self._redis_errors.failed(exc)
             up.add_metric([], 0)
-            return [up], None
+            return [up, *metrics.redis_node_families(nodes)], None
         with self._redis_errors_lock:
             self._redis_errors.ok()
         up.add_metric([], 1)
         unique = self._unique_spiders(snap.spiders)
         return [up, *metrics.redis_families(snap), *metrics.spider_families(unique)], unique
+
+    def _redis_nodes(self) -> list[inspection.RedisNode]:
+        """Each master's figures; a cluster's masters that did not answer logged once each.
+
+        A single Redis down is the policy's one line already (``bloomcrawl_up``).
+        """
+        try:
+            nodes = inspection.redis_nodes(self.client)
+        except inspection.FAILURES as exc:  # not one master's failure: the client's own
+            logger.debug("reading the Redis masters failed: %s", exc)
+            return []
+        if is_cluster(self.client):
+            self._masters.now({f"Redis master {node.name}":
+                               f"Redis master {node.name} unreachable: {node.error}"
+                               for node in nodes if not node.up})
+        return nodes
 
     def _unique_spiders(
         self, spiders: list[inspection.SpiderState]
@@ -263,14 +289,20 @@ def build_registry(collector: Collector) -> CollectorRegistry:
 
 
 def redis_client(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.Redis:
-    """A client that fails fast: one immediate reconnect, then the scrape reports Redis down."""
-    return redis_from_url(
+    """A client that fails fast: one immediate reconnect, then the scrape reports Redis down.
+
+    A ``redis+cluster://`` URL gives a ``RedisCluster``, which reads the slot
+    map at once (:class:`~bloomcrawl.core.errors.RedisUnavailableError` when no
+    node answers); the ops code uses the commands both clients have.
+    """
+    client: redis.Redis = redis_from_url(
         url,
         socket_connect_timeout=min(timeout, 1.0),
         socket_timeout=timeout,
         retry=Retry(NoBackoff(), 1),
         health_check_interval=0,
     )
+    return client
 
 
 # --- command line -----------------------------------------------------------------
@@ -368,6 +400,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         client = redis_client(args.redis_url, args.redis_timeout)
     except SettingError as exc:
         parser.error(str(exc))
+    except RedisUnavailableError as exc:  # a cluster client reads the slot map at once
+        logger.error("%s", exc)
+        return 1
     nodes = ScrapydNodes(
         urls=args.scrapyd_nodes,
         service=args.scrapyd_service,

@@ -8,6 +8,12 @@ Everything here only reads: spiders are found by ``SCAN MATCH *:meta`` (never
 or O(worker hosts), so a snapshot never blocks Redis, however large the
 filter. Key names come from :mod:`bloomcrawl.core.keys`.
 
+On Redis Cluster (a ``RedisCluster`` client) the same holds per master:
+``SCAN`` runs on every master with a cursor of its own, ``INFO`` and
+``DBSIZE`` go to each master (:func:`redis_nodes`), and pipelines are never
+transactions, so they may span slots. A single Redis is reported as a
+cluster of one master, named ``host:port`` as well.
+
 One spider's malformed keys (a meta hash whose parameters are not JSON, a
 key of the wrong type, a counter that is not a number) never hide the
 others: what cannot be read is left out of that spider's state and recorded
@@ -18,15 +24,17 @@ as a :class:`Problem`; only Redis being unreachable fails a whole snapshot
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
+from redis.exceptions import ClusterError, RedisClusterException
 
 from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.bloom import BloomFilter, BloomInfo
-from bloomcrawl.core.connection import redis_errors
+from bloomcrawl.core.connection import REDIS_ERRORS, describe_redis, is_cluster, redis_errors
 from bloomcrawl.core.errors import BloomFilterError, RedisUnavailableError
 from bloomcrawl.core.sizing import FilterParams
 
@@ -41,8 +49,13 @@ QUEUE_TYPES = ("priority", "fifo", "lifo")
 MAX_NODES_PER_SPIDER = 256
 
 _FILTER_PREFIX, _FILTER_SUFFIX = defaults.FILTER_KEY.split("%(spider)s")
-#: what means Redis itself is gone (the whole snapshot fails), not one spider's keys
-_UNREACHABLE = (RedisUnavailableError, redis.ConnectionError, redis.TimeoutError)
+#: what means Redis itself is gone (the whole snapshot fails), not one spider's keys:
+#: on a cluster also CLUSTERDOWN/MASTERDOWN replies and a slot no master serves
+_UNREACHABLE = (RedisUnavailableError, redis.ConnectionError, redis.TimeoutError, ClusterError,
+                RedisClusterException)
+#: everything reading Redis may raise; :func:`snapshot` turns the cluster client's own
+#: exceptions (not RedisErrors) into :class:`RedisUnavailableError`
+FAILURES: tuple[type[BaseException], ...] = (*REDIS_ERRORS, RedisClusterException)
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,40 @@ class Problem:
     kind: str
     message: str
     read_error: bool = True
+
+
+@dataclass(frozen=True)
+class PartitionFill:
+    """One filter partition's exact counters (bitmap backend), and the master holding it.
+
+    ``node`` is the ``host:port`` of the master owning the partition's slot (the
+    one server without a cluster).
+    """
+
+    partition: int
+    node: str
+    items: int
+    bits: int
+    bits_set: int
+
+    @property
+    def fill_ratio(self) -> float:
+        return self.bits_set / self.bits if self.bits else 0.0
+
+
+@dataclass
+class NodeFill:
+    """The partitions of one filter that one master holds, summed."""
+
+    node: str
+    partitions: int = 0
+    items: int = 0
+    bits: int = 0
+    bits_set: int = 0
+
+    @property
+    def fill_ratio(self) -> float:
+        return self.bits_set / self.bits if self.bits else 0.0
 
 
 @dataclass
@@ -95,7 +142,26 @@ class SpiderState:
     #: the shared stats that could be read (all of them, 0 when never counted)
     stats: dict[str, int] = field(default_factory=dict)
     pages_by_node: dict[str, int] = field(default_factory=dict)
+    #: each partition's counters and master (bitmap backend; empty for RedisBloom)
+    partition_fill: list[PartitionFill] = field(default_factory=list)
     issues: list[Problem] = field(default_factory=list)
+
+    @property
+    def fill_by_node(self) -> dict[str, NodeFill]:
+        """The filter's partitions summed per master, by ``host:port``."""
+        out: dict[str, NodeFill] = {}
+        for part in self.partition_fill:
+            node = out.setdefault(part.node, NodeFill(part.node))
+            node.partitions += 1
+            node.items += part.items
+            node.bits += part.bits
+            node.bits_set += part.bits_set
+        return dict(sorted(out.items()))
+
+    @property
+    def max_partition_fill_ratio(self) -> float | None:
+        """Fill of the fullest partition (a hot partition shows here); ``None``: unknown."""
+        return max((p.fill_ratio for p in self.partition_fill), default=None)
 
     @property
     def requeued(self) -> int:
@@ -129,12 +195,35 @@ class RedisMemory:
 
 
 @dataclass
+class RedisNode:
+    """One server holding data: a master of a cluster, or the one Redis.
+
+    ``name`` is ``host:port`` (a Unix socket's path). A server that did not
+    answer this pass has ``up`` False, ``error`` saying why, and no figures.
+    """
+
+    name: str
+    up: bool
+    memory: RedisMemory | None = None
+    #: keys it holds (``DBSIZE``)
+    keys: int | None = None
+    error: str | None = None
+    #: what it raised, for :func:`snapshot` to raise again
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
 class RedisSnapshot:
-    """What one pass over Redis found."""
+    """What one pass over Redis found.
+
+    ``memory`` sums the masters that answered (``max_bytes`` is 0 when any of
+    them has no maxmemory); ``nodes`` has each master's own figures.
+    """
 
     spiders: list[SpiderState]
     memory: RedisMemory
     redis_time_ms: int
+    nodes: list[RedisNode] = field(default_factory=list)
 
 
 # --- Redis ---------------------------------------------------------------------
@@ -165,43 +254,110 @@ def spider_from_filter_name(name: str) -> str:
     return core or name
 
 
+@contextmanager
+def reachable(client: redis.Redis) -> Iterator[None]:
+    """:func:`~bloomcrawl.core.connection.redis_errors`, and a cluster client's own
+    failures (no master serves a slot, no node answers: not RedisErrors) alike."""
+    try:
+        with redis_errors(client):
+            yield
+    except RedisClusterException as exc:
+        raise RedisUnavailableError(
+            "cannot reach Redis Cluster at %s: %s" % (describe_redis(client), exc)) from exc
+
+
+def node_name(client: redis.Redis) -> str:
+    """``host:port`` of a single Redis (a Unix socket's path): the ``node`` label."""
+    kwargs = getattr(client, "connection_pool", None)
+    kwargs = getattr(kwargs, "connection_kwargs", {})
+    if "path" in kwargs:
+        return str(kwargs["path"])
+    return "%s:%s" % (kwargs.get("host", "localhost"), kwargs.get("port", 6379))
+
+
+def _masters(client: redis.Redis) -> list[tuple[str, dict[str, Any]]]:
+    """``(host:port, call options)`` of each server holding data: every master of a
+    cluster (as the client's slot map has them now), or the one Redis."""
+    if not is_cluster(client):
+        return [(node_name(client), {})]
+    masters = sorted(client.get_primaries(), key=lambda node: node.name)  # type: ignore[attr-defined]
+    return [(node.name, {"target_nodes": node}) for node in masters]
+
+
+def key_owner(client: redis.Redis) -> Callable[[str], str]:
+    """A function naming the master (``host:port``) that holds a key."""
+    if not is_cluster(client):
+        name = node_name(client)
+        return lambda key: name
+    nodes = client.nodes_manager  # type: ignore[attr-defined]
+    return lambda key: str(nodes.get_node_from_slot(client.keyslot(key)).name)  # type: ignore[attr-defined]
+
+
 def find_meta_keys(client: redis.Redis) -> list[str]:
-    """Names of every filter meta hash, by ``SCAN`` (sorted, duplicates removed)."""
+    """Names of every filter meta hash, by ``SCAN`` on every master (sorted, no duplicates)."""
     found: set[str] = set()
-    cursor = 0
-    with redis_errors(client):
-        for _ in range(MAX_SCAN_CALLS):
-            cursor, batch = client.scan(cursor, match=META_PATTERN, count=SCAN_COUNT)
-            for raw in batch:
-                name = _text(raw)
-                # partition keys carry hash tags; a filter name never does
-                if "{" not in name and "}" not in name:
-                    found.add(name)
-            if int(cursor) == 0:
-                break
-        else:
-            logger.warning(
-                "SCAN for %r stopped after %d calls; some spiders may be missing",
-                META_PATTERN, MAX_SCAN_CALLS,
-            )
+    with reachable(client):
+        for name, target in _masters(client):
+            cursor: Any = 0
+            for _ in range(MAX_SCAN_CALLS):
+                cursor, batch = client.scan(cursor, match=META_PATTERN, count=SCAN_COUNT,
+                                            **target)
+                if isinstance(cursor, dict):  # RedisCluster: {node name: cursor}
+                    cursor = next(iter(cursor.values()), 0)
+                for raw in batch:
+                    key = _text(raw)
+                    # partition keys carry hash tags; a filter name never does
+                    if "{" not in key and "}" not in key:
+                        found.add(key)
+                if int(cursor) == 0:
+                    break
+            else:
+                logger.warning(
+                    "SCAN for %r on %s stopped after %d calls; some spiders may be missing",
+                    META_PATTERN, name, MAX_SCAN_CALLS,
+                )
     return sorted(found)
 
 
 def redis_time_ms(client: redis.Redis) -> int:
-    """Redis's clock in milliseconds (lease deadlines use it)."""
-    with redis_errors(client):
+    """Redis's clock in milliseconds (lease deadlines use it; on a cluster, one master's)."""
+    with reachable(client):
         seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def redis_memory(client: redis.Redis) -> RedisMemory:
-    """``used_memory``, ``maxmemory`` and ``used_memory_peak`` from ``INFO memory``."""
-    with redis_errors(client):
-        info = client.info("memory")
+def redis_nodes(client: redis.Redis) -> list[RedisNode]:
+    """``INFO memory`` and ``DBSIZE`` of each master (of the one Redis), by name.
+
+    A master that fails is returned with ``up`` False; this never raises for one
+    server's failure, so the others are still reported.
+    """
+    out = []
+    for name, target in _masters(client):
+        try:
+            with reachable(client):
+                info = client.info("memory", **target)
+                count = client.dbsize(**target)
+        except FAILURES as exc:
+            out.append(RedisNode(name, up=False, error=str(exc) or type(exc).__name__,
+                                 exception=exc))
+            continue
+        out.append(RedisNode(name, up=True, keys=_int(count), memory=RedisMemory(
+            used_bytes=_int(info.get("used_memory")),
+            max_bytes=_int(info.get("maxmemory")),
+            peak_bytes=_int(info.get("used_memory_peak")),
+        )))
+    return out
+
+
+def total_memory(nodes: Sequence[RedisNode]) -> RedisMemory:
+    """The memory of the masters that answered, summed; ``max_bytes`` 0 if any is unlimited."""
+    up = [node.memory for node in nodes if node.memory is not None]
+    limits = [memory.max_bytes for memory in up]
     return RedisMemory(
-        used_bytes=_int(info.get("used_memory")),
-        max_bytes=_int(info.get("maxmemory")),
-        peak_bytes=_int(info.get("used_memory_peak")),
+        used_bytes=sum(memory.used_bytes for memory in up),
+        max_bytes=0 if not limits or 0 in limits else sum(limits),
+        peak_bytes=sum(memory.peak_bytes for memory in up),
     )
 
 
@@ -209,11 +365,12 @@ def _read_meta(client: redis.Redis, meta_keys: Sequence[str]) -> list[dict[str, 
     """Each meta hash as text, ``None`` where it is gone or is not a hash."""
     if not meta_keys:
         return []
-    with redis_errors(client):
+    with reachable(client):
+        # never a transaction: on a cluster the meta hashes lie in many slots
         pipe = client.pipeline(transaction=False)
         for key in meta_keys:
             pipe.hgetall(key)
-        replies = pipe.execute(raise_on_error=False)
+        replies = _unless_unreachable(pipe.execute(raise_on_error=False))
     out: list[dict[str, str] | None] = []
     for reply in replies:
         if isinstance(reply, dict) and reply:
@@ -221,6 +378,15 @@ def _read_meta(client: redis.Redis, meta_keys: Sequence[str]) -> list[dict[str, 
         else:
             out.append(None)
     return out
+
+
+def _unless_unreachable(replies: list[Any]) -> list[Any]:
+    """The replies of a pipeline run with ``raise_on_error=False``, unless one says that
+    Redis (a master, the cluster) is out of reach: then that error is raised."""
+    for reply in replies:
+        if isinstance(reply, _UNREACHABLE):
+            raise reply
+    return replies
 
 
 def frontier_keys(filter_name: str, meta: dict[str, str], spider: str,
@@ -263,12 +429,46 @@ def _read_filter(client: redis.Redis, state: SpiderState, meta: dict[str, str]
         return params
     try:
         state.filter = BloomFilter.open(client, state.filter_name).info()
+        if params.backend == "bitmap":
+            state.partition_fill = partition_fill(client, state.filter_name, params)
     except _UNREACHABLE:
         raise
     except (BloomFilterError, redis.RedisError, ArithmeticError, LookupError, ValueError,
             TypeError) as exc:  # WRONGTYPE, or counters that are not numbers
         state.unreadable("filter counters", f"filter counters unreadable: {exc}")
     return params
+
+
+def partition_fill(client: redis.Redis, filter_name: str, params: FilterParams
+                   ) -> list[PartitionFill]:
+    """Each partition's items, bits and bits set (bitmap backend), and its master.
+
+    One ``HGETALL`` of each partition's state hash, as
+    :meth:`~bloomcrawl.core.bloom.BloomFilter.info` reads them (which sums
+    them); the bits of a slice come from the plan stored with the partition.
+    """
+    computed = params.plan()
+    owner = key_owner(client)
+    with reachable(client):
+        pipe = client.pipeline(transaction=False)
+        for p in range(params.partitions):
+            pipe.hgetall(keys.state_key(filter_name, p))
+        states = pipe.execute()
+    out = []
+    for p, raw_state in enumerate(states):
+        state = {_text(k): _text(v) for k, v in raw_state.items()}
+        items = bits = bits_set = 0
+        for s in range(int(state.get("slices", 1))):
+            plan = computed[s]
+            stored = state.get(f"plan:{s}")
+            if stored is not None:  # "capacity hashes blocks"
+                plan = replace(plan, blocks=int(stored.split()[2]))
+            bits += plan.bits
+            items += int(state.get(f"items:{s}", 0))
+            bits_set += int(state.get(f"bits_set:{s}", 0))
+        out.append(PartitionFill(p, owner(keys.state_key(filter_name, p)), items, bits,
+                                 bits_set))
+    return out
 
 
 def _count(state: SpiderState, what: str, key: str, reply: Any) -> int | None:
@@ -320,7 +520,8 @@ def _state_from_meta(
             state.unreadable("queue type", f"unknown queue_type {state.queue_type!r}")
     item_ids = keys.item_ids_key(frontier.items)
 
-    with redis_errors(client):
+    with reachable(client):
+        # never a transaction: on a cluster these keys lie in many slots
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(frontier.stats)
         pipe.hgetall(frontier.pages_by_node)
@@ -339,7 +540,7 @@ def _state_from_meta(
                 pipe.hlen(frontier.leases(p))
                 pipe.zcount(frontier.deadlines(p), "-inf", now_ms)
                 pipe.get(frontier.lease_counter(p))
-        replies = pipe.execute(raise_on_error=False)
+        replies = _unless_unreachable(pipe.execute(raise_on_error=False))
 
     stats_reply, node_pages, start_urls, start_leased, items, ids, workers = replies[:7]
     _read_stats(state, frontier.stats, stats_reply)
@@ -408,7 +609,8 @@ def spider_states(client: redis.Redis, meta_keys: Iterable[str]) -> list[SpiderS
         if meta is None or "params" not in meta:
             continue  # deleted meanwhile, or some other application's key
         try:
-            out.append(_state_from_meta(client, meta_key, meta, now_ms))
+            with reachable(client):
+                out.append(_state_from_meta(client, meta_key, meta, now_ms))
         except _UNREACHABLE:
             raise
         except Exception as exc:  # whatever a malformed spider does, the others are reported
@@ -436,8 +638,21 @@ def find_spiders(client: redis.Redis) -> list[SpiderState]:
     return spider_states(client, find_meta_keys(client))
 
 
-def snapshot(client: redis.Redis) -> RedisSnapshot:
-    """Memory, clock and every spider's state, in one pass."""
-    memory = redis_memory(client)
-    spiders = find_spiders(client)
-    return RedisSnapshot(spiders=spiders, memory=memory, redis_time_ms=redis_time_ms(client))
+def snapshot(client: redis.Redis, nodes: list[RedisNode] | None = None) -> RedisSnapshot:
+    """Each master's memory and keys, the clock and every spider's state, in one pass.
+
+    ``nodes``: the masters' figures when the caller already read them
+    (:func:`redis_nodes`). Raises what a master that did not answer raised
+    (:class:`~bloomcrawl.core.errors.RedisUnavailableError` when it is out of
+    reach): the spiders' keys lie on every master.
+    """
+    if nodes is None:
+        nodes = redis_nodes(client)
+    for node in nodes:
+        if node.exception is not None:
+            raise node.exception
+    with reachable(client):
+        spiders = find_spiders(client)
+        now_ms = redis_time_ms(client)
+    return RedisSnapshot(spiders=spiders, memory=total_memory(nodes), redis_time_ms=now_ms,
+                         nodes=nodes)

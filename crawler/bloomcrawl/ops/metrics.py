@@ -5,6 +5,11 @@ what the scrapyd nodes answered to fresh metric families; the collector in
 :mod:`bloomcrawl.ops.exporter` does the reading, the logging and the locking.
 Every family is labelled by ``spider``, ``node`` (``host:port``) or a fixed
 set of values: no label takes a URL, a job id or an error message.
+
+``bloomcrawl_redis_node_*`` and ``bloomcrawl_filter_node_*`` are labelled by
+the Redis master (``host:port``): each master of a Redis Cluster, or the one
+Redis, so that dashboards read the same series either way; their number is
+the number of masters (times spiders for the filter's).
 """
 
 from __future__ import annotations
@@ -68,6 +73,30 @@ _FILTER_COUNTERS: tuple[tuple[str, str, Callable[[BloomInfo], float]], ...] = (
      "Fingerprints the filter answered as already seen (duplicates filtered).",
      lambda f: f.filtered),
 )
+# name, help, value of one filter's partitions on one master; labelled by spider and node
+_FILTER_NODE_GAUGES: tuple[tuple[str, str, Callable[[inspection.NodeFill], float]], ...] = (
+    ("bloomcrawl_filter_node_partitions",
+     "Partitions of the filter whose slot the Redis master (node) holds.",
+     lambda n: n.partitions),
+    ("bloomcrawl_filter_node_items", "Distinct items in the filter's partitions on the node.",
+     lambda n: n.items),
+    ("bloomcrawl_filter_node_bits", "Bits of the filter's partitions on the node.",
+     lambda n: n.bits),
+    ("bloomcrawl_filter_node_bits_set", "Bits set in the filter's partitions on the node.",
+     lambda n: n.bits_set),
+    ("bloomcrawl_filter_node_fill_ratio",
+     "Bits set / bits of the filter's partitions on the node.", lambda n: n.fill_ratio),
+)
+_NodeValue = Callable[[inspection.RedisNode], int | None]
+# name, help, value of one Redis master; labelled by node, left out while it is down
+_REDIS_NODE_GAUGES: tuple[tuple[str, str, _NodeValue], ...] = (
+    ("bloomcrawl_redis_node_memory_used_bytes", "used_memory of the Redis master (INFO memory).",
+     lambda n: n.memory.used_bytes if n.memory else None),
+    ("bloomcrawl_redis_node_memory_max_bytes",
+     "maxmemory of the Redis master; 0 when unlimited.",
+     lambda n: n.memory.max_bytes if n.memory else None),
+    ("bloomcrawl_redis_node_keys", "Keys the Redis master holds (DBSIZE).", lambda n: n.keys),
+)
 _SpiderValue = Callable[[inspection.SpiderState], int | None]
 _SPIDER_GAUGES: tuple[tuple[str, str, _SpiderValue], ...] = (
     ("bloomcrawl_queue_requests", "Requests waiting in the queue.", lambda s: s.queue_length),
@@ -97,15 +126,41 @@ _SPIDER_COUNTERS: tuple[tuple[str, str, _SpiderValue], ...] = (
 
 
 def redis_families(snap: inspection.RedisSnapshot) -> list[Metric]:
-    """Redis's memory and the number of filters found."""
+    """Redis's memory (in all and per master) and the number of filters found."""
     return [
         GaugeMetricFamily("bloomcrawl_redis_memory_used_bytes",
-                          "Redis used_memory (INFO memory).", value=snap.memory.used_bytes),
+                          "Redis used_memory (INFO memory), summed over the masters of a"
+                          " cluster.", value=snap.memory.used_bytes),
         GaugeMetricFamily("bloomcrawl_redis_memory_max_bytes",
-                          "Redis maxmemory; 0 when unlimited.", value=snap.memory.max_bytes),
+                          "Redis maxmemory, summed over the masters of a cluster; 0 when"
+                          " unlimited (on any master).", value=snap.memory.max_bytes),
         GaugeMetricFamily("bloomcrawl_spiders", "Spiders (Bloom filters) found in Redis.",
                           value=len(snap.spiders)),
+        *redis_node_families(snap.nodes),
     ]
+
+
+def redis_node_families(nodes: list[inspection.RedisNode]) -> list[Metric]:
+    """Each Redis master's reachability, memory and keys (reported also while Redis,
+    or one master of a cluster, is down)."""
+    count = GaugeMetricFamily(
+        "bloomcrawl_redis_nodes",
+        "Redis servers holding the frontier: the masters of a cluster, else 1.",
+        value=len(nodes))
+    up = GaugeMetricFamily(
+        "bloomcrawl_redis_node_up", "1 when the Redis master (node) answered INFO and DBSIZE"
+        " this scrape, else 0.", labels=["node"])
+    out: list[Metric] = [count, up]
+    for node in nodes:
+        up.add_metric([node.name], 1 if node.up else 0)
+    for name, doc, node_value in _REDIS_NODE_GAUGES:
+        metric = GaugeMetricFamily(name, doc, labels=["node"])
+        for node in nodes:
+            value = node_value(node)
+            if value is not None:
+                metric.add_metric([node.name], value)
+        out.append(metric)
+    return out
 
 
 def spider_families(spiders: list[inspection.SpiderState]) -> list[Metric]:
@@ -129,6 +184,7 @@ def spider_families(spiders: list[inspection.SpiderState]) -> list[Metric]:
                          state.backend or ""], 1)
         errors.add_metric([state.spider], len({i.kind for i in state.issues if i.read_error}))
     out: list[Metric] = [info, errors]
+    out += filter_node_families(spiders)
     with_filter = [(state, state.filter) for state in spiders if state.filter is not None]
     for family, filter_table in ((GaugeMetricFamily, _FILTER_GAUGES),
                                  (CounterMetricFamily, _FILTER_COUNTERS)):
@@ -154,6 +210,26 @@ def spider_families(spiders: list[inspection.SpiderState]) -> list[Metric]:
             if stat in state.stats:
                 counter.add_metric([state.spider], state.stats[stat])
         out.append(counter)
+    return out
+
+
+def filter_node_families(spiders: list[inspection.SpiderState]) -> list[Metric]:
+    """Each filter's partitions per Redis master, and its fullest partition's fill."""
+    fullest = GaugeMetricFamily(
+        "bloomcrawl_filter_max_partition_fill_ratio",
+        "Bits set / bits of the filter's fullest partition (a hot partition shows here).",
+        labels=["spider"])
+    for state in spiders:
+        if state.max_partition_fill_ratio is not None:
+            fullest.add_metric([state.spider], state.max_partition_fill_ratio)
+    out: list[Metric] = [fullest]
+    by_node = [(state.spider, state.fill_by_node) for state in spiders]
+    for name, doc, node_value in _FILTER_NODE_GAUGES:
+        metric = GaugeMetricFamily(name, doc, labels=["spider", "node"])
+        for spider, nodes in by_node:
+            for node, fill in nodes.items():
+                metric.add_metric([spider, node], node_value(fill))
+        out.append(metric)
     return out
 
 

@@ -3,7 +3,9 @@
 ``up`` starts the cluster with docker-compose when a Docker engine answers,
 and otherwise as local processes on 127.0.0.1
 (:class:`~bloomcrawl.ops.cluster.local.LocalCluster`); either way it records
-the cluster in the state directory, where the other commands find it.
+the cluster in the state directory, where the other commands find it. With
+``--redis cluster`` (compose only) the cluster runs on a six-node Redis
+Cluster (``docker-compose.cluster.yml``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,24 @@ from pathlib import Path
 from bloomcrawl.ops import scrapyd
 from bloomcrawl.ops.cli.status import report_nodes
 from bloomcrawl.ops.cli.target import TargetOptions, no_cluster, resolve_target
-from bloomcrawl.ops.cluster.compose import COMPOSE_SERVICE, Compose, docker_reachable
+from bloomcrawl.ops.cluster.compose import (
+    COMPOSE_SERVICE,
+    REDIS_CLUSTER_SERVICES,
+    Compose,
+    docker_reachable,
+)
 from bloomcrawl.ops.cluster.envfile import ensure_env_file, read_env_file
 from bloomcrawl.ops.cluster.local import LocalCluster
 from bloomcrawl.ops.cluster.processes import run
-from bloomcrawl.ops.cluster.state import Cluster, Paths, load_cluster, save_cluster
+from bloomcrawl.ops.cluster.state import (
+    REDIS_CLUSTER,
+    REDIS_SINGLE,
+    Cluster,
+    Paths,
+    cluster_redis_url,
+    load_cluster,
+    save_cluster,
+)
 from bloomcrawl.ops.console import OpsError, say
 
 DEFAULT_WORKERS = 3
@@ -29,10 +44,12 @@ ALL_PROFILES = ("demo", "grafana")
 
 
 def up(paths: Paths, workers: int, *, mode: str | None = None, demo: bool = False,
-       build: bool = False) -> int:
+       build: bool = False, redis: str | None = None) -> int:
     """Start the cluster: ``mode`` ``docker``, ``local``, or ``None`` (docker when it answers).
 
-    A cluster already up keeps its mode and gets ``workers`` workers.
+    ``redis``: ``single`` (one redis-server), ``cluster`` (a six-node Redis
+    Cluster; compose only), or ``None``: ``single``. A cluster already up keeps
+    its mode and its Redis, and gets ``workers`` workers.
     """
     if workers < 1:
         raise OpsError("--workers must be at least 1")
@@ -40,10 +57,21 @@ def up(paths: Paths, workers: int, *, mode: str | None = None, demo: bool = Fals
     if existing is not None:
         if mode and mode != existing.mode:
             raise OpsError(f"a {existing.mode} cluster is already up; `make down` first")
+        if redis and redis != existing.redis:
+            raise OpsError(f"a cluster on {describe_redis_kind(existing.redis)} is already up;"
+                           " `make down` first")
         mode = existing.mode
+        redis = existing.redis
+    redis = redis or REDIS_SINGLE
+    if redis == REDIS_CLUSTER and mode == "local":
+        raise OpsError("a Redis Cluster runs in containers only (docker-compose): start"
+                       " a Docker engine, or run without REDIS=cluster")
     if mode is None:
         if docker_reachable():
             mode = "docker"
+        elif redis == REDIS_CLUSTER:
+            raise OpsError("no Docker engine is reachable, and a Redis Cluster runs in"
+                           " containers only (is dockerd running?)")
         else:
             say("no Docker engine is reachable: running the cluster as local processes"
                 " on 127.0.0.1 (`make down` stops them)")
@@ -52,17 +80,23 @@ def up(paths: Paths, workers: int, *, mode: str | None = None, demo: bool = Fals
         raise OpsError("no Docker engine is reachable (is dockerd running?)")
     env = ensure_env_file(paths.env_file)
     if mode == "docker":
-        return docker_up(paths, workers, demo, build)
+        return docker_up(paths, workers, demo, build, redis)
     return LocalCluster(paths, env).up(workers, demo=demo)
 
 
-def docker_up(paths: Paths, workers: int, demo: bool, build: bool) -> int:
+def describe_redis_kind(kind: str) -> str:
+    return "a Redis Cluster (REDIS=cluster)" if kind == REDIS_CLUSTER else "a single Redis"
+
+
+def docker_up(paths: Paths, workers: int, demo: bool, build: bool,
+              redis: str = REDIS_SINGLE) -> int:
     started = time.monotonic()
-    if build or not Compose(paths).containers(COMPOSE_SERVICE):
+    if build or not Compose(paths, redis).containers(COMPOSE_SERVICE):
         run([str(paths.root / "scripts" / "build-images.sh"), str(paths.env_file)],
             cwd=paths.root)
-    compose = Compose(paths)
-    save_cluster(paths, Cluster("docker", "", "", "", project_name=compose.project))
+    compose = Compose(paths, redis)
+    save_cluster(paths, Cluster("docker", "", "", "", project_name=compose.project,
+                                redis=redis))
     profiles = (["grafana"] if compose.grafana else []) + (["demo"] if demo else [])
     compose.up_workers(workers, profiles)
     compose.wait_healthy()
@@ -70,8 +104,14 @@ def docker_up(paths: Paths, workers: int, demo: bool, build: bool) -> int:
     say("cluster up in %.0fs: %d worker(s): %s" % (time.monotonic() - started, len(urls),
                                                   " ".join(urls)))
     env = read_env_file(paths.env_file)
-    say("redis: 127.0.0.1:{}   prometheus: http://127.0.0.1:{}   exporter: http://127.0.0.1:{}"
-        "/metrics".format(env.get("REDIS_PORT", "6379"), env.get("PROMETHEUS_PORT", "9090"),
+    redis_at = "127.0.0.1:%s" % env.get("REDIS_PORT", "6379")
+    if compose.redis_cluster:
+        ports = compose.redis_node_ports()
+        redis_at = "%s (Redis Cluster, %d nodes; inside the network %s)" % (
+            cluster_redis_url([ports[s] for s in REDIS_CLUSTER_SERVICES if s in ports]),
+            len(ports), ",".join("%s:6379" % s for s in REDIS_CLUSTER_SERVICES))
+    say("redis: {}   prometheus: http://127.0.0.1:{}   exporter: http://127.0.0.1:{}"
+        "/metrics".format(redis_at, env.get("PROMETHEUS_PORT", "9090"),
                           env.get("EXPORTER_PORT", "9410")))
     if compose.grafana:
         say("grafana: http://127.0.0.1:%s (admin / GRAFANA_ADMIN_PASSWORD in %s)"
@@ -91,7 +131,11 @@ def down(paths: Paths, *, keep_data: bool) -> int:
         cmd = ["down", "--remove-orphans", "--timeout", "10"]
         if not keep_data:
             cmd.append("--volumes")
-        Compose(paths).run(*cmd, profiles=ALL_PROFILES)
+        compose = Compose(paths)
+        if not compose.redis_cluster and compose.has_redis_cluster():
+            # a Redis Cluster's nodes or volumes, whatever was recorded (or not)
+            compose = Compose(paths, REDIS_CLUSTER)
+        compose.run(*cmd, profiles=ALL_PROFILES)
         paths.cluster_file.unlink(missing_ok=True)
         say("cluster down%s" % (" (volumes kept)" if keep_data else ""))
     else:
@@ -144,7 +188,8 @@ def logs(paths: Paths, service: str | None, *, tail: int, follow: bool) -> int:
 
 def cmd_up(args: argparse.Namespace, paths: Paths) -> int:
     mode = "local" if args.local else "docker" if args.docker else None
-    return up(paths, args.workers, mode=mode, demo=args.demo, build=args.build)
+    return up(paths, args.workers, mode=mode, demo=args.demo, build=args.build,
+              redis=args.redis)
 
 
 def cmd_down(args: argparse.Namespace, paths: Paths) -> int:

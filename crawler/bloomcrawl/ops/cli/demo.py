@@ -37,11 +37,11 @@ def site_stats(url: str) -> dict[str, Any]:
 
 
 def start_site(paths: Paths, *, workers: int, local: bool, pages: int | None,
-               delay_ms: float | None) -> tuple[str, str]:
+               delay_ms: float | None, redis: str | None = None) -> tuple[str, str]:
     """Bring the cluster up if needed and start the demo site: (URL to crawl, URL of its stats)."""
     cluster = load_cluster(paths)
-    if cluster is None:
-        up(paths, workers, mode="local" if local else None)
+    if cluster is None or (redis and redis != cluster.redis):
+        up(paths, workers, mode="local" if local else None, redis=redis)
         cluster = load_cluster(paths)
         assert cluster is not None
     env = read_env_file(paths.env_file)
@@ -55,10 +55,11 @@ def start_site(paths: Paths, *, workers: int, local: bool, pages: int | None,
 
 
 def demo(paths: Paths, *, workers: int, local: bool, project: str, pages: int | None,
-         delay_ms: float | None, max_idle: float, timeout: float) -> int:
+         delay_ms: float | None, max_idle: float, timeout: float,
+         redis: str | None = None) -> int:
     """The whole demo; 1 when the deploy failed or the crawl did not end in ``timeout``."""
     crawl_url, stats_url = start_site(paths, workers=workers, local=local, pages=pages,
-                                      delay_ms=delay_ms)
+                                      delay_ms=delay_ms, redis=redis)
     target = resolve_target(paths, need_nodes=True)
     if deploy_project(paths, target.nodes, project) != 0:
         return 1
@@ -94,4 +95,4 @@ def demo(paths: Paths, *, workers: int, local: bool, project: str, pages: int | 
 def cmd_demo(args: argparse.Namespace, paths: Paths) -> int:
     return demo(paths, workers=args.workers, local=args.local, project=args.project,
                 pages=args.pages, delay_ms=args.delay_ms, max_idle=args.max_idle,
-                timeout=args.timeout)
+                timeout=args.timeout, redis=args.redis)

@@ -188,8 +188,12 @@ def spider_key_names(client: redis.Redis, spider: str
 
 
 def clear_spider(client: redis.Redis, spider: str) -> int:
-    """Delete every key of a spider (:func:`spider_key_names`); how many there were."""
-    with redis_errors(client):
+    """Delete every key of a spider (:func:`spider_key_names`); how many there were.
+
+    On Redis Cluster ``scan_iter`` scans every master, and redis-py's cluster
+    client splits each ``UNLINK`` into one call per slot (pipelined).
+    """
+    with inspection.reachable(client):
         exact, patterns = spider_key_names(client, spider)
         doomed = set(exact)
         for glob, form in patterns:

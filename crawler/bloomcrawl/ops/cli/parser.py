@@ -7,6 +7,7 @@ import argparse
 from bloomcrawl import __version__
 from bloomcrawl.core import defaults, keys
 from bloomcrawl.ops.cli import cluster, demo, jobs, status
+from bloomcrawl.ops.cluster.state import REDIS_KINDS
 
 
 def spider_name(name: str) -> str:
@@ -29,6 +30,13 @@ def _add_nodes(p: argparse.ArgumentParser) -> None:
 
 def _add_redis(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", help="(REDIS_URL) default: the cluster `up` started")
+
+
+def _add_redis_kind(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--redis", choices=REDIS_KINDS, default=None,
+                   help="one redis-server (single, the default) or a six-node Redis Cluster"
+                   " (cluster: docker-compose.cluster.yml; containers only); a cluster"
+                   " already up keeps its own")
 
 
 def _add_crawl_options(p: argparse.ArgumentParser) -> None:
@@ -60,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--docker", action="store_true", help="fail without a Docker engine")
     p.add_argument("--demo", action="store_true", help="start the demo site too")
     p.add_argument("--build", action="store_true", help="rebuild the worker image")
+    _add_redis_kind(p)
     p.set_defaults(func=cluster.cmd_up)
 
     p = sub.add_parser("down", help="stop the cluster; removes its data unless --keep-data")
@@ -131,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay-ms", type=float, help="local mode: response delay")
     p.add_argument("--max-idle", type=float, default=10.0)
     p.add_argument("--timeout", type=float, default=1800.0)
+    _add_redis_kind(p)
     p.set_defaults(func=demo.cmd_demo)
 
     # --- logs (cli/cluster.py)

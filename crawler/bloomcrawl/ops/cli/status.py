@@ -1,7 +1,9 @@
 """``status``, ``filter-info``, and the progress lines of a crawl (``crawl --wait``, ``demo``).
 
 They read Redis through :mod:`bloomcrawl.ops.inspection` and the nodes
-through :mod:`bloomcrawl.ops.scrapyd`; nothing here writes.
+through :mod:`bloomcrawl.ops.scrapyd`; nothing here writes. On Redis Cluster
+(``--redis-url redis+cluster://host:port,...``) ``status`` adds a line per
+master: whether it answered, its memory and keys.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 import redis
 
 from bloomcrawl.core import defaults, keys
+from bloomcrawl.core.connection import describe_redis, is_cluster
 from bloomcrawl.core.errors import RedisUnavailableError
 from bloomcrawl.ops import inspection, scrapyd
 from bloomcrawl.ops.cli.target import Target, TargetOptions, resolve_target
@@ -23,7 +26,7 @@ from bloomcrawl.ops.console import OpsError, say, warn
 
 WATCH_INTERVAL = 2.0
 #: what reading Redis raises when it cannot be read (inspection maps connection errors)
-REDIS_FAILURES = (redis.RedisError, RedisUnavailableError)
+REDIS_FAILURES = (redis.RedisError, RedisUnavailableError, redis.RedisClusterException)
 
 
 def percent(value: float | None) -> str:
@@ -103,8 +106,16 @@ def status(target: Target) -> int:
                          n.error or ""])
         say(table(rows))
     nodes_down = report_nodes(nodes, "status")
-    snap = inspection.snapshot(target.redis())
-    say("redis: %.1f MiB used" % (snap.memory.used_bytes / 2**20))
+    client = target.redis()
+    masters = inspection.redis_nodes(client)
+    used = inspection.total_memory(masters).used_bytes
+    if is_cluster(client):  # the masters first: which one is down, before the failure line
+        say("redis: %s, %d masters, %.1f MiB used" % (describe_redis(client), len(masters),
+                                                      used / 2**20))
+        say(table(master_rows(masters)))
+    snap = inspection.snapshot(client, masters)
+    if not is_cluster(client):
+        say("redis: %.1f MiB used" % (used / 2**20))
     if not snap.spiders:
         say("spiders: none yet")
     else:
@@ -113,6 +124,21 @@ def status(target: Target) -> int:
         for problem in s.problems:
             say(f"{s.spider}: {problem}")
     return 1 if nodes_down else 0
+
+
+def master_rows(nodes: Sequence[inspection.RedisNode]) -> list[list[object]]:
+    """The header and one row per Redis master; ``-`` where it did not answer."""
+    rows: list[list[object]] = [["master", "up", "memory", "maxmemory", "keys"]]
+    for node in nodes:
+        memory = node.memory
+        rows.append([
+            node.name, "yes" if node.up else "NO",
+            "%.1f MiB" % (memory.used_bytes / 2**20) if memory else "-",
+            ("%.1f MiB" % (memory.max_bytes / 2**20) if memory.max_bytes else "unlimited")
+            if memory else "-",
+            "-" if node.keys is None else node.keys,
+        ])
+    return rows
 
 
 def spider_rows(spiders: Sequence[inspection.SpiderState]) -> list[list[object]]:

@@ -14,15 +14,22 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from bloomcrawl.core.connection import ping, redis_from_url
 from bloomcrawl.core.errors import RedisUnavailableError
 from bloomcrawl.ops import scrapyd
-from bloomcrawl.ops.cluster.compose import Compose
+from bloomcrawl.ops.cluster.compose import REDIS_CLUSTER_SERVICES, REDIS_CONTAINER_PORT, Compose
 from bloomcrawl.ops.cluster.envfile import read_env_file
-from bloomcrawl.ops.cluster.state import Cluster, Paths, load_cluster
+from bloomcrawl.ops.cluster.state import (
+    REDIS_CLUSTER,
+    Cluster,
+    Paths,
+    cluster_redis_url,
+    load_cluster,
+)
 from bloomcrawl.ops.console import OpsError
 
 
@@ -51,6 +58,8 @@ class Target:
     nodes: list[scrapyd.Node]
     cluster: Cluster | None
     compose: Compose | None
+    #: the URL is the recorded compose Redis Cluster's: reach its nodes on 127.0.0.1
+    compose_redis_cluster: bool = False
 
     def redis(self) -> redis.Redis:
         """A client to the cluster's Redis, which answered a PING.
@@ -59,7 +68,12 @@ class Target:
         server (never its password) when it does not answer or refuses the
         credentials.
         """
-        client = redis_from_url(self.redis_url, socket_connect_timeout=5, socket_timeout=30)
+        url, params = self.redis_url, dict[str, Any]()
+        if self.compose_redis_cluster and self.compose is not None:
+            url, params = self._compose_cluster_client_args()
+        # a RedisCluster for a redis+cluster:// URL: the commands use the same methods
+        client: redis.Redis = redis_from_url(url, socket_connect_timeout=5, socket_timeout=30,
+                                             **params)
         try:
             ping(client)
         except RedisUnavailableError as exc:
@@ -70,6 +84,23 @@ class Target:
                                " is not running: `make down`, then `make up`)") from exc
             raise
         return client
+
+    def _compose_cluster_client_args(self) -> tuple[str, dict[str, Any]]:
+        """Every node's 127.0.0.1 port as a startup node, and the map from announced names."""
+        assert self.compose is not None
+        ports = self.compose.redis_node_ports()
+        if not ports:
+            return self.redis_url, {}
+        published = {(service, REDIS_CONTAINER_PORT): ("127.0.0.1", port)
+                     for service, port in ports.items()}
+
+        def address_remap(address: tuple[str, int]) -> tuple[str, int]:
+            return published.get(address, address)
+
+        password = read_env_file(self.compose.paths.env_file).get("REDIS_PASSWORD", "")
+        url = cluster_redis_url([ports[s] for s in REDIS_CLUSTER_SERVICES if s in ports],
+                                password)
+        return url, {"address_remap": address_remap}
 
 
 def _split(urls: str) -> list[str]:
@@ -103,6 +134,9 @@ def resolve_target(paths: Paths, options: TargetOptions | None = None, *,
                 or (cluster.password if cluster else "") or env.get("SCRAPYD_PASSWORD", ""))
     redis_url = (options.redis_url or os.environ.get("REDIS_URL")
                  or (cluster.redis_url if cluster else ""))
+    compose_redis_cluster = (cluster is not None and cluster.mode == "docker"
+                             and cluster.redis == REDIS_CLUSTER
+                             and redis_url == cluster.redis_url)
     if need_redis and not redis_url:
         raise no_cluster(paths, "--redis-url URL (REDIS_URL)")
     compose = Compose(paths) if cluster is not None and cluster.mode == "docker" else None
@@ -124,4 +158,4 @@ def resolve_target(paths: Paths, options: TargetOptions | None = None, *,
         raise OpsError(f"the cluster recorded in {paths.state_dir} has no scrapyd node:"
                        " `make up`, or pass --nodes URL,... (SCRAPYD_NODES)")
     nodes = [scrapyd.Node(url, username, password) for url in urls]
-    return Target(redis_url, nodes, cluster, compose)
+    return Target(redis_url, nodes, cluster, compose, compose_redis_cluster)

@@ -1,4 +1,10 @@
-"""The cluster in containers: docker-compose (v1 or v2) on this checkout's compose file."""
+"""The cluster in containers: docker-compose (v1 or v2) on this checkout's compose file.
+
+On a Redis Cluster (``up --redis cluster``, recorded in the state directory)
+every command also reads ``docker-compose.cluster.yml``, which makes the
+service ``redis`` node 1 of six and adds ``redis-2`` .. ``redis-6`` and the
+one-shot ``redis-cluster-init``.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +14,23 @@ import shutil
 import subprocess
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from bloomcrawl.ops import scrapyd
 from bloomcrawl.ops.cluster.envfile import read_env_file
 from bloomcrawl.ops.cluster.processes import run
-from bloomcrawl.ops.cluster.state import Paths
+from bloomcrawl.ops.cluster.state import REDIS_CLUSTER, Paths, recorded_redis
 from bloomcrawl.ops.console import OpsError, say
 
 COMPOSE_SERVICE = "worker"
 HEALTH_TIMEOUT = 300.0
+#: the Redis Cluster's nodes (docker-compose.cluster.yml), node 1 first
+REDIS_CLUSTER_SERVICES = ("redis", "redis-2", "redis-3", "redis-4", "redis-5", "redis-6")
+REDIS_CLUSTER_INIT = "redis-cluster-init"
+#: services that run once and must exit 0 (``wait_healthy`` waits for that)
+ONE_SHOT_SERVICES = (REDIS_CLUSTER_INIT,)
+REDIS_CONTAINER_PORT = 6379
 
 
 def docker_reachable() -> bool:
@@ -43,15 +56,25 @@ def compose_command() -> list[str]:
 class Compose:
     """docker-compose (v1 or v2) on this checkout's compose file and ``.env``."""
 
-    def __init__(self, paths: Paths) -> None:
+    def __init__(self, paths: Paths, redis: str | None = None) -> None:
+        """``redis``: ``single`` or ``cluster``; by default what ``up`` recorded."""
         self.paths = paths
         env = read_env_file(paths.env_file)
         self.project = env.get("COMPOSE_PROJECT_NAME") or "bloomcrawl"
         self.grafana = env.get("GRAFANA_ENABLED") == "1"
+        self.redis_cluster = (redis or recorded_redis(paths)) == REDIS_CLUSTER
+
+    def files(self) -> list[Path]:
+        files = [self.paths.compose_file]
+        if self.redis_cluster:
+            files.append(self.paths.cluster_compose_file)
+        return files
 
     def base(self, *profiles: str) -> list[str]:
-        cmd = [*compose_command(), "--env-file", str(self.paths.env_file),
-               "-f", str(self.paths.compose_file), "-p", self.project]
+        cmd = [*compose_command(), "--env-file", str(self.paths.env_file)]
+        for file in self.files():
+            cmd += ["-f", str(file)]
+        cmd += ["-p", self.project]
         for profile in profiles:
             cmd += ["--profile", profile]
         return cmd
@@ -124,8 +147,49 @@ class Compose:
             urls.append((number, "http://{}:{}".format(host, bindings[0]["HostPort"])))
         return [url for _, url in sorted(urls)]
 
+    def has_redis_cluster(self) -> bool:
+        """Whether the project has a Redis Cluster node's container or volume (redis-2 ...).
+
+        ``down`` then reads docker-compose.cluster.yml too, whatever was
+        recorded, so that no node or volume is left behind.
+        """
+        label = f"label=com.docker.compose.project={self.project}"
+        for service in REDIS_CLUSTER_SERVICES[1:]:
+            if run(["docker", "ps", "-a", "-q", "--filter", label, "--filter",
+                    f"label=com.docker.compose.service={service}"],
+                   capture=True, timeout=30).stdout.strip():
+                return True
+        volumes = run(["docker", "volume", "ls", "-q", "--filter", label], capture=True,
+                      timeout=30).stdout.split()
+        wanted = {f"{self.project}_{service}-data" for service in REDIS_CLUSTER_SERVICES[1:]}
+        return any(v in wanted for v in volumes)
+
+    def redis_node_ports(self) -> dict[str, int]:
+        """Each running Redis Cluster node's published port on 127.0.0.1, by service name.
+
+        The nodes announce their service names (docker-compose.cluster.yml), which
+        resolve only inside the compose network: a client on the host maps
+        ``(service, 6379)`` to ``("127.0.0.1", port)``.
+        """
+        ports = {}
+        for c in self.containers():
+            service = c["Config"]["Labels"].get("com.docker.compose.service", "")
+            if service not in REDIS_CLUSTER_SERVICES or not c["State"].get("Running"):
+                continue
+            bindings = (c["NetworkSettings"].get("Ports") or {}).get(
+                "%d/tcp" % REDIS_CONTAINER_PORT) or []
+            for binding in bindings:
+                if binding.get("HostIp") in ("127.0.0.1", "0.0.0.0", ""):
+                    ports[service] = int(binding["HostPort"])
+                    break
+        return ports
+
     def wait_healthy(self, timeout: float = HEALTH_TIMEOUT, services: Sequence[str] = ()) -> None:
-        """Until every running container with a healthcheck is healthy."""
+        """Until every running container with a healthcheck is healthy.
+
+        A one-shot service's container (:data:`ONE_SHOT_SERVICES`) must have
+        exited 0.
+        """
         deadline = time.monotonic() + timeout
         last = ""
         while True:
@@ -136,6 +200,10 @@ class Compose:
                     continue
                 state = c["State"]
                 name = c["Name"].lstrip("/")
+                if service in ONE_SHOT_SERVICES and state.get("Status") in ("created", "running",
+                                                                            "restarting"):
+                    waiting.append(name)
+                    continue
                 if not state.get("Running"):
                     if state.get("Status") in ("exited", "dead") and state.get("ExitCode"):
                         logs = run(["docker", "logs", "--tail", "30", c["Id"]], capture=True,

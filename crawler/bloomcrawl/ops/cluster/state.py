@@ -1,10 +1,12 @@
 """Where the cluster runs from, and what ``up`` recorded about it (``.run/cluster.json``).
 
-The record says how the cluster runs (``docker`` or ``local``), its ports and,
-for a local cluster, every process it started (pid and start time, so that
-``down`` stops exactly those). Secrets are never in it: they are read from
-``.env`` each time. It is written owner-only all the same (created 0600, in a
-state directory created 0700), as the local cluster's data and logs under it are.
+The record says how the cluster runs (``docker`` or ``local``), on which Redis
+(``single``, or ``cluster``: the compose Redis Cluster of
+``docker-compose.cluster.yml``), its ports and, for a local cluster, every
+process it started (pid and start time, so that ``down`` stops exactly those).
+Secrets are never in it: they are read from ``.env`` each time. It is written
+owner-only all the same (created 0600, in a state directory created 0700), as
+the local cluster's data and logs under it are.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from bloomcrawl.ops.console import OpsError
 
 DEFAULT_REDIS_PORT = 6379
 SCRAPYD_PREFIX = "scrapyd-"
+#: what Redis the cluster runs on: one server, or a Redis Cluster (compose only)
+REDIS_SINGLE = "single"
+REDIS_CLUSTER = "cluster"
+REDIS_KINDS = (REDIS_SINGLE, REDIS_CLUSTER)
 
 
 @dataclass
@@ -42,6 +48,11 @@ class Paths:
     @property
     def compose_file(self) -> Path:
         return self.root / "docker-compose.yml"
+
+    @property
+    def cluster_compose_file(self) -> Path:
+        """The override that puts the compose cluster on a Redis Cluster."""
+        return self.root / "docker-compose.cluster.yml"
 
     @property
     def cluster_file(self) -> Path:
@@ -71,6 +82,8 @@ class Cluster:
     project_name: str = "bloomcrawl"
     processes: list[ProcessRecord] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
+    #: ``single`` or ``cluster`` (:data:`REDIS_KINDS`)
+    redis: str = REDIS_SINGLE
 
     def scrapyd_processes(self) -> list[ProcessRecord]:
         """The local scrapyd nodes, by node number."""
@@ -88,6 +101,7 @@ class Cluster:
     def to_json(self) -> dict[str, Any]:
         data = {
             "mode": self.mode,
+            "redis": self.redis,
             "project_name": self.project_name,
             "ports": self.ports,
             "processes": [p.__dict__ for p in self.processes],
@@ -103,7 +117,15 @@ def load_cluster(paths: Paths) -> Cluster | None:
     try:
         data = json.loads(paths.cluster_file.read_text())
         ports = {str(k): int(v) for k, v in data.get("ports", {}).items()}
-        if data["mode"] == "docker":
+        kind = data.get("redis", REDIS_SINGLE)
+        if kind not in REDIS_KINDS:
+            raise ValueError("redis is %r, not one of %s" % (kind, ", ".join(REDIS_KINDS)))
+        if data["mode"] == "docker" and kind == REDIS_CLUSTER:
+            # node 1's published port; the host's client learns the other nodes
+            # (Target.redis maps their announced names to their published ports)
+            url = cluster_redis_url(
+                [int(env.get("REDIS_PORT") or DEFAULT_REDIS_PORT)], env.get("REDIS_PASSWORD", ""))
+        elif data["mode"] == "docker":
             url = redis_url(int(env.get("REDIS_PORT") or DEFAULT_REDIS_PORT),
                             env.get("REDIS_PASSWORD", ""))
         elif "redis" in ports:
@@ -118,10 +140,27 @@ def load_cluster(paths: Paths) -> Cluster | None:
             project_name=data.get("project_name", "bloomcrawl"),
             processes=[ProcessRecord(**p) for p in data.get("processes", [])],
             ports=ports,
+            redis=kind,
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise OpsError(f"{paths.cluster_file} is unreadable ({type(exc).__name__}: {exc}):"
                        " stop what it started by hand, then delete it") from exc
+
+
+def recorded_redis(paths: Paths) -> str:
+    """The Redis kind ``up`` recorded (``single`` when nothing readable is recorded)."""
+    try:
+        kind = json.loads(paths.cluster_file.read_text()).get("redis", REDIS_SINGLE)
+    except (OSError, ValueError, AttributeError):
+        return REDIS_SINGLE
+    return kind if kind in REDIS_KINDS else REDIS_SINGLE
+
+
+def cluster_redis_url(ports: list[int], password: str | None = None,
+                      host: str = "127.0.0.1") -> str:
+    """``redis+cluster://[:password@]host:port,...``: a Redis Cluster's startup nodes."""
+    auth = f":{password}@" if password else ""
+    return "redis+cluster://%s%s" % (auth, ",".join(f"{host}:{port}" for port in ports))
 
 
 def save_cluster(paths: Paths, cluster: Cluster) -> None:

@@ -1,0 +1,68 @@
+"""``bench/scale.py --quick`` runs end to end and prints every target's row.
+
+A real run (one Redis, Redis Clusters of 1, 2 and 3 masters, real crawls),
+not a timing: no rate is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench" / "scale.py"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("redis-server") is None or shutil.which("redis-cli") is None,
+                       reason="redis-server and redis-cli are not installed"),
+]
+
+#: (label, masters column) of each row of the main table
+TARGETS = [("1 Redis", "-"), ("cluster", "1"), ("cluster", "2"), ("cluster", "3")]
+
+
+def test_quick_run_prints_every_target(tmp_path: Path, env_no_state: dict[str, str]) -> None:
+    out = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--json", str(out)],
+        cwd=tmp_path, env=env_no_state, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+
+    header = next(i for i, line in enumerate(lines) if line.startswith("target   "))
+    rows = [line.split() for line in lines[header + 2:header + 2 + len(TARGETS)]]
+    # label (two words for "1 Redis"), masters, partitions, decisions/s, ...
+    found = [(" ".join(r[:2]), r[2]) if r[0] == "1" else (r[0], r[1]) for r in rows]
+    assert found == TARGETS, proc.stdout
+    assert "FAIL" not in "\n".join(lines[header:header + 2 + len(TARGETS)])
+    for name in ("MEASURED here", "* PROJECTED, not measured", "PROJECTED (arithmetic",
+                 "stats slot:", "partition script call", "queue memory:",
+                 "exporter snapshot"):
+        assert any(name in line for line in lines), (name, proc.stdout)
+
+    numbers = json.loads(out.read_text())
+    targets = [(t["target"], t["masters"], t["partitions"]) for t in numbers["targets"]]
+    assert targets == [("redis", 1, 4), ("cluster", 1, 8), ("cluster", 2, 16),
+                       ("cluster", 3, 24)]
+    for target in numbers["targets"]:
+        assert target["failures"] == []
+        new, seen = target["decisions"]
+        assert new["phase"] == "new" and new["new"] == new["decisions"] > 0, new
+        assert seen["phase"] == "seen" and seen["new"] == 0, seen  # all found again
+        assert new["decisions_per_second"] > 0 and new["redis_us_per_decision"] > 0
+    crawled = {(t["target"], t["masters"]): t["crawls"] for t in numbers["targets"]
+               if t["crawls"]}
+    assert set(crawled) == {("redis", 1), ("cluster", 3)}
+    for crawls in crawled.values():
+        assert [c["workers"] for c in crawls] == [1]
+        for crawl in crawls:
+            assert crawl["missing"] == 0 and crawl["duplicates"] == 0, crawl
+            assert crawl["pages_per_second"] > 0 and crawl["round_trips_per_page"] > 0
+    assert numbers["queue_memory"]["zset_bytes"] > numbers["queue_memory"]["payload_bytes"]
