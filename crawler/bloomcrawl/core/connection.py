@@ -31,7 +31,9 @@ def describe_redis(client: Any) -> str:
     if is_cluster(client):
         kwargs = client.nodes_manager.connection_kwargs
         scheme = "rediss+cluster" if kwargs.get("ssl") else "redis+cluster"
-        nodes = sorted(node.name for node in client.nodes_manager.startup_nodes.values())
+        # the nodes it was given: redis-py adds every node it discovers to its own list
+        nodes = getattr(client, "bloomcrawl_startup_nodes", None) or sorted(
+            node.name for node in client.nodes_manager.startup_nodes.values())
         return "%s://%s" % (scheme, ",".join(nodes))
     try:
         kwargs = client.connection_pool.connection_kwargs
@@ -148,9 +150,11 @@ def _cluster_from_url(url: str, **params: Any) -> redis.cluster.RedisCluster:
         options["ssl"] = True
     options.update(params)
     try:
-        return redis.cluster.RedisCluster(
+        client = redis.cluster.RedisCluster(
             startup_nodes=[ClusterNode(host, port)  # type: ignore[no-untyped-call]
                            for host, port in nodes], **options)
+        client.bloomcrawl_startup_nodes = ["%s:%d" % node for node in nodes]  # type: ignore[attr-defined]
+        return client
     except redis.RedisClusterException as exc:
         raise RedisUnavailableError("cannot reach Redis Cluster at %s: %s" % (
             url.replace(userinfo + "@", "") if userinfo else url, exc)) from exc
