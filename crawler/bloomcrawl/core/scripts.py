@@ -18,6 +18,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import redis
+from redis.crc import key_slot
 
 from bloomcrawl.core.errors import FilterFullError
 
@@ -51,7 +52,23 @@ class Script:
         return cls(BACKEND_PRELUDES[backend], body)
 
     def queue(self, pipe: Pipeline, keys: Sequence[str], args: Sequence[Any]) -> None:
-        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args,  # type: ignore[no-untyped-call]
+                             **_route(pipe, keys))
+
+
+def _route(pipe: Any, keys: Sequence[str]) -> dict[str, Any]:
+    """On Redis Cluster, the master owning the call's slot (its keys share one).
+
+    redis-py 8's cluster pipeline otherwise asks a node ``COMMAND GETKEYS``
+    for each queued EVALSHA, one round trip each, all to the same node. A
+    stale slot map is harmless: the owner answers MOVED or ASK and redis-py
+    sends the call again by its keys.
+    """
+    nodes = getattr(pipe, "nodes_manager", None)
+    if nodes is None or not keys:
+        return {}
+    key = keys[0].encode() if isinstance(keys[0], str) else keys[0]
+    return {"target_nodes": nodes.get_node_from_slot(key_slot(key))}
 
 
 @dataclass(frozen=True)
