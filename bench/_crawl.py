@@ -12,12 +12,14 @@ site counted. Nothing here prints; a run that fails raises
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,6 +211,8 @@ class CrawlRun:
     shared_stats: dict[str, int] = field(default_factory=dict)
     #: items per page number, from ``site:items`` (when items go to Redis)
     item_pages: dict[int, int] = field(default_factory=dict)
+    #: Redis CPU during the crawl, the whole process (used_cpu_sys + used_cpu_user)
+    redis_process_cpu_s: float = 0.0
 
     @property
     def items_missing(self) -> int:
@@ -271,18 +275,22 @@ def run_crawl(
     timeout: float,
     settings: dict[str, str],
     kill_at: float | None = None,
+    sample: Callable[[], RedisSample] | None = None,
 ) -> CrawlRun:
     """One crawl of the whole site by ``workers`` processes of ``contender``.
 
     ``kill_at``: SIGKILL the busiest worker once this fraction of the pages
     was fetched; the run then ends when the other workers close by themselves.
+    ``sample``: how to read Redis's counters (default: :func:`redis_sample` of
+    ``client``; a Redis Cluster's are summed over its masters by the caller).
     """
+    read: Callable[[], RedisSample] = sample or functools.partial(redis_sample, client)
     client.flushall()
     site.reset()
     if contender.start == "redis":
         client.rpush("site:start_urls", site.url)
     pages = site.pages
-    before = redis_sample(client)
+    before = read()
     procs = [Worker("%s-%dw-%d" % (contender.key, workers, i), contender, workdir,
                     redis_url=redis_url, start_url=site.url, settings=settings)
              for i in range(workers)]
@@ -296,7 +304,7 @@ def run_crawl(
         while time.monotonic() < deadline:
             brief = site.brief()
             if mid is None and brief["distinct"] >= STEADY_FROM * pages:
-                mid = (brief["distinct"], redis_sample(client))
+                mid = (brief["distinct"], read())
             if kill_at is not None and not killed and brief["distinct"] >= kill_at * pages:
                 # the busiest worker: one that is surely crawling, holding requests
                 victim = max(procs, key=Worker.responses_so_far)
@@ -312,7 +320,7 @@ def run_crawl(
                 contender.label, workers, brief["distinct"], pages, timeout,
                 _tails(procs)))
         time.sleep(SETTLE_S)
-        after = redis_sample(client)
+        after = read()
         for w in procs:
             if w.wait(deadline - time.monotonic()) is None:
                 raise CrawlFailed("%s: worker %s did not close by itself\n%s" % (
@@ -349,6 +357,7 @@ def run_crawl(
         killed_responses=killed_responses,
         shared_stats=shared_stats,
         item_pages=item_pages,
+        redis_process_cpu_s=(after.cpu - before.cpu).process_s,
     )
 
 

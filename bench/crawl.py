@@ -32,7 +32,7 @@ wait before the workers close):
 * Redis CPU per page: INFO cpu, used_cpu_sys_main_thread +
   used_cpu_user_main_thread, before and after;
 * round trips per page: counted by the workers' redis-py connections
-  (``crawlbench.probe.CountingConnection``, one per command packet sent, a
+  (``crawlbench.probe.RoundTrips``, one per command packet sent, a
   pipeline being one) up to each worker's last response;
 * the workers' own CPU time per page, between their first and last
   responses: the same comparison as pages/s, but hardly affected by what

@@ -54,7 +54,9 @@ def test_quick_run_prints_every_target(tmp_path: Path, env_no_state: dict[str, s
     for target in numbers["targets"]:
         assert target["failures"] == []
         new, seen = target["decisions"]
-        assert new["phase"] == "new" and new["new"] == new["decisions"] > 0, new
+        # every fingerprint is new: the filter says so but for its false positives (0.1 %)
+        assert new["phase"] == "new" and new["decisions"] > 0, new
+        assert 0.99 * new["decisions"] <= new["new"] <= new["decisions"], new
         assert seen["phase"] == "seen" and seen["new"] == 0, seen  # all found again
         assert new["decisions_per_second"] > 0 and new["redis_us_per_decision"] > 0
     crawled = {(t["target"], t["masters"]): t["crawls"] for t in numbers["targets"]

@@ -2,7 +2,7 @@
 
 * :mod:`crawlbench.settings`: the project's settings plus the probes below;
   each contender's scheduler and dupefilter are set on the command line.
-* :mod:`crawlbench.probe`: a redis-py connection that counts round trips, an
+* :mod:`crawlbench.probe`: a count of every redis-py connection's round trips, an
   extension writing per-worker numbers to a JSON file, and the idle poller
   the scrapy-redis contenders need to stay open while another worker fills
   the shared queue.

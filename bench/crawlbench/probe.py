@@ -1,10 +1,14 @@
 """What a benchmark worker measures about itself.
 
-* :class:`CountingConnection`: a redis-py connection that counts network
-  round trips, i.e. packets of commands sent before their replies are read:
-  one per plain command, one per pipeline (``MULTI``/``EXEC`` or not).
-  ``REDIS_PARAMS = {"connection_class": CountingConnection}`` puts it under
-  every client built from the settings, bloomcrawl's and scrapy-redis's.
+* :class:`RoundTrips`: counts network round trips, i.e. packets of commands
+  sent before their replies are read: one per plain command, one per
+  pipeline (``MULTI``/``EXEC`` or not), one per master a Redis Cluster
+  pipeline reaches. :meth:`RoundTrips.install` (run when
+  ``crawlbench.settings`` is imported) wraps redis-py's
+  ``AbstractConnection.send_packed_command``, so every connection of the
+  worker process counts, bloomcrawl's and scrapy-redis's, plain Redis and
+  Redis Cluster alike (a ``connection_class`` in REDIS_PARAMS would do for
+  ``redis.Redis`` only: RedisCluster refuses that argument).
 * :class:`Probe`: writes the worker's numbers to ``BENCH_PROBE_FILE`` (JSON)
   when the spider closes: responses, the time of the first and last one, the
   process's CPU time between them, and the round trips counted up to the last
@@ -27,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from redis.connection import Connection
+from redis.connection import AbstractConnection
 from scrapy import signals
 from scrapy.exceptions import DontCloseSpider, NotConfigured
 from scrapy.utils.asyncio import call_later
@@ -44,14 +48,25 @@ REPORTED_STATS = (
 )
 
 
-class CountingConnection(Connection):
-    """A TCP connection that counts what it sends: one count per round trip."""
+class RoundTrips:
+    """The round trips of every redis-py connection of this process."""
 
-    round_trips = 0  # per process: every connection of every client adds to it
+    count = 0  # per process
+    _installed = False
 
-    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        CountingConnection.round_trips += 1
-        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+    @classmethod
+    def install(cls) -> None:
+        """Count from now on; idempotent."""
+        if cls._installed:
+            return
+        send = AbstractConnection.send_packed_command
+
+        def counting(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+            cls.count += 1
+            send(self, command, check_health)
+
+        AbstractConnection.send_packed_command = counting  # type: ignore[method-assign]
+        cls._installed = True
 
 
 class Probe:
@@ -86,7 +101,7 @@ class Probe:
         self.last_response = now
         self.cpu_at_last_response = cpu
         self.responses += 1
-        self.round_trips_at_last_response = CountingConnection.round_trips
+        self.round_trips_at_last_response = RoundTrips.count
         if self.responses % PROGRESS_EVERY == 1:
             self.progress_path.write_text(str(self.responses))
 
@@ -98,7 +113,7 @@ class Probe:
             "first_response": self.first_response,
             "last_response": self.last_response,
             "round_trips_at_last_response": self.round_trips_at_last_response,
-            "round_trips": CountingConnection.round_trips,
+            "round_trips": RoundTrips.count,
             "cpu_s": self.cpu_at_last_response - self.cpu_at_first_response,
             "stats": {name: stats.get_value(name) for name in REPORTED_STATS},
         }

@@ -6,10 +6,10 @@ SCHEDULER, DUPEFILTER_CLASS and the middlewares with ``-s`` (see
 """
 
 from bloomcrawl.crawl.settings import *  # noqa: F403
-from crawlbench.probe import CountingConnection
+from crawlbench.probe import RoundTrips
 
-# every Redis client the project or scrapy-redis builds from the settings counts its round trips
-REDIS_PARAMS = {"connection_class": CountingConnection}
+# every Redis connection of the worker counts its round trips (plain Redis and Redis Cluster)
+RoundTrips.install()
 
 # the scrapy-redis contenders add crawlbench.probe.IdlePoll (see bench/_crawl.py)
 EXTENSIONS = {"crawlbench.probe.Probe": 0}
