@@ -57,6 +57,7 @@ lint: venv ## ruff and mypy
 bench: venv system-deps ## benchmarks: side-by-side ratios against the seeds' recipe and RedisBloom
 	$(PY) bench/dedup.py
 	$(PY) bench/exporter.py
+	$(PY) bench/scale.py
 
 up: venv ## start the cluster with WORKERS=N workers (docker-compose; local processes without Docker); REDIS=cluster: on a Redis Cluster
 	$(BLOOMCRAWL) up --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS))
