@@ -156,6 +156,12 @@ def test_three_workers_crawl_a_cluster_exactly_once(clean_cluster, demo_site,
         f = keys.FrontierKeys(SPIDER)
         assert len({clean_cluster.slot_of(k) for k in (f.stats, f.stats_applied,
                                                        f.pages_by_node)}) == 1
+        # and each worker sent its counts there at most once a second (and on close),
+        # not with each of its hundreds of exchanges
+        applied = sorted(int(n) for n in client.hgetall(f.stats_applied).values())
+        elapsed = sorted(w.stats()["elapsed_time_seconds"] for w in workers)
+        assert len(applied) == 3
+        assert sum(applied) <= sum(elapsed) + 2 * 3, (applied, elapsed)
 
 
 # two links a page: a binary tree, each page linked from one page only, so a lost

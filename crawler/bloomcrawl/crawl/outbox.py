@@ -106,6 +106,12 @@ class Outbox:
         self.closing = False
         self._retry_call: Any = None
         self._number = 0
+        #: 0: counts go with every exchange, numbered (one Redis: the numbers tell
+        #: a restarted server that lost writes). On Redis Cluster every exchange of
+        #: every worker would hit the one stats slot, and any server change is
+        #: handled as a loss anyway: counts go at most this often (and on close)
+        self.stats_interval = 0.0
+        self._stats_sent_at = float("-inf")
         #: the number of the last exchange whose stats Redis confirmed
         self.confirmed_number = 0
 
@@ -134,14 +140,23 @@ class Outbox:
         if not (self.owes() or lease_from is not None or check_idle):
             return
         stats, self.unconfirmed_stats = self.unconfirmed_stats, []
-        if self.counts or self.outgoing or self.acks:
-            # numbered even without counts: the number is how a restarted server
-            # tells whether it kept this worker's writes
+        now = time.monotonic()
+        if not self.stats_interval:
+            if self.counts or self.outgoing or self.acks:
+                # numbered even without counts: the number is how a restarted server
+                # tells whether it kept this worker's writes
+                self._number += 1
+                stats.append((self._number, dict(self.counts)))
+                self.counts = defaultdict(int)
+        elif self.counts and (now - self._stats_sent_at >= self.stats_interval
+                              or not self.io.threaded):
             self._number += 1
             stats.append((self._number, dict(self.counts)))
+            self.counts = defaultdict(int)
+            self._stats_sent_at = now
         batch = Batch(self.outgoing, self.acks, stats, self.start_waiting, self.held,
                       lease_from, want, check_idle, self.watch.epoch)
-        self.outgoing, self.acks, self.counts = [], defaultdict(list), defaultdict(int)
+        self.outgoing, self.acks = [], defaultdict(list)
         self.start_waiting, self.held = [], []
         self.exchanging = True
         d = self.io.run(self._in_thread, frontier, batch)

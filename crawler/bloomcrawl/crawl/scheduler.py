@@ -84,6 +84,9 @@ MAX_BATCH = 500
 MAX_LEASE = 32
 MAX_POLL_DELAY = 1.0
 ACK_DELAY = 0.05
+#: on Redis Cluster, a worker's shared counts go at most once a second: they
+#: all live in one slot, which every worker's every exchange would otherwise hit
+CLUSTER_STATS_INTERVAL = 1.0
 
 
 class Scheduler:
@@ -163,6 +166,8 @@ class Scheduler:
         for info in infos.values():
             check_eviction_policy(info, self.server, self.config.allow_eviction)
         self.watch.prime(infos)
+        if self.watch.cluster:
+            self.outbox.stats_interval = CLUSTER_STATS_INTERVAL
         bloom = self.filter_config.open(self.server, spider.name)
         try:
             frontier_keys = keys.FrontierKeys(
