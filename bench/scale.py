@@ -77,6 +77,7 @@ from bloomcrawl.core.connection import redis_from_url  # noqa: E402
 from bloomcrawl.core.frontier import Frontier, Outgoing  # noqa: E402
 from bloomcrawl.core.scripts import Script, ScriptCall  # noqa: E402
 from bloomcrawl.crawl.config import default_partitions  # noqa: E402
+from bloomcrawl.crawl.scheduler import CLUSTER_STATS_INTERVAL  # noqa: E402
 
 ERROR_RATE = 0.001
 BATCH = 1000
@@ -1000,9 +1001,15 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
         if extras is not None:
             calls = largest.per_page(lambda c: c.stats_calls) or 0.0
             for rate in WORKER_RATES:
-                load = FLEET * rate  # at most one stats call per page
-                say(f"  stats slot, {FLEET:,} workers x {rate} pages/s, at most one call a page"
-                    f" (measured here: {calls:.2f}): {load:,.0f} calls/s ="
+                if largest.masters:
+                    # on a cluster a worker sends its counts at most once a second
+                    load = FLEET * min(rate, 1.0 / CLUSTER_STATS_INTERVAL)
+                    bound = "at most one call a second per worker"
+                else:
+                    load = FLEET * rate  # at most one stats call per page
+                    bound = "at most one call a page"
+                say(f"  stats slot, {FLEET:,} workers x {rate} pages/s, {bound}"
+                    f" (measured here: {calls:.2f} a page): {load:,.0f} calls/s ="
                     f" {load * extras.stats.us_alone / 1e6:.2f} core if each comes alone,"
                     f" {load * extras.stats.us_pipelined / 1e6:.2f} if pipelined")
 
