@@ -106,6 +106,18 @@ def closed_port_url() -> str:
 
 
 @pytest.fixture
+def cli_env(tmp_path: Path) -> dict[str, str]:
+    """For the ``bloomcrawl`` command: no recorded cluster, no .env, nothing of ours in
+    the environment; the commands act on what their arguments say alone."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SCRAPYD_", "REDIS_", "BLOOMCRAWL_"))}
+    env.update(BLOOMCRAWL_ROOT=str(ROOT), BLOOMCRAWL_STATE_DIR=str(tmp_path / "run"),
+               BLOOMCRAWL_ENV_FILE=str(tmp_path / "no.env"), HOME=str(tmp_path / "home"))
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+@pytest.fixture
 def env_no_state(tmp_path: Path) -> dict[str, str]:
     """Environment for Scrapy subprocesses: no writes outside tmp_path."""
     env = dict(os.environ)

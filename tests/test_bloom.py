@@ -13,6 +13,7 @@ import redis
 
 from bloomcrawl.core import keys, sizing
 from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.connection import redis_from_url
 from bloomcrawl.core.errors import (
     BloomFilterError,
     FilterFullError,
@@ -73,10 +74,10 @@ def test_bits_set_counter_is_exact(redis_client: redis.Redis) -> None:
     assert info.fill_ratio == pytest.approx(info.bits_set / info.bits)
 
 
-def _worker(url: str, barrier: multiprocessing.synchronize.Barrier, seed: int,
+def _worker(url: str, partitions: int, barrier: multiprocessing.synchronize.Barrier, seed: int,
             queue: multiprocessing.Queue[int]) -> None:
-    client = redis.Redis.from_url(url)
-    bf = BloomFilter(client, "race:bloomfilter", capacity=50_000, error_rate=0.001)
+    bf = BloomFilter(redis_from_url(url), "race:bloomfilter", capacity=50_000,
+                     error_rate=0.001, partitions=partitions)
     fps = fingerprints(20_000, salt="race")
     random.Random(seed).shuffle(fps)
     barrier.wait()
@@ -89,11 +90,12 @@ def _worker(url: str, barrier: multiprocessing.synchronize.Barrier, seed: int,
     queue.put(new)
 
 
-def test_four_processes_racing_get_exactly_one_true_each(redis_server, redis_client) -> None:
+def race(url: str, partitions: int = 4) -> list[int]:
+    """Four processes add the same 20,000 fingerprints at once; how many each saw new."""
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(4)
     queue: multiprocessing.Queue[int] = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(redis_server.url, barrier, seed, queue))
+    procs = [ctx.Process(target=_worker, args=(url, partitions, barrier, seed, queue))
              for seed in range(4)]
     for p in procs:
         p.start()
@@ -101,6 +103,11 @@ def test_four_processes_racing_get_exactly_one_true_each(redis_server, redis_cli
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
+    return results
+
+
+def test_four_processes_racing_get_exactly_one_true_each(redis_server, redis_client) -> None:
+    results = race(redis_server.url)
     assert all(r > 0 for r in results), results  # they really raced
     assert sum(results) == 20_000, results
 

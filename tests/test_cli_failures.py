@@ -44,14 +44,9 @@ class Run:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
+def env(cli_env: dict[str, str]) -> dict[str, str]:
     """No cluster: an empty state directory, no .env, nothing in the environment."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SCRAPYD_", "REDIS_", "BLOOMCRAWL_"))}
-    env.update(BLOOMCRAWL_ROOT=str(ROOT), BLOOMCRAWL_STATE_DIR=str(tmp_path / "run"),
-               BLOOMCRAWL_ENV_FILE=str(tmp_path / "no.env"), HOME=str(tmp_path / "home"))
-    env.pop("PYTHONPATH", None)
-    return env
+    return cli_env
 
 
 def bloomcrawl(env: dict[str, str], *args: str) -> Run:

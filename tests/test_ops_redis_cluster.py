@@ -11,7 +11,6 @@ a figure read from one master only, or summed twice, shows.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -272,17 +271,6 @@ def test_inspection_finds_spiders_on_every_master_and_only_reads(
 # --- the command line ----------------------------------------------------------------------
 
 
-@pytest.fixture
-def cli_env(tmp_path: Path) -> dict[str, str]:
-    """No recorded cluster: the commands act on --redis-url alone."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SCRAPYD_", "REDIS_", "BLOOMCRAWL_"))}
-    env.update(BLOOMCRAWL_ROOT=str(ROOT), BLOOMCRAWL_STATE_DIR=str(tmp_path / "run"),
-               BLOOMCRAWL_ENV_FILE=str(tmp_path / "no.env"), HOME=str(tmp_path / "home"))
-    env.pop("PYTHONPATH", None)
-    return env
-
-
 def bloomcrawl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.cli", *args], cwd=ROOT,
                           env=env, text=True, capture_output=True, timeout=120)
@@ -374,18 +362,23 @@ def node_up(values: dict[str, dict[tuple[tuple[str, str], ...], float]]) -> dict
             for labels, value in values.get("bloomcrawl_redis_node_up", {}).items()}
 
 
-@pytest.mark.slow
-def test_metrics_answer_through_a_dead_master_and_its_failover(
-    private_cluster: RedisClusterProcesses, tmp_path: Path,
-) -> None:
-    cluster = private_cluster
+def populate_and_choose_victim(cluster: RedisClusterProcesses) -> tuple[list[int], int]:
+    """A populated spider on the cluster; its masters and the one a fault test takes down."""
     client = cluster.cluster_client()
     try:
         populate_frontier(client, "site", partitions=PARTITIONS)
     finally:
         client.close()
     masters = cluster.masters()
-    victim = masters[1]
+    return masters, masters[1]
+
+
+@pytest.mark.slow
+def test_metrics_answer_through_a_dead_master_and_its_failover(
+    private_cluster: RedisClusterProcesses, tmp_path: Path,
+) -> None:
+    cluster = private_cluster
+    masters, victim = populate_and_choose_victim(cluster)
     # the replica holds every write before its master dies: the figures survive the failover
     assert on_node(cluster, victim, lambda c: c.wait(1, 5000)) == 1
     port = free_port()
@@ -435,13 +428,7 @@ def test_a_master_down_with_no_replica_to_take_over(
     scrape: Callable[[str], CollectorRegistry],
 ) -> None:
     cluster = private_cluster
-    client = cluster.cluster_client()
-    try:
-        populate_frontier(client, "site", partitions=PARTITIONS)
-    finally:
-        client.close()
-    masters = cluster.masters()
-    victim = masters[1]
+    masters, victim = populate_and_choose_victim(cluster)
     cluster.nodes[cluster.replica_of(victim)].kill()
     cluster.nodes[victim].kill()  # and nothing can take over: the cluster stays down
 

@@ -8,8 +8,6 @@ slots migrated with their keys while the crawl runs.
 from __future__ import annotations
 
 import json
-import multiprocessing
-import random
 import signal
 import threading
 import time
@@ -26,7 +24,7 @@ from bloomcrawl.core.errors import SettingError
 from bloomcrawl.crawl.config import redis_from_settings
 
 from crawl_helpers import Worker, run_workers, stopped_at_exit, wait_until
-from test_bloom import fill, fingerprints, measure_false_positives
+from test_bloom import fill, measure_false_positives, race
 
 pytestmark = pytest.mark.slow
 
@@ -52,33 +50,8 @@ def owners(cluster: RedisClusterProcesses, names: list[str]) -> set[int]:
 # -- the filter --------------------------------------------------------------------
 
 
-def _race(url: str, barrier: Any, seed: int, queue: Any) -> None:
-    bf = BloomFilter(redis_from_url(url), "race:bloomfilter", capacity=50_000,
-                     error_rate=0.001, partitions=24)
-    fps = fingerprints(20_000, salt="race")
-    random.Random(seed).shuffle(fps)
-    barrier.wait()
-    new = 0
-    if seed == 0:
-        new += sum(bf.add(fp) for fp in fps[:1000])  # single adds mixed in
-        fps = fps[1000:]
-    for i in range(0, len(fps), 250):
-        new += sum(bf.add_many(fps[i:i + 250]))
-    queue.put(new)
-
-
 def test_four_processes_racing_on_a_cluster_get_exactly_one_true_each(clean_cluster) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(4)
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(clean_cluster.startup_url, barrier, seed, queue))
-             for seed in range(4)]
-    for p in procs:
-        p.start()
-    results = [queue.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
+    results = race(clean_cluster.startup_url, partitions=24)
     assert all(r > 0 for r in results), results  # they really raced
     assert sum(results) == 20_000, results
     # the partitions really are spread: every master holds some
