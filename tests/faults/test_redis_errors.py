@@ -18,8 +18,11 @@ from faults.scenarios import DROPS, heartbeat_lags, redis_allkeys_lru
 
 pytestmark = pytest.mark.slow
 
-#: the reactor may run a 50 ms timer at most this late while Redis is stalled
-MAX_HEARTBEAT_LAG_S = 0.1
+#: the reactor may run a 50 ms timer at most this late while Redis is stalled. A
+#: Redis call on the reactor would hold it for the socket timeout (2 s) or the
+#: whole stall (10 s); 0.5 s tells that apart from a busy 2-core machine, where
+#: 0.11 s was seen once with nothing blocking. The lag itself is bench/faults.py's.
+MAX_HEARTBEAT_LAG_S = 0.5
 
 
 def test_oom_under_noeviction(run_scenario: Callable[..., Outcome]) -> None:
@@ -81,8 +84,9 @@ def test_redis_sigstopped_beyond_the_socket_timeout(run_scenario: Callable[..., 
 def test_reactor_heartbeat_while_redis_stalls(run_scenario: Callable[..., Outcome]) -> None:
     """At 1/3 the proxy forwards nothing for 10 s; a 50 ms LoopingCall in each worker.
 
-    Target: no tick later than 100 ms from the start of the stall to 1 s
-    after its end (:mod:`faults.heartbeat`), and the crawl's invariants.
+    Target: no tick later than MAX_HEARTBEAT_LAG_S from the start of the
+    stall to 1 s after its end (:mod:`faults.heartbeat`), and the crawl's
+    invariants.
     """
     outcome = run_scenario("stall")
     worst = heartbeat_lags(outcome)
