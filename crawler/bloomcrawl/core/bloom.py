@@ -110,11 +110,6 @@ def has_redisbloom(server: Any) -> bool:
         if name in (b"bf", "bf"):
             return True
     return False
-    for module in modules:
-        name = module.get(b"name", module.get("name"))
-        if name in (b"bf", "bf"):
-            return True
-    return False
 
 
 class BloomFilter:

@@ -155,10 +155,7 @@ def _cluster_from_url(url: str, **params: Any) -> redis.cluster.RedisCluster:
                            for host, port in nodes], **options)
         client.bloomcrawl_startup_nodes = ["%s:%d" % node for node in nodes]  # type: ignore[attr-defined]
         return client
-    except redis.RedisClusterException as exc:
-        raise RedisUnavailableError("cannot reach Redis Cluster at %s: %s" % (
-            url.replace(userinfo + "@", "") if userinfo else url, exc)) from exc
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except (redis.RedisClusterException, redis.ConnectionError, redis.TimeoutError) as exc:
         raise RedisUnavailableError("cannot reach Redis Cluster at %s: %s" % (
             url.replace(userinfo + "@", "") if userinfo else url, exc)) from exc
 
@@ -321,7 +318,7 @@ class ServerWatch:
 #: error replies that say "not now" (memory, a replica, a busy script, loading):
 #: the same call may succeed later, so they are retried like a lost connection
 TRANSIENT_REPLIES = frozenset({"OOM", "READONLY", "MISCONF", "BUSY", "LOADING", "MASTERDOWN",
-                               "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"})
+                               "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "MOVED", "ASK"})
 #: what a loop talking to Redis catches: every failure redis-py reports, and ours
 REDIS_ERRORS: tuple[type[BaseException], ...] = (
     redis.RedisError, RedisUnavailableError,
@@ -333,15 +330,15 @@ REDIS_ERRORS: tuple[type[BaseException], ...] = (
 _REPLY_CLASSES = {name: code for name, code in (
     ("OutOfMemoryError", "OOM"), ("ReadOnlyError", "READONLY"), ("NoScriptError", "NOSCRIPT"),
     ("TryAgainError", "TRYAGAIN"), ("ClusterDownError", "CLUSTERDOWN"),
-    ("MasterDownError", "MASTERDOWN"), ("NoPermissionError", "NOPERM"))}
+    ("MasterDownError", "MASTERDOWN"), ("NoPermissionError", "NOPERM"),
+    # Redis Cluster: redirections redis-py did not follow, a slot no master serves
+    ("MovedError", "MOVED"), ("AskError", "ASK"), ("SlotNotCoveredError", "CLUSTERDOWN"))}
 
 
 def error_kind(exc: BaseException) -> str:
     """A short name for a Redis failure: "unreachable", the reply's code ("OOM"), or the type."""
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError | RedisUnavailableError):
         return "unreachable"
-    if isinstance(exc, redis.exceptions.SlotNotCoveredError):
-        return "CLUSTERDOWN"
     for cls in type(exc).__mro__:
         if cls.__name__ in _REPLY_CLASSES and cls.__module__ == "redis.exceptions":
             return _REPLY_CLASSES[cls.__name__]
@@ -388,7 +385,7 @@ class RedisErrorPolicy:
             if kind == "unreachable":
                 self.logger.warning("Redis at %s unreachable (%s): %s", where, exc,
                                     self.consequence, extra=self.extra)
-            elif kind in TRANSIENT_REPLIES or isinstance(exc, redis.exceptions.AskError):
+            elif kind in TRANSIENT_REPLIES:
                 self.logger.warning("Redis at %s refused a command (%s): %s", where, exc,
                                     self.consequence, extra=self.extra)
             else:

@@ -99,6 +99,8 @@ class Outbox:
         self.start_waiting: list[str] = []
         self.start_acks: list[str] = []
         self.held: list[Any] = []
+        #: 0: keep nothing to :meth:`replay`; on Redis Cluster, REPLAY_S
+        self.replay_s = 0.0
         # requests of confirmed exchanges: (when, requests), newest last
         self.sent: deque[tuple[float, list[Outgoing]]] = deque()
         self._sent_count = 0
@@ -141,15 +143,14 @@ class Outbox:
             return
         stats, self.unconfirmed_stats = self.unconfirmed_stats, []
         now = time.monotonic()
-        if not self.stats_interval:
-            if self.counts or self.outgoing or self.acks:
-                # numbered even without counts: the number is how a restarted server
-                # tells whether it kept this worker's writes
-                self._number += 1
-                stats.append((self._number, dict(self.counts)))
-                self.counts = defaultdict(int)
-        elif self.counts and (now - self._stats_sent_at >= self.stats_interval
-                              or not self.io.threaded):
+        if self.stats_interval:
+            due = bool(self.counts) and (now - self._stats_sent_at >= self.stats_interval
+                                         or not self.io.threaded)
+        else:
+            # numbered even without counts: the number is how a restarted server
+            # tells whether it kept this worker's writes
+            due = bool(self.counts or self.outgoing or self.acks)
+        if due:
             self._number += 1
             stats.append((self._number, dict(self.counts)))
             self.counts = defaultdict(int)
@@ -192,7 +193,8 @@ class Outbox:
     def replay(self) -> int:
         """Redis may have lost requests: queue again those of the recent exchanges.
 
-        Enqueue-if-new drops what Redis kept; returns how many go again.
+        Enqueue-if-new drops what Redis kept; returns how many go again (none
+        unless :attr:`replay_s` kept them).
         """
         again = [entry for _, outgoing in self.sent for entry in outgoing]
         self.sent.clear()
@@ -240,11 +242,11 @@ class Outbox:
         while history and (len(history) > STATS_HISTORY_MAX
                            or history[0][0] < now - STATS_HISTORY_S):
             history.popleft()
-        if batch.outgoing:
+        if batch.outgoing and self.replay_s:
             self.sent.append((now, batch.outgoing))
             self._sent_count += len(batch.outgoing)
         while self.sent and (self._sent_count > REPLAY_MAX
-                             or self.sent[0][0] < now - REPLAY_S):
+                             or self.sent[0][0] < now - self.replay_s):
             self._sent_count -= len(self.sent.popleft()[1])
         self.on_reply(reply, batch)
 

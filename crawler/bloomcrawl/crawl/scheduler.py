@@ -168,6 +168,7 @@ class Scheduler:
         self.watch.prime(infos)
         if self.watch.cluster:
             self.outbox.stats_interval = CLUSTER_STATS_INTERVAL
+            self.outbox.replay_s = REPLAY_S
         bloom = self.filter_config.open(self.server, spider.name)
         try:
             frontier_keys = keys.FrontierKeys(
@@ -596,13 +597,13 @@ class Scheduler:
         held, outbox.held = outbox.held, []
         dropped = len(self._inflight) + sum(len(t) for t in outbox.acks.values())
         again = outbox.restate(applied)
-        replayed = outbox.replay() if self.watch.cluster else 0
+        replayed = outbox.replay()
         logger.warning("Redis at %s is another server now (run_id %s) and may have lost writes"
                        " of this worker: forgetting the %d fingerprints it remembered, sending"
                        " %d requests (%d of them from the last %.0f s) and the counts of %d"
                        " exchanges again, leaving %d leases to expire",
                        describe_redis(self.server), self.watch.run_id, len(self._seen),
-                       len(held) + replayed, replayed, REPLAY_S, again, dropped,
+                       len(held) + replayed, replayed, outbox.replay_s, again, dropped,
                        extra={"spider": self.spider})
         self.stats.inc_value("bloomcrawl/redis_rollbacks")
         self._seen.clear()

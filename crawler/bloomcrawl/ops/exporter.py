@@ -54,6 +54,7 @@ from redis.retry import Retry
 from bloomcrawl import __version__
 from bloomcrawl.core import defaults
 from bloomcrawl.core.connection import (
+    REDIS_ERRORS,
     RedisErrorPolicy,
     describe_redis,
     is_cluster,
@@ -206,7 +207,7 @@ class ClusterCollector(Collector):
         nodes = self._redis_nodes()
         try:
             snap = inspection.snapshot(self.client, nodes)
-        except inspection.FAILURES as exc:
+        except REDIS_ERRORS as exc:
             with self._redis_errors_lock:
                 self._redis_errors.failed(exc)
             up.add_metric([], 0)
@@ -224,7 +225,7 @@ class ClusterCollector(Collector):
         """
         try:
             nodes = inspection.redis_nodes(self.client)
-        except inspection.FAILURES as exc:  # not one master's failure: the client's own
+        except REDIS_ERRORS as exc:  # not one master's failure: the client's own
             logger.debug("reading the Redis masters failed: %s", exc)
             return []
         if is_cluster(self.client):

@@ -53,11 +53,6 @@ _FILTER_PREFIX, _FILTER_SUFFIX = defaults.FILTER_KEY.split("%(spider)s")
 #: on a cluster also CLUSTERDOWN/MASTERDOWN replies and a slot no master serves
 _UNREACHABLE = (RedisUnavailableError, redis.ConnectionError, redis.TimeoutError, ClusterError,
                 RedisClusterException)
-#: everything reading Redis may raise; :func:`snapshot` turns the cluster client's own
-#: exceptions (not RedisErrors) into :class:`RedisUnavailableError`
-FAILURES: tuple[type[BaseException], ...] = (*REDIS_ERRORS, RedisClusterException)
-
-
 @dataclass(frozen=True)
 class Problem:
     """Something wrong with one spider's keys; ``kind`` is short and fixed (log once per kind).
@@ -338,7 +333,7 @@ def redis_nodes(client: redis.Redis) -> list[RedisNode]:
             with reachable(client):
                 info = client.info("memory", **target)
                 count = client.dbsize(**target)
-        except FAILURES as exc:
+        except REDIS_ERRORS as exc:
             out.append(RedisNode(name, up=False, error=str(exc) or type(exc).__name__,
                                  exception=exc))
             continue

@@ -17,16 +17,13 @@ from collections.abc import Sequence
 import redis
 
 from bloomcrawl.core import defaults, keys
-from bloomcrawl.core.connection import describe_redis, is_cluster
-from bloomcrawl.core.errors import RedisUnavailableError
+from bloomcrawl.core.connection import REDIS_ERRORS, describe_redis, is_cluster
 from bloomcrawl.ops import inspection, scrapyd
 from bloomcrawl.ops.cli.target import Target, TargetOptions, resolve_target
 from bloomcrawl.ops.cluster.state import Paths
 from bloomcrawl.ops.console import OpsError, say, warn
 
 WATCH_INTERVAL = 2.0
-#: what reading Redis raises when it cannot be read (inspection maps connection errors)
-REDIS_FAILURES = (redis.RedisError, RedisUnavailableError, redis.RedisClusterException)
 
 
 def percent(value: float | None) -> str:
@@ -44,12 +41,12 @@ def frontier_line(client: redis.Redis, spider: str
                   ) -> tuple[str, inspection.SpiderState | None]:
     """One line of a spider's counters, and its state (``None`` before its filter exists)."""
     state = None
-    with contextlib.suppress(*REDIS_FAILURES):
+    with contextlib.suppress(*REDIS_ERRORS):
         meta = keys.meta_key(keys.spider_key(defaults.FILTER_KEY, spider))
         state = inspection.spider_state(client, meta)
     if state is None:  # no filter yet: the stats alone
         stats: dict[str, int] = {}
-        with contextlib.suppress(*REDIS_FAILURES, ValueError):
+        with contextlib.suppress(*REDIS_ERRORS, ValueError):
             raw = client.hgetall(keys.spider_key(defaults.STATS_KEY, spider))
             stats = {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
         return ("pages %d  items %d" % (stats.get("pages", 0), stats.get("items", 0)), None)
