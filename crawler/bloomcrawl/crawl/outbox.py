@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bloomcrawl.core.connection import ServerChangedError, ServerWatch
+from bloomcrawl.core.connection import ServerChangedError, ServerWatch, server_infos
 from bloomcrawl.core.errors import FilterFullError
 from bloomcrawl.core.frontier import Exchanged, Frontier, Lease, Outgoing
 from bloomcrawl.crawl.redis_io import call_later, log_unexpected
@@ -107,6 +107,7 @@ class Outbox:
         self.exchanging = False
         self.closing = False
         self._retry_call: Any = None
+        self._verify_masters = False
         self._number = 0
         #: 0: counts go with every exchange, numbered (one Redis: the numbers tell
         #: a restarted server that lost writes). On Redis Cluster every exchange of
@@ -211,6 +212,12 @@ class Outbox:
 
     def _in_thread(self, frontier: Frontier, batch: Batch) -> Reply:
         """The Redis side of an exchange (on the I/O thread: touches no buffer)."""
+        if self._verify_masters:
+            # after a failure on a cluster, the masters are asked before anything is
+            # written: redis-py may reach a promoted replica over an old connection,
+            # and a count applied there first would hide the counts it lost
+            self.watch.check_masters(server_infos(frontier.server))
+            self._verify_masters = False
         if self.watch.epoch != batch.epoch:
             # another call on this thread met a new server since the batch was made:
             # its acks may be for work the old state got; the scheduler decides first
@@ -276,6 +283,7 @@ class Outbox:
                 self.on_retry()
             return
         self.stats.inc_value("bloomcrawl/redis_errors")
+        self._verify_masters = self.watch.cluster
         delay = self.errors.failed(failure.value or RuntimeError(failure))
         if not self.closing and self.io.threaded:
             self._retry_call = call_later(delay, self._retry)
