@@ -68,7 +68,9 @@ _SCRAPY_REDIS_COMMON = {
 }
 
 BLOOMCRAWL = Contender(
-    "bloomcrawl", "bloomcrawl", {}, start="redis")
+    # the site is one host: its cluster-wide budget is every worker's whole concurrency,
+    # as each scrapy-redis process has its own
+    "bloomcrawl", "bloomcrawl", {"CONCURRENT_REQUESTS_PER_DOMAIN": "64"}, start="redis")
 SCRAPY_REDIS = Contender(
     "scrapy_redis", "scrapy-redis (SADD dupefilter)",
     {**_SCRAPY_REDIS_COMMON, "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter"},

@@ -24,6 +24,9 @@ BASE_SETTINGS = {
     "MAX_IDLE_TIME_BEFORE_CLOSE": "3",
     "BLOOMFILTER_CAPACITY": "200000",
     "ROBOTSTXT_OBEY": "False",
+    # the demo site is one host and ours: its cluster-wide budget is every worker's
+    # whole concurrency (the politeness tests set their own)
+    "CONCURRENT_REQUESTS_PER_DOMAIN": "64",
 }
 
 
@@ -112,3 +115,32 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
             return True
         time.sleep(interval)
     return False
+
+
+def frontier_left(client: Any, spider: str = "site") -> int:
+    """Requests queued or leased anywhere in a spider's frontier (the filter's partitions).
+
+    Counts the hosts' queues (each partition's counter), the leases, and any
+    queue of before per-host queues, so a request in none of them is lost.
+    """
+    import json
+
+    from bloomcrawl.core import keys
+
+    f = keys.FrontierKeys(spider)
+    params = client.hget(f.meta, "params")
+    f = keys.FrontierKeys(spider, partitions=json.loads(params)["partitions"])
+    pipe = client.pipeline(transaction=False)
+    for p in range(f.partitions):
+        pipe.get(f.polite(p, "queued"))
+        pipe.zcard(f.queue_part(p))
+        pipe.zcard(f.deadlines(p))
+        pipe.hlen(f.leases(p))
+        pipe.zcard(f.polite(p, "depth"))
+        pipe.hlen(f.polite(p, "busy"))
+    counts = [int(n or 0) for n in pipe.execute()]
+    left = sum(counts[i] + counts[i + 1] + counts[i + 2] + counts[i + 3]
+               for i in range(0, len(counts), 6))
+    # hosts with queued requests or leases left behind count too: their bookkeeping
+    # must end empty along with the queues
+    return left + sum(counts[i + 4] + counts[i + 5] for i in range(0, len(counts), 6))

@@ -8,19 +8,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from bloomcrawl.core import keys
-
 from conftest import RedisServer
-from crawl_helpers import Worker, run_workers, wait_until
+from crawl_helpers import Worker, frontier_left, run_workers, wait_until
 
 pytestmark = pytest.mark.slow
 
 
-def frontier_is_empty(client: redis.Redis, spider: str = "site", partitions: int = 4) -> bool:
-    f = keys.FrontierKeys(spider, partitions=partitions)
-    sizes = [client.zcard(f.queue_part(p)) + client.zcard(f.deadlines(p)) + client.hlen(f.leases(p))
-             for p in range(partitions)]
-    return sum(sizes) == 0
+def frontier_is_empty(client: redis.Redis, spider: str = "site") -> bool:
+    return frontier_left(client, spider) == 0
 
 
 def test_three_workers_crawl_every_page_exactly_once(redis_server, redis_client, demo_site,

@@ -12,10 +12,12 @@ import redis
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.frontier import Frontier, Outgoing
 from bloomcrawl.core.keys import FrontierKeys
+from bloomcrawl.core.politeness import host_of
 
 
 def outgoing(*urls: str) -> list[Outgoing]:
-    return [Outgoing(hashlib.sha1(u.encode()).digest(), False, 0.0, json.dumps({"url": u}))
+    return [Outgoing(hashlib.sha1(u.encode()).digest(), False, 0.0, json.dumps({"url": u}),
+                     host_of(u))
             for u in urls]
 
 
@@ -33,7 +35,7 @@ def make(client: redis.Redis, bloom: BloomFilter, worker: str,
 
 
 def queued(client: redis.Redis, f: Frontier) -> int:
-    return int(client.llen(f.keys.queue_part(0)))
+    return f.size()
 
 
 def test_a_lease_call_sent_twice_loses_nothing(frontier: Frontier,

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.frontier import Frontier, Outgoing
 from bloomcrawl.core.keys import FrontierKeys
+from bloomcrawl.core.politeness import host_of
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 from bloomcrawl.ops import inspection
 from bloomcrawl.ops.cluster.processes import spawn
@@ -234,7 +235,8 @@ def test_a_redis_refusing_commands_goes_through_the_one_error_policy(
 
 
 def outgoing(*urls: str) -> list[Outgoing]:
-    return [Outgoing(hashlib.sha1(u.encode()).digest(), False, 0.0, json.dumps({"url": u}))
+    return [Outgoing(hashlib.sha1(u.encode()).digest(), False, 0.0, json.dumps({"url": u}),
+                     host_of(u))
             for u in urls]
 
 

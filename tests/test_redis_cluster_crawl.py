@@ -21,9 +21,10 @@ from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.connection import redis_from_url
 from bloomcrawl.core.errors import SettingError
+from bloomcrawl.core.politeness import host_of, host_partition
 from bloomcrawl.crawl.config import redis_from_settings
 
-from crawl_helpers import Worker, run_workers, stopped_at_exit, wait_until
+from crawl_helpers import Worker, frontier_left, run_workers, stopped_at_exit, wait_until
 from test_bloom import fill, measure_false_positives, race
 
 pytestmark = pytest.mark.slow
@@ -33,14 +34,6 @@ SPIDER = "site"
 
 def shared_stats(client: Any) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in client.hgetall("%s:stats" % SPIDER).items()}
-
-
-def frontier_left(client: Any) -> int:
-    """Requests queued or leased anywhere, from the partition count the filter recorded."""
-    meta = client.hget(keys.meta_key("%s:bloomfilter" % SPIDER), "params")
-    f = keys.FrontierKeys(SPIDER, partitions=json.loads(meta)["partitions"])
-    return sum(client.zcard(f.queue_part(p)) + client.zcard(f.deadlines(p))
-               + client.hlen(f.leases(p)) for p in range(f.partitions))
 
 
 def owners(cluster: RedisClusterProcesses, names: list[str]) -> set[int]:
@@ -224,13 +217,17 @@ def test_slots_migrated_mid_crawl_lose_nothing(private_cluster, demo_site,
         total = len(demo_site.hits())
         assert wait_until(lambda: sum(1 for h in demo_site.hits() if h) >= total // 4, 180)
         f = keys.FrontierKeys(SPIDER, partitions=24)
-        # the slots of busy keys, one at a time, keys and all: the stats, then partitions
+        # the site is one host: all its requests live in its partition (by host)
+        home = host_partition(host_of(demo_site.url), 24)
+        # the slots of busy keys, one at a time, keys and all: the stats, the site's
+        # partition, then others
         moved = []
         errors: list[BaseException] = []
 
         def migrate() -> None:
             try:
-                for key in [f.stats, *(f.queue_part(p) for p in range(0, 24, 3))]:
+                for key in [f.stats, f.polite(home, "ready"),
+                            *(f.queue_part(p) for p in range(1, 24, 3) if p != home)]:
                     source = cluster.owner_of_slot(cluster.slot_of(key))
                     target = next(m for m in cluster.masters() if m != source)
                     cluster.migrate_slot_of_key(key, target)

@@ -63,6 +63,8 @@ BASE_SETTINGS = {
     "LOG_LEVEL": "INFO",
     "ROBOTSTXT_OBEY": "False",
     "CONCURRENT_REQUESTS": "8",
+    # one host (the local site): its budget is every worker's whole concurrency
+    "CONCURRENT_REQUESTS_PER_DOMAIN": "64",
     "MAX_IDLE_TIME_BEFORE_CLOSE": "2",
     "SCHEDULER_LEASE_TIMEOUT": "3",
     "SCHEDULER_REAP_INTERVAL": "1",

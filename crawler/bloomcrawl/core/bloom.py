@@ -134,6 +134,7 @@ class BloomFilter:
         hashes: int | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         backend: str = "bitmap",
+        partition_by: str | None = None,
     ) -> None:
         keys.check_key(key)
         if backend not in (*BACKENDS, "auto"):
@@ -142,8 +143,11 @@ class BloomFilter:
         concrete = "bitmap" if backend == "auto" else backend
         if concrete == "redisbloom":
             tightening = REDISBLOOM_TIGHTENING
+        # None: what an existing filter has, "host" for a new one
+        self._adopt_partition_by = partition_by is None
         common = dict(partitions=partitions, growth=growth, tightening=tightening,
-                      chunk_bytes=chunk_bytes, backend=concrete)
+                      chunk_bytes=chunk_bytes, backend=concrete,
+                      partition_by=partition_by or "host")
         if bit_exponent is not None or hashes is not None:
             if bit_exponent is None or hashes is None:
                 raise InvalidFilterParameters(
@@ -219,6 +223,8 @@ class BloomFilter:
             stored_raw = self.server.hget(meta, "params")
         assert stored_raw is not None
         stored = self._stored_params(stored_raw)
+        if getattr(self, "_adopt_partition_by", False):
+            params = dataclasses.replace(params, partition_by=stored.partition_by)
         diffs = stored.differences(params)
         if diffs:
             raise FilterMismatchError(

@@ -5,12 +5,15 @@ fingerprint and a score. The Scrapy scheduler
 (:mod:`bloomcrawl.crawl.scheduler`) buffers and polls around this protocol.
 
 * Enqueue-if-new is one atomic call per partition: the Bloom check-and-set
-  and the push into the partition's queue happen together, so no crash can
+  and the push into the hosts' queues happen together, so no crash can
   leave a request seen but not queued.
-* A lease moves a request from the queue into the partition's lease hash
-  with a deadline from Redis's clock; it stays in Redis until its token is
-  acked. Renewal extends a held lease (never recreates a lost one); the
-  reaper puts expired leases back into the queue.
+* A lease takes requests only from hosts that may be fetched now, under one
+  delay and concurrency per host for the whole cluster
+  (:mod:`bloomcrawl.core.politeness`), and moves each into the partition's
+  lease hash with a deadline from Redis's clock; it stays in Redis until its
+  token is acked, which frees the host's slot. Renewal extends a held lease
+  (never recreates a lost one); the reaper puts expired leases back into
+  their hosts' queues.
 * :meth:`Frontier.exchange` sends a worker's new requests, its acks, the
   next lease and the shared stats in one round trip.
 """
@@ -18,6 +21,7 @@ fingerprint and a score. The Scrapy scheduler
 from __future__ import annotations
 
 import json
+import random
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +34,7 @@ from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import partition_of
 from bloomcrawl.core.connection import describe_redis
 from bloomcrawl.core.errors import SettingError
+from bloomcrawl.core.politeness import Feedback, Politeness, feedback_call
 from bloomcrawl.core.scripts import Script, ScriptCall
 from bloomcrawl.core.sizing import BACKENDS
 
@@ -44,23 +49,33 @@ MAX_PRIORITY = 2**53
 #: meta keys of this prefix are bloomcrawl's own (leases): a seed may not set them
 INTERNAL_META_PREFIX = "_bloomcrawl"
 
-_ENQUEUE = {b: Script.for_backend(b, "frontier_enqueue.lua") for b in BACKENDS}
-_LEASE = Script("frontier_lease.lua")
-_ACK = Script("frontier_ack.lua")
+#: requests moved per call from a partition's queue of before per-host queues
+MIGRATE_BATCH = 5000
+
+_ENQUEUE = {b: Script.for_backend(b, "polite_common.lua", "frontier_enqueue.lua")
+            for b in BACKENDS}
+_LEASE = Script("polite_common.lua", "frontier_lease.lua")
+_ACK = Script("polite_common.lua", "frontier_ack.lua")
 _RENEW = Script("frontier_renew.lua")
-_REAP = Script("frontier_reap.lua")
+_REAP = Script("polite_common.lua", "frontier_reap.lua")
+_MIGRATE = Script("polite_common.lua", "frontier_migrate.lua")
 _STATS = Script("frontier_stats.lua")
 _START_LEASE = Script("start_lease.lua")
 
 
 @dataclass(frozen=True)
 class Outgoing:
-    """A request on its way into the queue."""
+    """A request on its way into the queue.
+
+    ``fingerprint`` is the filter's (:func:`~bloomcrawl.core.politeness.filter_fingerprint`):
+    its partition is the host's.
+    """
 
     fingerprint: bytes
     dont_filter: bool
     score: float
     payload: str
+    host: str
 
 
 @dataclass(frozen=True)
@@ -79,6 +94,9 @@ class Exchanged:
     queued: int = 0
     filtered: int = 0
     leases: list[Lease] = field(default_factory=list)
+    #: seconds until a host of the leased partition may be fetched (None: no host
+    #: is waiting for a time: nothing queued, or every slot in flight)
+    ready_in: float | None = None
 
 
 def parse_start_entry(raw: bytes | str) -> dict[str, Any]:
@@ -124,7 +142,8 @@ class Frontier:
     """
 
     def __init__(self, server: redis.Redis, bloom: BloomFilter, frontier_keys: keys.FrontierKeys,
-                 *, queue_type: str, lease_timeout: float, worker_id: str, node: str) -> None:
+                 *, queue_type: str, lease_timeout: float, worker_id: str, node: str,
+                 politeness: Politeness | None = None) -> None:
         if queue_type not in QUEUE_TYPES:
             raise ValueError("queue_type must be one of %s, got %r" % (QUEUE_TYPES, queue_type))
         self.server = server
@@ -134,6 +153,7 @@ class Frontier:
         self.lease_ms = int(lease_timeout * 1000)
         self.worker_id = worker_id
         self.node = node
+        self.politeness = politeness or Politeness()
         #: bumped each time the filter had to be created again (it was deleted):
         #: a worker's memory of fingerprints it sent is stale from then on
         self.filter_generation = 0
@@ -161,7 +181,43 @@ class Frontier:
             "spider": f.spider, "queue": f.queue, "queue_type": self.queue_type,
             "stats": f.stats, "start_urls": f.start_urls, "items": f.items,
             "pages_by_node": f.pages_by_node,
+            "politeness": json.dumps(self.politeness.to_meta(), sort_keys=True),
         })
+
+    def _cfg(self, partition: int) -> str:
+        return self.politeness.config(self.keys, partition)
+
+    def migrate(self) -> int:
+        """Move requests of the single queues of before per-host queues into the hosts' queues.
+
+        Run when a worker opens; returns how many moved. Leases of before are
+        requeued by :meth:`reap` into their hosts' queues when they expire.
+        """
+        f = self.keys
+        moved = 0
+        todo = list(range(f.partitions))
+        while todo:
+            calls = [ScriptCall(_MIGRATE, [f.queue_part(p), *f.polite_keys(p)],
+                                [self._cfg(p), self.queue_type, MIGRATE_BATCH]) for p in todo]
+            counts = self.bloom.run_scripts(calls)
+            moved += sum(int(n) for n in counts)
+            todo = [p for p, n in zip(todo, counts, strict=True) if int(n) == MIGRATE_BATCH]
+        return moved
+
+    def apply_slots(self) -> None:
+        """Write the DOWNLOAD_SLOTS entries as the hosts' setting-level overrides."""
+        from bloomcrawl.core.politeness import host_partition, policy_call
+
+        calls = []
+        for host, delay, conc in self.politeness.slots:
+            p = (host_partition(host, self.partitions)
+                 if self.bloom.params.partition_by == "host"
+                 else None)
+            targets = [p] if p is not None else range(self.partitions)
+            calls += [policy_call(self.keys, self.politeness, q, host, source="s",
+                                  delay=delay, concurrency=conc) for q in targets]
+        if calls:
+            self.bloom.run_scripts(calls)
 
     def reverify(self) -> None:
         """After Redis may have lost or rolled back state: filter and layout exist again."""
@@ -177,10 +233,17 @@ class Frontier:
     def flush(self) -> None:
         """Delete the queue, the leases and the filter's contents; the filter stays usable."""
         f = self.keys
+        pipe = self.server.pipeline(transaction=False)
+        for p in range(f.partitions):
+            pipe.zrange(f.polite(p, "depth"), 0, -1)
+        hosts = pipe.execute()
         doomed = []
         for p in range(f.partitions):
-            doomed += [f.queue_part(p), f.leases(p), f.deadlines(p)]
-        self.server.unlink(*doomed)
+            doomed += [f.queue_part(p), f.leases(p), f.deadlines(p),
+                       *(f.polite(p, n) for n in keys.POLITE_KEY_NAMES if n != "policy"),
+                       *(f.host_queue(p, h.decode()) for h in hosts[p])]
+        for i in range(0, len(doomed), 1000):
+            self.server.unlink(*doomed[i:i + 1000])
         self.bloom.clear()
         self.bloom.recreate()
         self.record_layout()
@@ -189,7 +252,8 @@ class Frontier:
 
     def exchange(self, outgoing: Sequence[Outgoing], acks: Mapping[int, Sequence[str]],
                  stats: Sequence[tuple[int, Mapping[str, int]]] = (), *,
-                 lease_from: int | None = None, want: int = 1) -> Exchanged:
+                 lease_from: int | None = None, want: int = 1,
+                 feedback: Mapping[int, Feedback] | None = None) -> Exchanged:
         """One round trip: enqueue-if-new, acks, shared stats and, optionally, a lease.
 
         With ``lease_from``, that partition's acks ride in the same script call
@@ -197,7 +261,8 @@ class Frontier:
         ``(number, counts)`` of this worker's exchanges, numbered 1, 2, 3...:
         each number is added to the shared stats once, however often it is
         sent (resend the counts of a failed exchange under its own number).
-        Every call may be sent again safely.
+        ``feedback`` is what this worker saw of hosts, by partition. Every
+        call may be sent again safely.
         """
         f = self.keys
         by_partition: dict[int, list[Outgoing]] = defaultdict(list)
@@ -208,13 +273,18 @@ class Frontier:
         for p, entries in by_partition.items():
             args: list[Any] = [b"".join(e.fingerprint for e in entries),
                                "".join("1" if e.dont_filter else "0" for e in entries),
-                               self.queue_type]
+                               self.queue_type, self._cfg(p)]
             for e in entries:
-                args += [repr(e.score), e.payload]
-            calls.append(ScriptCall(enqueue, [f.state(p), f.queue_part(p)], args))
+                args += [repr(e.score), e.host, e.payload]
+            calls.append(ScriptCall(enqueue, [f.state(p), *f.polite_keys(p)], args))
         for p, tokens in acks.items():
             if p != lease_from and tokens:
-                calls.append(ScriptCall(_ACK, [f.leases(p), f.deadlines(p)], list(tokens)))
+                calls.append(ScriptCall(_ACK, [f.leases(p), f.deadlines(p), *f.polite_keys(p)],
+                                        [self._cfg(p), self.queue_type, *tokens]))
+        for p, seen in (feedback or {}).items():
+            call = feedback_call(f, self.politeness, p, seen)
+            if call is not None:
+                calls.append(call)
         for number, counts in stats:
             args = [self.worker_id, number, self.node]
             for name, value in counts.items():
@@ -228,7 +298,10 @@ class Frontier:
         queued = sum(r.count(b"1") for r in results[: len(by_partition)])
         done = Exchanged(queued=queued, filtered=len(outgoing) - queued)
         if lease_from is not None:
-            done.leases = self._leases(lease_from, results[-1])
+            reply = results[-1]
+            wait = int(reply[0])
+            done.ready_in = None if wait < 0 else wait / 1000
+            done.leases = self._leases(lease_from, reply[1:])
         return done
 
     def applied_stats_number(self) -> int:
@@ -242,11 +315,12 @@ class Frontier:
 
     def _lease_call(self, partition: int, want: int, acks: Sequence[str]) -> ScriptCall:
         f = self.keys
-        return ScriptCall(_LEASE, [f.queue_part(partition), f.leases(partition),
-                                   f.deadlines(partition), f.lease_counter(partition)],
+        return ScriptCall(_LEASE, [f.leases(partition), f.deadlines(partition),
+                                   f.lease_counter(partition), *f.polite_keys(partition)],
                           # tokens: "<worker>:<partition>:<number from Redis>", unique
                           [self.queue_type, self.lease_ms, want,
-                           "%s:%d:" % (self.worker_id, partition), *acks])
+                           "%s:%d:" % (self.worker_id, partition), self._cfg(partition),
+                           repr(random.random()), *acks])
 
     @staticmethod
     def _leases(partition: int, reply: list[bytes]) -> list[Lease]:
@@ -271,8 +345,8 @@ class Frontier:
     def reap(self, most: int = REAP_BATCH) -> int:
         """Put expired leases back into their queues; returns how many (also counted shared)."""
         f = self.keys
-        calls = [ScriptCall(_REAP, [f.queue_part(p), f.leases(p), f.deadlines(p)],
-                            [self.queue_type, most])
+        calls = [ScriptCall(_REAP, [f.leases(p), f.deadlines(p), *f.polite_keys(p)],
+                            [self._cfg(p), self.queue_type, most])
                  for p in range(f.partitions)]
         requeued = int(sum(self.bloom.run_scripts(calls)))
         if requeued:
@@ -294,7 +368,8 @@ class Frontier:
         f = self.keys
         pipe = self.server.pipeline(transaction=False)
         for p in range(f.partitions):
-            if self.queue_type == "priority":
+            pipe.get(f.polite(p, "queued"))
+            if self.queue_type == "priority":  # the queue of before per-host queues
                 pipe.zcard(f.queue_part(p))
             else:
                 pipe.llen(f.queue_part(p))
@@ -304,7 +379,7 @@ class Frontier:
             pipe.llen(f.start_urls)
             pipe.zcard(f.start_deadlines)
         try:
-            return int(sum(pipe.execute()))
+            return int(sum(int(n or 0) for n in pipe.execute()))
         except redis.ResponseError as exc:
             if "WRONGTYPE" in str(exc):
                 return 1

@@ -78,6 +78,11 @@ def queue_key(queue: str, filter_name: str, partition: int) -> str:
     return "%s:%s:queue" % (queue, partition_tag(filter_name, partition))
 
 
+def politeness_key(queue: str, filter_name: str, partition: int, name: str) -> str:
+    """One of the partition's per-host structures (see :class:`FrontierKeys`)."""
+    return "%s:%s:%s" % (queue, partition_tag(filter_name, partition), name)
+
+
 def lease_payloads_key(queue: str, filter_name: str, partition: int) -> str:
     return "%s:%s:leases" % (queue, partition_tag(filter_name, partition))
 
@@ -110,8 +115,19 @@ def filter_name_from_meta(key: str) -> str:
 #                      spider, queue (the queue key), queue_type
 #                      ("priority" | "fifo" | "lifo"), stats, start_urls, items
 #
-#   <queue>:{NAME:P}:queue      zset (priority: score = -priority) or list
-#   <queue>:{NAME:P}:leases     hash  token -> serialized request (JSON)
+#   <queue>:{NAME:P}:h:<host>   the host's queue: zset (priority: score = -priority) or list
+#   <queue>:{NAME:P}:ready      zset  host -> ms (Redis TIME) from when it may be leased;
+#                               exactly the hosts with queued requests and a free slot
+#   <queue>:{NAME:P}:depth      zset  host -> requests queued for it
+#   <queue>:{NAME:P}:busy       hash  host -> requests leased (in flight)
+#   <queue>:{NAME:P}:next       hash  host -> ms of its next allowed lease (last + delay)
+#   <queue>:{NAME:P}:policy     hash  delay:<host>, conc:<host> (bloomcrawl throttle),
+#                               sdelay:<host>, sconc:<host> (DOWNLOAD_SLOTS), robots:<host>
+#                               (Crawl-delay), auto:<host> (AutoThrottle), until:<host>
+#                               (back-off after 429/503); delays in ms
+#   <queue>:{NAME:P}:queued     string  requests queued in the partition
+#   <queue>:{NAME:P}:queue      the queue before per-host queues (moved into them on open)
+#   <queue>:{NAME:P}:leases     hash  token -> "score|host|request JSON"
 #   <queue>:{NAME:P}:deadlines  zset  token -> lease deadline, ms of Redis TIME
 #   <queue>:{NAME:P}:seq        string  lease token counter
 #   <spider>:stats              hash  pages, items, filtered, requeued, errors,
@@ -136,6 +152,10 @@ STATS_FIELDS = (
     "bad_start_urls",
     "unserializable",
 )
+
+
+#: the per-partition politeness structures, in the order the scripts take them as KEYS
+POLITE_KEY_NAMES = ("ready", "depth", "busy", "next", "policy", "queued")
 
 
 class FrontierKeys:
@@ -168,7 +188,23 @@ class FrontierKeys:
         self.partitions = partitions
 
     def queue_part(self, partition: int) -> str:
+        """The partition's single queue of before per-host queues (moved on open)."""
         return queue_key(self.queue, self.filter, partition)
+
+    def polite(self, partition: int, name: str) -> str:
+        """``ready``, ``depth``, ``busy``, ``next``, ``policy`` or ``queued`` of a partition."""
+        return politeness_key(self.queue, self.filter, partition, name)
+
+    def host_queue_prefix(self, partition: int) -> str:
+        """``<prefix><host>`` is a host's queue in the partition (same slot)."""
+        return politeness_key(self.queue, self.filter, partition, "h:")
+
+    def host_queue(self, partition: int, host: str) -> str:
+        return self.host_queue_prefix(partition) + host
+
+    def polite_keys(self, partition: int) -> list[str]:
+        """The KEYS of every politeness script: ready, depth, busy, next, policy, queued."""
+        return [self.polite(partition, n) for n in POLITE_KEY_NAMES]
 
     def leases(self, partition: int) -> str:
         return lease_payloads_key(self.queue, self.filter, partition)

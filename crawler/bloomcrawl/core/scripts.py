@@ -47,9 +47,9 @@ class Script:
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
     @classmethod
-    def for_backend(cls, backend: str, body: str) -> Script:
-        """A partition script: the filter backend's prelude, then ``body``."""
-        return cls(BACKEND_PRELUDES[backend], body)
+    def for_backend(cls, backend: str, *names: str) -> Script:
+        """A partition script: the filter backend's prelude, then ``names``."""
+        return cls(BACKEND_PRELUDES[backend], *names)
 
     def queue(self, pipe: Pipeline, keys: Sequence[str], args: Sequence[Any]) -> None:
         pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args,  # type: ignore[no-untyped-call]

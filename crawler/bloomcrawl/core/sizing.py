@@ -90,6 +90,9 @@ class SlicePlan:
         return self.blocks * BLOCK_BITS
 
 
+PARTITION_BY = ("host", "fingerprint")
+
+
 @dataclass(frozen=True)
 class FilterParams:
     """What is stored in ``NAME:meta``; two openers must agree on all of it."""
@@ -105,6 +108,10 @@ class FilterParams:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     backend: str = "bitmap"
     version: int = keys.FORMAT_VERSION
+    #: what fingerprint bytes 17-20 (the partition) come from: "host", a hash of
+    #: the request's host, so a host's filter bits, queue and politeness state share
+    #: one slot; or "fingerprint", the request's own (filters made before hosts were)
+    partition_by: str = "fingerprint"
 
     def __post_init__(self) -> None:
         problems = []
@@ -121,6 +128,9 @@ class FilterParams:
             if self.tightening != REDISBLOOM_TIGHTENING:
                 problems.append("the redisbloom backend tightens by %s, got tightening=%r"
                                 % (REDISBLOOM_TIGHTENING, self.tightening))
+        if self.partition_by not in PARTITION_BY:
+            problems.append("partition_by must be one of %s, got %r"
+                            % (", ".join(PARTITION_BY), self.partition_by))
         if isinstance(self.capacity, bool) or not isinstance(self.capacity, int):
             problems.append("capacity must be an integer, got %r" % (self.capacity,))
         elif self.capacity <= 0:

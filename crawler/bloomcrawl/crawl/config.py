@@ -22,7 +22,8 @@ from bloomcrawl.core.connection import (
     redis_from_url,
 )
 from bloomcrawl.core.errors import InvalidFilterParameters, SettingError
-from bloomcrawl.core.sizing import BACKENDS, REDISBLOOM_TIGHTENING, FilterParams
+from bloomcrawl.core.politeness import Politeness, host_of
+from bloomcrawl.core.sizing import BACKENDS, PARTITION_BY, REDISBLOOM_TIGHTENING, FilterParams
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
@@ -124,6 +125,8 @@ class FilterConfig:
     bit_exponent: int | None
     hashes: int | None
     backend: str
+    #: None: what an existing filter has, "host" for a new one
+    partition_by: str | None = None
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str | None = None) -> FilterConfig:
@@ -144,6 +147,10 @@ class FilterConfig:
         if backend not in (*BACKENDS, "auto"):
             raise SettingError("BLOOMFILTER_BACKEND must be bitmap, redisbloom or auto, got %r"
                                % (backend,))
+        partition_by = settings.get("BLOOMFILTER_PARTITION_BY") or None
+        if partition_by is not None and partition_by not in PARTITION_BY:
+            raise SettingError("BLOOMFILTER_PARTITION_BY must be host or fingerprint, got %r"
+                               % (partition_by,))
         config = cls(
             key_pattern=key_pattern,
             capacity=capacity,
@@ -155,6 +162,7 @@ class FilterConfig:
             bit_exponent=bit_exponent,
             hashes=hashes,
             backend=backend,
+            partition_by=partition_by,
         )
         config.check()
         return config
@@ -189,7 +197,7 @@ class FilterConfig:
         return BloomFilter(
             server, key, self.capacity, self.error_rate, partitions=partitions,
             growth=self.growth, tightening=self.tightening, bit_exponent=self.bit_exponent,
-            hashes=self.hashes, backend=self.backend)
+            hashes=self.hashes, backend=self.backend, partition_by=self.partition_by)
 
 
 def default_partitions(server: Any, key: str) -> int:
@@ -268,3 +276,66 @@ class FrontierConfig:
                                             defaults.REDIS_ALLOW_EVICTION),
             concurrency=get_int(settings, "CONCURRENT_REQUESTS", 16, minimum=1),
         )
+
+
+def politeness_from_settings(settings: BaseSettings, spider: Any = None) -> Politeness:
+    """Scrapy's own politeness settings, as one budget per host for the whole cluster.
+
+    DOWNLOAD_DELAY (or the spider's ``download_delay``), CONCURRENT_REQUESTS_PER_DOMAIN
+    (or its ``max_concurrent_requests``), the delay's jitter (DOWNLOAD_DELAY_JITTER, or
+    RANDOMIZE_DOWNLOAD_DELAY's ±50 %), DOWNLOAD_SLOTS per host, and AUTOTHROTTLE_*.
+    """
+    delay_raw = getattr(spider, "download_delay", None)
+    if delay_raw is None:
+        delay = get_float(settings, "DOWNLOAD_DELAY", 0.0)
+    else:
+        try:
+            delay = float(delay_raw)
+        except (TypeError, ValueError):
+            raise SettingError("the spider's download_delay must be a number, got %r"
+                               % (delay_raw,)) from None
+    if delay < 0:
+        raise SettingError("DOWNLOAD_DELAY must be >= 0, got %r" % (delay,))
+    concurrency = get_int(settings, "CONCURRENT_REQUESTS_PER_DOMAIN", 8, minimum=1)
+    own = getattr(spider, "max_concurrent_requests", None)
+    if own is not None:
+        if isinstance(own, bool) or not isinstance(own, int) or own < 1:
+            raise SettingError("the spider's max_concurrent_requests must be an integer >= 1,"
+                               " got %r" % (own,))
+        concurrency = own
+    randomize_priority = settings.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
+    jitter_priority = settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0
+    if settings.get("DOWNLOAD_DELAY_JITTER") is not None and jitter_priority >= randomize_priority:
+        jitter = get_float(settings, "DOWNLOAD_DELAY_JITTER", 0.5)
+        if not 0 <= jitter <= 1:
+            raise SettingError("DOWNLOAD_DELAY_JITTER must be in [0, 1], got %r" % (jitter,))
+    else:
+        jitter = 0.5 if settings.getbool("RANDOMIZE_DOWNLOAD_DELAY", True) else 0.0
+    slots = []
+    for host, entry in settings.getdict("DOWNLOAD_SLOTS").items():
+        if not isinstance(entry, dict):
+            raise SettingError("DOWNLOAD_SLOTS[%r] must be a dict, got %r" % (host, entry))
+        slot_delay = entry.get("delay")
+        slot_conc = entry.get("concurrency")
+        try:
+            slot_delay = None if slot_delay is None else float(slot_delay)
+            slot_conc = None if slot_conc is None else int(slot_conc)
+        except (TypeError, ValueError):
+            raise SettingError("DOWNLOAD_SLOTS[%r]: delay must be a number and concurrency an"
+                               " integer, got %r" % (host, entry)) from None
+        if (slot_delay is not None and slot_delay < 0) or (slot_conc is not None
+                                                           and slot_conc < 1):
+            raise SettingError("DOWNLOAD_SLOTS[%r]: delay must be >= 0 and concurrency >= 1,"
+                               " got %r" % (host, entry))
+        slots.append((host_of("http://%s/" % host) or str(host), slot_delay, slot_conc))
+    autothrottle = None
+    if settings.getbool("AUTOTHROTTLE_ENABLED"):
+        start = get_float(settings, "AUTOTHROTTLE_START_DELAY", 5.0)
+        most = get_float(settings, "AUTOTHROTTLE_MAX_DELAY", 60.0)
+        target = get_float(settings, "AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0, 0, None)
+        if start < 0 or most < 0:
+            raise SettingError("AUTOTHROTTLE_START_DELAY and AUTOTHROTTLE_MAX_DELAY must be"
+                               " >= 0, got %r and %r" % (start, most))
+        autothrottle = (start, most, target)
+    return Politeness(delay=delay, concurrency=concurrency, jitter=jitter, slots=tuple(slots),
+                      autothrottle=autothrottle)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from scrapy.dupefilters import BaseDupeFilter
 
+from bloomcrawl.core.bloom import normalise_fingerprint
+from bloomcrawl.core.politeness import filter_fingerprint, host_of
 from bloomcrawl.crawl.config import FilterConfig, redis_from_settings
 
 if TYPE_CHECKING:
@@ -69,8 +71,9 @@ class RedisBloomDupeFilter(BaseDupeFilter):
         return cls.from_crawler(spider.crawler)
 
     def request_fingerprint(self, request: Request) -> bytes:
-        fp: bytes = self.fingerprinter.fingerprint(request)
-        return fp
+        """The filter's fingerprint: on a host-partitioned filter, bytes 17-20 are the host's."""
+        fp = normalise_fingerprint(self.fingerprinter.fingerprint(request))
+        return filter_fingerprint(fp, host_of(request.url), self.bloom.params.partition_by)
 
     def request_seen(self, request: Request) -> bool:
         if request.dont_filter:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from bloomcrawl.core.connection import ServerChangedError, ServerWatch, server_infos
 from bloomcrawl.core.errors import FilterFullError
 from bloomcrawl.core.frontier import Exchanged, Frontier, Lease, Outgoing
+from bloomcrawl.core.politeness import Feedback
 from bloomcrawl.crawl.redis_io import call_later, log_unexpected
 
 if TYPE_CHECKING:
@@ -57,11 +58,15 @@ class Batch:
     #: back if the server turns out to have changed (their fingerprints may be lost)
     held: list[Any]
     lease_from: int | None
-    #: how many requests to lease (from ``lease_from``, else from the next partitions)
+    #: how many requests to lease (from ``lease_from``, then from ``probe`` in order)
     want: int
     check_idle: bool
     #: the server epoch (ServerWatch) the batch was made for
     epoch: int = 0
+    #: other partitions to lease from while fewer than ``want`` came back
+    probe: list[int] = field(default_factory=list)
+    #: what the worker saw of hosts, by partition (best effort: not resent on failure)
+    feedback: dict[int, Feedback] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,6 +77,9 @@ class Reply:
     leases: list[Lease] = field(default_factory=list)
     #: requests, leases and start URLs anywhere (asked when ``check_idle`` found no lease)
     frontier_size: int | None = None
+    #: partitions leased from that gave fewer than asked -> seconds until one of their
+    #: hosts is ready (None: none waits for a time); those that gave all asked are absent
+    ready_in: dict[int, float | None] = field(default_factory=dict)
 
 
 class Outbox:
@@ -90,6 +98,7 @@ class Outbox:
         self.frontier: Frontier | None = None
         self.outgoing: list[Outgoing] = []
         self.acks: dict[int, list[str]] = defaultdict(list)
+        self.feedback: dict[int, Feedback] = {}
         self.counts: dict[str, int] = defaultdict(int)
         # counts of failed exchanges, resent under their own numbers
         self.unconfirmed_stats: list[tuple[int, dict[str, int]]] = []
@@ -131,7 +140,7 @@ class Outbox:
         return next((p for p, tokens in self.acks.items() if tokens), None)
 
     def send(self, lease_from: int | None = None, *, want: int = 1, check_idle: bool = False,
-             errors: list[Failure] | None = None) -> None:
+             probe: list[int] | None = None, errors: list[Failure] | None = None) -> None:
         """Start one exchange with all that is owed, unless one is under way.
 
         ``errors``: the failure is appended there instead of being retried
@@ -157,8 +166,8 @@ class Outbox:
             self.counts = defaultdict(int)
             self._stats_sent_at = now
         batch = Batch(self.outgoing, self.acks, stats, self.start_waiting, self.held,
-                      lease_from, want, check_idle, self.watch.epoch)
-        self.outgoing, self.acks = [], defaultdict(list)
+                      lease_from, want, check_idle, self.watch.epoch, probe or [], self.feedback)
+        self.outgoing, self.acks, self.feedback = [], defaultdict(list), {}
         self.start_waiting, self.held = [], []
         self.exchanging = True
         d = self.io.run(self._in_thread, frontier, batch)
@@ -223,16 +232,23 @@ class Outbox:
             # its acks may be for work the old state got; the scheduler decides first
             raise ServerChangedError("Redis changed server before this exchange was sent")
         done = frontier.exchange(batch.outgoing, batch.acks, batch.stats,
-                                 lease_from=batch.lease_from, want=batch.want)
-        reply = Reply(done, done.leases)
+                                 lease_from=batch.lease_from, want=batch.want,
+                                 feedback=batch.feedback)
+        reply = Reply(done, list(done.leases))
         if batch.lease_from is not None:
-            # the partition was empty: probe the others one at a time, so a worker
-            # never holds more than it asked for
-            for i in range(1, frontier.partitions):
-                if reply.leases:
+            if len(done.leases) < batch.want:
+                reply.ready_in[batch.lease_from] = done.ready_in
+            # fewer than asked: lease the rest from the other partitions one at a
+            # time, so a worker never holds more than it asked for (a lease it
+            # cannot fetch at once would break its host's delay)
+            for p in batch.probe:
+                if len(reply.leases) >= batch.want:
                     break
-                p = (batch.lease_from + i) % frontier.partitions
-                reply.leases = frontier.lease(p, batch.want)
+                more = frontier.exchange((), {}, lease_from=p,
+                                         want=batch.want - len(reply.leases))
+                reply.leases += more.leases
+                if len(reply.leases) < batch.want:
+                    reply.ready_in[p] = more.ready_in
         if batch.check_idle and not reply.leases:
             reply.frontier_size = frontier.size(with_leases=True)
         return reply

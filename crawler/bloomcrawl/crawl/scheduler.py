@@ -14,6 +14,14 @@ A thin adapter between Scrapy's engine and :class:`bloomcrawl.core.frontier.Fron
   :data:`bloomcrawl.crawl.lease.request_finished`.
 * A poller reads ``<spider>:start_urls`` and asks for work when the engine is
   starved; lease renewal and the reaper run on timers.
+* Politeness is the cluster's, not the process's: the frontier leases a
+  request only when its host may be fetched (one delay and concurrency per
+  host across all workers, :mod:`bloomcrawl.core.politeness`), so a leased
+  request is fetched at once: the downloader's own per-slot delay is set to
+  0 as each request reaches it. The worker remembers when each partition's
+  next host is ready and asks then. What it sees of hosts (robots.txt
+  Crawl-delay, 429/503 with Retry-After, latencies for AutoThrottle) goes to
+  Redis with its next exchange.
 * Every Redis failure goes through one
   :class:`~bloomcrawl.core.connection.RedisErrorPolicy`: logged once per
   kind, retried with back-off, what was not sent kept in the worker. No loop
@@ -32,6 +40,7 @@ BLOOMFILTER_* settings.
 
 from __future__ import annotations
 
+import email.utils
 import logging
 import os
 import socket
@@ -45,7 +54,7 @@ from scrapy.exceptions import DontCloseSpider
 from scrapy.utils.defer import deferred_from_coro
 
 from bloomcrawl.core import keys
-from bloomcrawl.core.bloom import normalise_fingerprint
+from bloomcrawl.core.bloom import normalise_fingerprint, partition_of
 from bloomcrawl.core.connection import (
     REDIS_ERRORS,
     RedisErrorPolicy,
@@ -56,7 +65,20 @@ from bloomcrawl.core.connection import (
 )
 from bloomcrawl.core.errors import FilterFullError, SettingError
 from bloomcrawl.core.frontier import Frontier, Lease, Outgoing
-from bloomcrawl.crawl.config import FilterConfig, FrontierConfig, redis_from_settings
+from bloomcrawl.core.politeness import (
+    DEFAULT_BACKOFF_S,
+    MAX_BACKOFF_S,
+    Feedback,
+    Politeness,
+    filter_fingerprint,
+    host_of,
+)
+from bloomcrawl.crawl.config import (
+    FilterConfig,
+    FrontierConfig,
+    politeness_from_settings,
+    redis_from_settings,
+)
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LOCAL_META_KEY, request_finished
 from bloomcrawl.crawl.outbox import REPLAY_S, Batch, Outbox, Reply
 from bloomcrawl.crawl.redis_io import RedisIO, call_later, create_looping_call, log_unexpected
@@ -87,6 +109,23 @@ ACK_DELAY = 0.05
 #: on Redis Cluster, a worker's shared counts go at most once a second: they
 #: all live in one slot, which every worker's every exchange would otherwise hit
 CLUSTER_STATS_INTERVAL = 1.0
+
+
+def retry_after(response: Any, now: float | None = None) -> float:
+    """Seconds a 429/503 asks to wait: Retry-After in seconds or as an HTTP date."""
+    raw = response.headers.get(b"Retry-After")
+    if raw:
+        text = raw.decode("latin-1").strip()
+        try:
+            return min(MAX_BACKOFF_S, max(0.0, float(text)))
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(text).timestamp()
+        except (TypeError, ValueError, IndexError):
+            return DEFAULT_BACKOFF_S
+        return min(MAX_BACKOFF_S, max(0.0, when - (time.time() if now is None else now)))
+    return DEFAULT_BACKOFF_S
 
 
 class Scheduler:
@@ -124,7 +163,12 @@ class Scheduler:
         # leases this worker holds: token -> partition
         self._inflight: dict[str, int] = {}
         self._rotation = 0
-        self._redis_may_have_work = True
+        # per partition: when (time.monotonic()) a host of it may be leased; 0: maybe
+        # now, inf: none waits for a time (nothing queued, or all its slots in flight)
+        self._ready_at: list[float] = []
+        self._wake_call: Any = None
+        self._wake_at = 0.0
+        self.politeness = Politeness()
         # the engine asked for a request and got none: the next lease must wake it
         self._starved = False
         self._ack_call: Any = None
@@ -162,6 +206,7 @@ class Scheduler:
         """
         self.spider = spider
         self.errors.extra = self.outbox.log_extra = {"spider": spider}
+        self.politeness = politeness_from_settings(self.crawler.settings, spider)
         infos = server_infos(self.server)
         for info in infos.values():
             check_eviction_policy(info, self.server, self.config.allow_eviction)
@@ -180,19 +225,36 @@ class Scheduler:
         self.frontier = Frontier(self.server, bloom, frontier_keys,
                                  queue_type=self.config.queue_type,
                                  lease_timeout=self.config.lease_timeout,
-                                 worker_id=self.worker_id, node=self.node)
+                                 worker_id=self.worker_id, node=self.node,
+                                 politeness=self.politeness)
+        self._ready_at = [0.0] * self.frontier.partitions
         self.outbox.frontier = self.start_urls.frontier = self.frontier
         self.start_urls.spider = spider
         self.frontier.record_layout()
         if self.config.flush_on_start:
             self.frontier.flush()
+        moved = self.frontier.migrate()
+        if moved:
+            logger.info("moved %d queued requests into per-host queues", moved,
+                        extra={"spider": spider})
+        self.frontier.apply_slots()
         self._count_requeued(self.frontier.reap())
+        if bloom.params.partition_by != "host":
+            logger.warning(
+                "the Bloom filter %s was made before per-host partitions: a host's requests"
+                " are spread over its %d partitions, so each host gets its delay and"
+                " concurrency once per partition; clear the crawl (or use another"
+                " BLOOMFILTER_KEY) for one budget per host", bloom.key, bloom.params.partitions,
+                extra={"spider": spider})
         s = self.crawler.signals
+        s.connect(self._on_reached_downloader, signal=signals.request_reached_downloader)
+        s.connect(self._on_response, signal=signals.response_received)
         s.connect(self._on_finished, signal=request_finished)
         s.connect(self._on_item, signal=signals.item_scraped)
         s.connect(self._on_spider_error, signal=signals.spider_error)
-        logger.info("bloomcrawl frontier %s, lease %.0f s", self.frontier.describe(),
-                    self.config.lease_timeout, extra={"spider": spider})
+        logger.info("bloomcrawl frontier %s, lease %.0f s; politeness: %s",
+                    self.frontier.describe(), self.config.lease_timeout,
+                    self.politeness.describe(), extra={"spider": spider})
 
     def _start_background(self) -> None:
         """The I/O thread, the idle handler, renewal, reaping and polling."""
@@ -216,10 +278,10 @@ class Scheduler:
         for loop in self._loops:
             if loop.running:
                 loop.stop()
-        for call in (self._poll_call, self._ack_call):
+        for call in (self._poll_call, self._ack_call, self._wake_call):
             if call is not None:
                 call.cancel()
-        self._poll_call = self._ack_call = None
+        self._poll_call = self._ack_call = self._wake_call = None
         self.outbox.cancel()
         self.io.stop()  # from here on, Redis work runs inline
         frontier = self._frontier()
@@ -248,7 +310,7 @@ class Scheduler:
 
     def has_pending_requests(self) -> bool:
         """True while this worker holds requests or Redis may have some for it."""
-        return bool(self._local or self.outbox.outgoing or self._redis_may_have_work
+        return bool(self._local or self.outbox.outgoing or self._ready_now()
                     or self.outbox.exchanging)
 
     def enqueue_request(self, request: Request) -> bool:
@@ -265,7 +327,9 @@ class Scheduler:
             self._local.append((Lease(partition, token, b""), request))
             return True
         lease = meta.pop(LEASE_META_KEY, None)
-        fp = normalise_fingerprint(self.fingerprinter.fingerprint(request))
+        host = host_of(request.url)
+        fp = filter_fingerprint(normalise_fingerprint(self.fingerprinter.fingerprint(request)),
+                                host, self._frontier().bloom.params.partition_by)
         if not request.dont_filter and fp in self._seen:
             self.outbox.held.append(request)  # until Redis answered from the same server
             self.outbox.counts["filtered"] += 1
@@ -284,7 +348,7 @@ class Scheduler:
                 self._ack_later(lease)
             return False
         self.outbox.outgoing.append(
-            Outgoing(fp, request.dont_filter, priority_score(request), payload))
+            Outgoing(fp, request.dont_filter, priority_score(request), payload, host))
         if lease is not None:
             # a retry or redirect of a leased request: ack the original once this is queued
             self._ack_later(lease)
@@ -304,7 +368,7 @@ class Scheduler:
         """
         if not self._local:
             self._starved = True
-            self._exchange(lease=self._redis_may_have_work)
+            self._exchange(lease=bool(self._ready_now()))
         if self._local:
             lease, request = self._local.popleft()
             request.meta[LEASE_META_KEY] = (lease.partition, lease.token)
@@ -346,12 +410,44 @@ class Scheduler:
                 d.addCallbacks(self._restate, self._restate_failed).addErrback(self._bug)
             return
         lease_from = None
-        if lease and not self._local and (self._starved or self._redis_may_have_work):
-            lease_from = self.outbox.ack_partition()  # the acks ride with the lease
-            if lease_from is None:
-                lease_from = self._rotation % self.frontier.partitions
-                self._rotation += 1
-        self.outbox.send(lease_from, want=self._demand(), check_idle=check_idle)
+        probe: list[int] = []
+        ready = self._ready_now()
+        if lease and not self._local and ready:
+            # a partition with acks first (they ride with its lease), then round robin
+            first = self.outbox.ack_partition()
+            start = self._rotation % len(self._ready_at)
+            self._rotation += 1
+            order = sorted(ready, key=lambda p: (p != first, (p - start) % len(self._ready_at)))
+            lease_from, probe = order[0], order[1:]
+        self.outbox.send(lease_from, want=self._demand(), check_idle=check_idle, probe=probe)
+
+    def _ready_now(self) -> list[int]:
+        """The partitions whose hosts may be leased now, as far as this worker knows."""
+        now = time.monotonic()
+        return [p for p, at in enumerate(self._ready_at) if at <= now]
+
+    def _may_have_work(self, partitions: Any = None) -> None:
+        """Something may be ready in ``partitions`` (all: None): ask them at the next lease."""
+        for p in range(len(self._ready_at)) if partitions is None else partitions:
+            self._ready_at[p] = 0.0
+
+    def _wake_when_ready(self) -> None:
+        """Starved and no partition ready now: lease when the soonest host is ready."""
+        if self._closing or not self._starved or not self._ready_at or not self.io.threaded:
+            return
+        soonest = min(self._ready_at)
+        if soonest == float("inf"):
+            return
+        if self._wake_call is not None:
+            if self._wake_at <= soonest + 0.001:
+                return
+            self._wake_call.cancel()
+        self._wake_at = soonest
+        self._wake_call = call_later(max(0.0, soonest - time.monotonic()), self._wake)
+
+    def _wake(self) -> None:
+        self._wake_call = None
+        self._exchange(lease=self._starved)
 
     def _demand(self) -> int:
         """How many requests to lease: SCHEDULER_PREFETCH, or the engine's free slots.
@@ -388,11 +484,17 @@ class Scheduler:
         if reply.frontier_size is not None:
             self._frontier_size = reply.frontier_size
         got = self._take(reply.leases)
+        now = time.monotonic()
         if batch.lease_from is not None:
-            # leases came back (even unreadable ones, dropped): there may be more
-            self._redis_may_have_work = bool(reply.leases)
+            # a partition that gave all it was asked for may have more; one that gave
+            # less is ready when its soonest host is
+            for p, wait in reply.ready_in.items():
+                self._ready_at[p] = float("inf") if wait is None else now + wait
         if done.queued:
-            self._redis_may_have_work = True
+            self._may_have_work({partition_of(e.fingerprint, frontier.partitions)
+                                 for e in batch.outgoing})
+        # acks free their hosts' slots
+        self._may_have_work(p for p, tokens in batch.acks.items() if tokens)
         if got:
             self._frontier_size = None
             self._poll_delay = 0.05
@@ -401,9 +503,11 @@ class Scheduler:
         # new links); else what piled up rides with the next lease, or the ack timer's
         # exchange. After an empty lease, looking for work again is the poller's job.
         if not self._closing and (
-                (self._starved and self._redis_may_have_work and not self._local)
+                (self._starved and self._ready_now() and not self._local)
                 or len(self.outbox.outgoing) >= MAX_BATCH):
             self._exchange()
+        elif not self._local:
+            self._wake_when_ready()
 
     def _filter_full(self, exc: FilterFullError) -> None:
         """The filter refuses new items: stop the crawl, loudly, rather than drop URLs."""
@@ -489,7 +593,7 @@ class Scheduler:
     def _count_requeued(self, requeued: int) -> None:
         if requeued:
             self.stats.inc_value("bloomcrawl/requeued", requeued)
-            self._redis_may_have_work = True
+            self._may_have_work()
             logger.info("requeued %d expired leases", requeued, extra={"spider": self.spider})
 
     def _bug(self, failure: Failure) -> None:
@@ -514,6 +618,57 @@ class Scheduler:
             if self._ack_call is None and self._loops:
                 self._ack_call = call_later(ACK_DELAY, self._flush_acks)
 
+    def _on_reached_downloader(self, request: Request, spider: Spider) -> None:
+        """The cluster keeps the host's delay: the leased request goes out now.
+
+        The downloader's slot would add the process's own DOWNLOAD_DELAY (or
+        DOWNLOAD_SLOTS' or AutoThrottle's) on top, late by a delay another
+        worker may already have used.
+        """
+        try:
+            slot = self.crawler.engine.downloader.slots.get(request.meta.get("download_slot", ""))
+        except AttributeError:
+            return
+        if slot is not None:
+            slot.delay = 0.0
+
+    def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
+        """What a response says about its host's budget, for every worker."""
+        if self.frontier is None:
+            return
+        host = host_of(request.url)
+        if LEASE_META_KEY not in request.meta:
+            if request.url.endswith("/robots.txt") and response.status == 200:
+                self._robots(host, response)
+            return
+        seen: Feedback | None = None
+        if response.status in (429, 503):
+            seen = self._feedback(host)
+            seen.backoff[host] = max(seen.backoff.get(host, 0.0), retry_after(response))
+        latency = request.meta.get("download_latency")
+        if self.politeness.autothrottle is not None and isinstance(latency, float | int):
+            seen = seen or self._feedback(host)
+            seen.latency.append((host, float(latency), 200 <= response.status < 300))
+
+    def _robots(self, host: str, response: Any) -> None:
+        """robots.txt's Crawl-delay for our user agent becomes the host's cluster delay."""
+        try:
+            from protego import Protego
+
+            settings = self.crawler.settings
+            agent = settings.get("ROBOTSTXT_USER_AGENT") or settings.get("USER_AGENT") or "*"
+            delay = Protego.parse(response.text).crawl_delay(agent)
+        except Exception as exc:  # a robots.txt we cannot read sets nothing
+            logger.debug("no Crawl-delay from %s: %s", response.url, exc)
+            return
+        self._feedback(host).robots[host] = float(delay or 0.0)
+
+    def _feedback(self, host: str) -> Feedback:
+        frontier = self._frontier()
+        fp = filter_fingerprint(bytes(20), host, frontier.bloom.params.partition_by)
+        p = partition_of(fp, frontier.partitions)
+        return self.outbox.feedback.setdefault(p, Feedback())
+
     def _flush_acks(self) -> None:
         self._ack_call = None
         self._exchange(lease=self._starved)
@@ -537,6 +692,8 @@ class Scheduler:
         MAX_POLL_DELAY while it does not.
         """
         self._poll_call = None
+        # other workers' new requests and acks are not seen here: ask again
+        self._may_have_work(p for p, at in enumerate(self._ready_at) if at == float("inf"))
         self.start_urls.read()
         self._exchange(lease=self._starved, check_idle=self._starved)
         self._schedule_poll(self._poll_delay)
@@ -609,7 +766,7 @@ class Scheduler:
         self._seen.clear()
         self._inflight.clear()
         outbox.acks.clear()
-        self._redis_may_have_work = True
+        self._may_have_work()
         for request in held:
             self.enqueue_request(request)
 

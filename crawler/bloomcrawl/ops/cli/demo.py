@@ -54,6 +54,10 @@ def start_site(paths: Paths, *, workers: int, local: bool, pages: int | None,
     return url, url
 
 
+#: the demo site is ours: its cluster-wide concurrency is each worker's CONCURRENT_REQUESTS
+DEMO_HOST_CONCURRENCY_PER_WORKER = 16
+
+
 def demo(paths: Paths, *, workers: int, local: bool, project: str, pages: int | None,
          delay_ms: float | None, max_idle: float, timeout: float,
          redis: str | None = None) -> int:
@@ -71,7 +75,10 @@ def demo(paths: Paths, *, workers: int, local: bool, project: str, pages: int | 
     host = urllib.parse.urlsplit(crawl_url).hostname or ""
     jobs = scrapyd.schedule(target.nodes, project, DEFAULT_SPIDER,
                             [("MAX_IDLE_TIME_BEFORE_CLOSE", str(max_idle)),
-                             ("BLOOMFILTER_CAPACITY", str(DEMO_FILTER_CAPACITY))],
+                             ("BLOOMFILTER_CAPACITY", str(DEMO_FILTER_CAPACITY)),
+                             # one host for the whole cluster: a budget every worker can use
+                             ("CONCURRENT_REQUESTS_PER_DOMAIN",
+                              str(DEMO_HOST_CONCURRENCY_PER_WORKER * len(target.nodes)))],
                             [("allowed_domains", host)])
     seed(client, DEFAULT_SPIDER, [crawl_url])
     say("crawling %s on %d node(s)" % (crawl_url, len(jobs)))
