@@ -3,6 +3,7 @@ redis-server and a real scrapyd."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -24,6 +25,15 @@ from prometheus_client import CollectorRegistry
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.frontier import Frontier, Outgoing
+from bloomcrawl.core.politeness import (
+    Politeness,
+    filter_fingerprint,
+    host_of,
+    host_partition,
+    politeness_summary,
+    set_policy,
+)
 from bloomcrawl.ops import exporter, metrics, scrapyd
 from bloomcrawl.ops import inspection as inspect
 from bloomcrawl.ops.exporter import ClusterCollector, ScrapydNodes, build_registry
@@ -65,14 +75,50 @@ STATS_SAMPLES = {
 }
 
 
-def collector(client_url: str, **nodes: object) -> tuple[ClusterCollector, CollectorRegistry]:
+DOMAIN_METRICS = ("bloomcrawl_domain_queued_requests", "bloomcrawl_domain_in_flight_requests",
+                  "bloomcrawl_domain_delay_seconds", "bloomcrawl_domain_concurrency")
+
+
+def collector(client_url: str, top_domains: int = exporter.DEFAULT_TOP_DOMAINS,
+              **nodes: object) -> tuple[ClusterCollector, CollectorRegistry]:
     col = ClusterCollector(exporter_client(client_url),
-                           scrapyd=ScrapydNodes(**nodes) if nodes else None)  # type: ignore[arg-type]
+                           scrapyd=ScrapydNodes(**nodes) if nodes else None,  # type: ignore[arg-type]
+                           top_domains=top_domains)
     return col, build_registry(col)
 
 
 def sample_names(registry: CollectorRegistry) -> set[str]:
     return {s.name for family in registry.collect() for s in family.samples}
+
+
+def domain_samples(registry: CollectorRegistry, name: str) -> dict[tuple[str, str], float]:
+    """(spider, domain) -> value of every sample of one ``bloomcrawl_domain_*`` gauge."""
+    return {(s.labels["spider"], s.labels["domain"]): s.value
+            for family in registry.collect() for s in family.samples if s.name == name}
+
+
+def polite_frontier(client: redis.Redis, spider: str, hosts: dict[str, int], *,
+                    delay: float = 60.0, concurrency: int = 1,
+                    partitions: int = 2) -> Frontier:
+    """A spider whose workers keep ``delay`` and ``concurrency`` per host, with
+    ``hosts[h]`` requests queued for each host ``h``, as a worker queues them."""
+    frontier_keys = keys.FrontierKeys(spider, partitions=partitions)
+    bloom = BloomFilter(client, frontier_keys.filter, capacity=10_000, error_rate=0.01,
+                        partitions=partitions)
+    front = Frontier(client, bloom, frontier_keys, queue_type="priority", lease_timeout=60,
+                     worker_id="w1", node="worker-a",
+                     politeness=Politeness(delay=delay, concurrency=concurrency))
+    front.record_layout()
+    outgoing = []
+    for host, count in hosts.items():
+        for i in range(count):
+            url = f"http://{host}/{i}"
+            fingerprint = filter_fingerprint(hashlib.sha1(url.encode()).digest(),
+                                             host_of(url), bloom.params.partition_by)
+            outgoing.append(Outgoing(fingerprint, False, 0.0, json.dumps({"url": url}),
+                                     host_of(url)))
+    assert front.exchange(outgoing, {}).queued == sum(hosts.values())
+    return front
 
 
 def node_pages(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
@@ -105,6 +151,10 @@ def test_every_spider_metric_has_the_value_in_redis(
     assert get("bloomcrawl_leases_expired", labels) == front.leases_expired == 1
     assert get("bloomcrawl_start_urls", labels) == 2
     assert get("bloomcrawl_stored_items", labels) == 5
+    # a queue of before per-host queues: no host has requests yet (a worker moves them)
+    assert get("bloomcrawl_politeness_hosts", labels) == 0
+    assert get("bloomcrawl_politeness_held_back_requests", labels) == 0
+    assert all(domain_samples(registry, name) == {} for name in DOMAIN_METRICS)
     for field, name in STATS_SAMPLES.items():
         assert get(name, labels) == front.stats[field], name
     # no scrapyd configured: each worker host is its own node label
@@ -197,8 +247,11 @@ def test_inspect_finds_spiders_with_scan_and_only_reads(redis_client: redis.Redi
     used = {k.removeprefix("cmdstat_").split("|")[0]
             for k in redis_client.info("commandstats")}
     reads = {"scan", "hgetall", "hget", "hmget", "time", "info", "strlen", "llen", "zcard", "hlen",
-             "zcount", "config", "get", "scard", "dbsize"}
-    connection = {"client", "hello", "ping", "select", "auth"}
+             "zcount", "config", "get", "scard", "dbsize",
+             # the politeness summary's script (frontier_hosts.lua): Redis counts the
+             # commands a script calls too, so a write inside it would show here
+             "evalsha", "zrevrange", "hscan", "zrangebyscore", "zscore", "hvals"}
+    connection = {"client", "hello", "ping", "select", "auth", "script"}
     assert used - reads - connection == set(), "the snapshot must only read"
     assert "keys" not in used and "bitcount" not in used
 
@@ -310,6 +363,105 @@ def test_node_labels_by_host_skip_a_host_name_several_nodes_report() -> None:
     ]) == {"a1b2c3": "10.0.0.5:6800", "d4e5f6": "10.0.0.6:6800"}
 
 
+# --- politeness -------------------------------------------------------------------------
+
+
+def test_politeness_metrics_follow_the_hosts_queues_and_leases(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    hosts = {"a.test": 5, "b.test": 3, "c.test": 1, "d.test": 2}
+    front = polite_frontier(redis_client, "polite", hosts, delay=60.0, concurrency=1)
+    _, registry = collector(redis_server.url)
+    get = registry.get_sample_value
+    labels = {"spider": "polite"}
+    # every host may be fetched now: nothing is held back
+    assert get("bloomcrawl_politeness_hosts", labels) == 4
+    assert get("bloomcrawl_politeness_held_back_requests", labels) == 0
+    assert get("bloomcrawl_queue_requests", labels) == 11  # the hosts' queues are counted
+    assert domain_samples(registry, "bloomcrawl_domain_queued_requests") == {
+        ("polite", host): count for host, count in hosts.items()}
+    assert set(domain_samples(registry, "bloomcrawl_domain_in_flight_requests").values()) == {0}
+    assert set(domain_samples(registry, "bloomcrawl_domain_delay_seconds").values()) == {60}
+    assert set(domain_samples(registry, "bloomcrawl_domain_concurrency").values()) == {1}
+
+    # the operator's override for one host; then a worker leases all it may
+    set_policy(redis_client, front.keys, front.politeness,
+               host_partition("b.test", front.partitions), "b.test", delay=30.0, concurrency=3)
+    leased: dict[str, int] = {}
+    for partition in range(front.partitions):
+        for lease in front.lease(partition, 100):
+            host = host_of(json.loads(lease.payload)["url"])
+            leased[host] = leased.get(host, 0) + 1
+    # one request per host: each host waits for its delay (and, but b.test, its one slot)
+    assert leased == dict.fromkeys(hosts, 1)
+    assert get("bloomcrawl_leased_requests", labels) == 4
+    assert get("bloomcrawl_queue_requests", labels) == 7
+    assert get("bloomcrawl_politeness_hosts", labels) == 3  # c.test has nothing queued
+    assert get("bloomcrawl_politeness_held_back_requests", labels) == 7
+    assert domain_samples(registry, "bloomcrawl_domain_queued_requests") == {
+        ("polite", host): count - 1 for host, count in hosts.items()}
+    assert domain_samples(registry, "bloomcrawl_domain_in_flight_requests") == {
+        ("polite", host): 1 for host in hosts}
+    assert domain_samples(registry, "bloomcrawl_domain_delay_seconds") == {
+        ("polite", "a.test"): 60, ("polite", "b.test"): 30, ("polite", "c.test"): 60,
+        ("polite", "d.test"): 60}
+    assert get("bloomcrawl_domain_concurrency", {"spider": "polite", "domain": "b.test"}) == 3
+    assert get("bloomcrawl_domain_concurrency", {"spider": "polite", "domain": "a.test"}) == 1
+    # the exporter reports what the library reads
+    summary = politeness_summary(redis_client, front.keys)
+    assert (summary.hosts, summary.held_back) == (3, 7)
+    assert domain_samples(registry, "bloomcrawl_domain_queued_requests") == {
+        ("polite", d.host): d.queued for d in summary.domains}
+    assert get("bloomcrawl_spider_read_errors", labels) == 0
+
+
+def test_domain_metrics_report_only_the_busiest_hosts(redis_server: RedisServer,
+                                                      redis_client: redis.Redis) -> None:
+    # 25 hosts, host-<n> with n requests: the busiest are host-25, host-24, ...
+    hosts = {f"host-{n}.test": n for n in range(1, 26)}
+    polite_frontier(redis_client, "many", hosts, partitions=4)
+    populate_frontier(redis_client, "site")
+    busiest = [f"host-{n}.test" for n in range(25, 15, -1)]
+    _, registry = collector(redis_server.url)  # the default: 10
+    assert exporter.DEFAULT_TOP_DOMAINS == 10
+    for name in DOMAIN_METRICS:
+        assert set(domain_samples(registry, name)) == {("many", h) for h in busiest}, name
+    assert registry.get_sample_value("bloomcrawl_domain_queued_requests",
+                                     {"spider": "many", "domain": "host-25.test"}) == 25
+    # the totals count every host, whatever the bound
+    assert registry.get_sample_value("bloomcrawl_politeness_hosts", {"spider": "many"}) == 25
+    _, three = collector(redis_server.url, top_domains=3)
+    for name in DOMAIN_METRICS:
+        assert set(domain_samples(three, name)) == {("many", h) for h in busiest[:3]}, name
+    _, none = collector(redis_server.url, top_domains=0)
+    assert all(domain_samples(none, name) == {} for name in DOMAIN_METRICS)
+    assert none.get_sample_value("bloomcrawl_politeness_hosts", {"spider": "many"}) == 25
+    assert none.get_sample_value("bloomcrawl_politeness_hosts", {"spider": "site"}) == 0
+
+
+def test_unreadable_politeness_state_does_not_break_the_scrape(
+    redis_server: RedisServer, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    front = polite_frontier(redis_client, "polite", {"a.test": 2})
+    populate_frontier(redis_client, "good")
+    redis_client.set(front.keys.polite(0, "depth"), "not a sorted set")
+    _, registry = collector(redis_server.url)
+    get = registry.get_sample_value
+    with caplog.at_level(logging.WARNING, logger="bloomcrawl.ops.exporter"):
+        assert get("bloomcrawl_up") == 1
+        assert get("bloomcrawl_spider_read_errors", {"spider": "polite"}) == 1
+        assert get("bloomcrawl_politeness_hosts", {"spider": "polite"}) is None
+        assert get("bloomcrawl_politeness_held_back_requests", {"spider": "polite"}) is None
+        # the queue's length is not known without the hosts' queues: left out, not 0
+        assert get("bloomcrawl_queue_requests", {"spider": "polite"}) is None
+        assert get("bloomcrawl_filter_items", {"spider": "polite"}) == 2
+        assert get("bloomcrawl_politeness_hosts", {"spider": "good"}) == 0
+        assert get("bloomcrawl_queue_requests", {"spider": "good"}) == 7
+    warnings = [r.getMessage() for r in caplog.records if "'polite'" in r.getMessage()]
+    assert len(warnings) == 1, "logged once, not on every scrape"
+    assert "politeness state unreadable" in warnings[0]
+
+
 # --- RedisBloom backend ---------------------------------------------------------------
 
 
@@ -351,8 +503,11 @@ def test_filter_metrics_of_a_redisbloom_filter(redismod_server: RedisServer,
                                     for host, pages in front.pages_by_node.items()}
     used = {k.removeprefix("cmdstat_").split("|")[0] for k in mod_client.info("commandstats")}
     assert "bf.info" in used
-    assert not used & {"bf.add", "bf.madd", "bf.reserve", "hset", "hsetnx", "hincrby", "eval",
-                       "evalsha"}, "the scrape must only read"
+    # the politeness summary is a script (frontier_hosts.lua); Redis counts the commands a
+    # script calls as well, so a write inside it would show here
+    assert not used & {"bf.add", "bf.madd", "bf.reserve", "hset", "hsetnx", "hincrby", "zadd",
+                       "zincrby", "incr", "incrby", "del", "unlink", "lpush", "rpush", "zpopmin",
+                       "lpop", "rpop"}, "the scrape must only read"
 
 
 # --- pages per node and the scrapyd nodes ---------------------------------------------
@@ -578,10 +733,29 @@ def test_once_reads_flags_from_the_environment(scrapyd_node: ScrapydNode,
     assert scrapyd_node.password not in out
 
 
+def test_top_domains_from_the_environment(redis_server: RedisServer,
+                                          redis_client: redis.Redis) -> None:
+    polite_frontier(redis_client, "polite", {"a.test": 3, "b.test": 2, "c.test": 1})
+    env = exporter_env(REDIS_URL=redis_server.url, BLOOMCRAWL_TOP_DOMAINS="2")
+    out = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.exporter", "--once"], env=env,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert 'bloomcrawl_politeness_hosts{spider="polite"} 3.0' in out
+    for name in DOMAIN_METRICS:
+        assert re.findall(rf'^{name}{{domain="([^"]+)",spider="polite"}}', out, re.M) == [
+            "a.test", "b.test"], name
+    # the flag over the environment
+    out = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.exporter", "--once",
+                          "--top-domains", "0"], env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert 'bloomcrawl_politeness_hosts{spider="polite"} 3.0' in out
+    assert "bloomcrawl_domain_queued_requests{" not in out
+
+
 def test_bad_settings_exit_with_a_message() -> None:
     for argv, message in [
         (["--redis-url", "http://nope"], "scheme must be redis://"),
         (["--port", "0"], "--port must be in 1..65535"),
+        (["--top-domains", "-1"], "--top-domains must be >= 0"),
     ]:
         done = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.exporter", *argv, "--once"],
                               env=exporter_env(), capture_output=True, text=True, timeout=60)
@@ -590,6 +764,10 @@ def test_bad_settings_exit_with_a_message() -> None:
                           env=exporter_env(BLOOMCRAWL_EXPORTER_PORT="x"),
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "BLOOMCRAWL_EXPORTER_PORT='x'" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.exporter", "--once"],
+                          env=exporter_env(BLOOMCRAWL_TOP_DOMAINS="ten"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "BLOOMCRAWL_TOP_DOMAINS='ten'" in done.stderr
 
 
 def test_entry_point_serves_metrics_and_stops_on_sigterm(redis_server: RedisServer,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,6 +86,8 @@ class Lease:
     partition: int
     token: str
     payload: bytes
+    #: time.monotonic() when the lease call was sent: the lease is no older
+    at: float = 0.0
 
 
 @dataclass
@@ -270,6 +273,13 @@ class Frontier:
             by_partition[partition_of(entry.fingerprint, f.partitions)].append(entry)
         enqueue = _ENQUEUE[self.bloom.params.backend]
         calls = []
+        # what holds hosts back goes first: an ack below may free a host, and another
+        # worker's lease may come between two calls of this pipeline
+        for p, seen in (feedback or {}).items():
+            call = feedback_call(f, self.politeness, p, seen)
+            if call is not None:
+                calls.append(call)
+        first = len(calls)
         for p, entries in by_partition.items():
             args: list[Any] = [b"".join(e.fingerprint for e in entries),
                                "".join("1" if e.dont_filter else "0" for e in entries),
@@ -281,10 +291,6 @@ class Frontier:
             if p != lease_from and tokens:
                 calls.append(ScriptCall(_ACK, [f.leases(p), f.deadlines(p), *f.polite_keys(p)],
                                         [self._cfg(p), self.queue_type, *tokens]))
-        for p, seen in (feedback or {}).items():
-            call = feedback_call(f, self.politeness, p, seen)
-            if call is not None:
-                calls.append(call)
         for number, counts in stats:
             args = [self.worker_id, number, self.node]
             for name, value in counts.items():
@@ -294,14 +300,15 @@ class Frontier:
             calls.append(self._lease_call(lease_from, want, acks.get(lease_from, ())))
         if not calls:
             return Exchanged()
+        sent = time.monotonic()
         results = self.bloom.run_scripts(calls, recreate_filter=self._recreate_filter)
-        queued = sum(r.count(b"1") for r in results[: len(by_partition)])
+        queued = sum(r.count(b"1") for r in results[first:first + len(by_partition)])
         done = Exchanged(queued=queued, filtered=len(outgoing) - queued)
         if lease_from is not None:
             reply = results[-1]
             wait = int(reply[0])
             done.ready_in = None if wait < 0 else wait / 1000
-            done.leases = self._leases(lease_from, reply[1:])
+            done.leases = self._leases(lease_from, reply[1:], sent)
         return done
 
     def applied_stats_number(self) -> int:
@@ -323,8 +330,8 @@ class Frontier:
                            repr(random.random()), *acks])
 
     @staticmethod
-    def _leases(partition: int, reply: list[bytes]) -> list[Lease]:
-        return [Lease(partition, reply[i].decode(), reply[i + 1])
+    def _leases(partition: int, reply: list[bytes], sent: float) -> list[Lease]:
+        return [Lease(partition, reply[i].decode(), reply[i + 1], sent)
                 for i in range(0, len(reply), 2)]
 
     def renew(self, held: Mapping[str, int]) -> list[str]:

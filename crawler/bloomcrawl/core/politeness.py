@@ -20,6 +20,7 @@ back-off after 429/503 (Retry-After) holds the host until its end.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,9 @@ _UNSAFE = str.maketrans({"|": "%7C", " ": "%20"})
 MAX_BACKOFF_S = 3600.0
 #: back-off when a 429/503 carries no usable Retry-After
 DEFAULT_BACKOFF_S = 5.0
+#: a leased request that went out this much later than its lease is reported: its
+#: host's next lease then counts from when it went out
+LAG_REPORTED_S = 0.005
 
 _POLICY = Script("polite_common.lua", "frontier_policy.lua")
 _FEEDBACK = Script("polite_common.lua", "frontier_feedback.lua")
@@ -146,18 +150,21 @@ class Feedback:
 
     ``robots``: host -> Crawl-delay (s); ``backoff``: host -> seconds to hold
     it (Retry-After); ``latency``: (host, seconds, ok) per response, for
-    AutoThrottle.
+    AutoThrottle; ``sent``: host -> when (``time.monotonic()``) a request of
+    it went out, if it was later than its lease: the host's next lease is no
+    earlier than that plus its delay.
     """
 
     robots: dict[str, float]
     backoff: dict[str, float]
     latency: list[tuple[str, float, bool]]
+    sent: dict[str, float]
 
     def __init__(self) -> None:
-        self.robots, self.backoff, self.latency = {}, {}, []
+        self.robots, self.backoff, self.latency, self.sent = {}, {}, [], {}
 
     def __bool__(self) -> bool:
-        return bool(self.robots or self.backoff or self.latency)
+        return bool(self.robots or self.backoff or self.latency or self.sent)
 
     def args(self, autothrottle: tuple[float, float, float] | None) -> list[Any]:
         out: list[Any] = []
@@ -165,6 +172,9 @@ class Feedback:
             out += ["robots", host, _ms(delay)]
         for host, hold in self.backoff.items():
             out += ["backoff", host, _ms(min(hold, MAX_BACKOFF_S))]
+        now = time.monotonic()  # built just before it is sent: "ago" errs long, the safe way
+        for host, when in self.sent.items():
+            out += ["sent", host, _ms(max(0.0, now - when))]
         if autothrottle is not None:
             start, most, target = autothrottle
             for host, latency, ok in self.latency:

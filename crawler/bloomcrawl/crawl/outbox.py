@@ -129,7 +129,8 @@ class Outbox:
 
     def owes(self) -> bool:
         """Requests, acks or stats are waiting to be sent."""
-        return bool(self.outgoing or self.acks or self.counts or self.unconfirmed_stats)
+        return bool(self.outgoing or self.acks or self.counts or self.unconfirmed_stats
+                    or self.feedback)
 
     def busy(self) -> bool:
         """An exchange is under way or a retry is waiting out its back-off."""

@@ -67,6 +67,7 @@ from bloomcrawl.core.errors import FilterFullError, SettingError
 from bloomcrawl.core.frontier import Frontier, Lease, Outgoing
 from bloomcrawl.core.politeness import (
     DEFAULT_BACKOFF_S,
+    LAG_REPORTED_S,
     MAX_BACKOFF_S,
     Feedback,
     Politeness,
@@ -162,6 +163,8 @@ class Scheduler:
                                     on_found=self._found_start_urls, on_error=self._failed)
         # leases this worker holds: token -> partition
         self._inflight: dict[str, int] = {}
+        # leases not yet sent out by the downloader: token -> when the lease was asked for
+        self._leased_at: dict[str, float] = {}
         self._rotation = 0
         # per partition: when (time.monotonic()) a host of it may be leased; 0: maybe
         # now, inf: none waits for a time (nothing queued, or all its slots in flight)
@@ -506,6 +509,9 @@ class Scheduler:
                 (self._starved and self._ready_now() and not self._local)
                 or len(self.outbox.outgoing) >= MAX_BATCH):
             self._exchange()
+        elif not self._closing and self.outbox.feedback:
+            # what holds a host back (a late request, a 429) goes now, not with the next lease
+            self._exchange(lease=self._starved)
         elif not self._local:
             self._wake_when_ready()
 
@@ -530,6 +536,7 @@ class Scheduler:
         got = 0
         for lease in leases:
             self._inflight[lease.token] = lease.partition
+            self._leased_at[lease.token] = lease.at
             try:
                 request = request_from_json(lease.payload, self._spider())
             except Exception as exc:  # a corrupt or hostile entry must not stop the crawl
@@ -557,6 +564,7 @@ class Scheduler:
 
     def _ack_later(self, lease: Any) -> None:
         partition, token = lease
+        self._leased_at.pop(token, None)
         if self._inflight.pop(token, None) is not None:
             self.outbox.acks[int(partition)].append(token)
 
@@ -625,12 +633,36 @@ class Scheduler:
         DOWNLOAD_SLOTS' or AutoThrottle's) on top, late by a delay another
         worker may already have used.
         """
+        lease = request.meta.get(LEASE_META_KEY)
+        if lease is None:
+            return
         try:
             slot = self.crawler.engine.downloader.slots.get(request.meta.get("download_slot", ""))
         except AttributeError:
-            return
+            slot = None
         if slot is not None:
             slot.delay = 0.0
+        self._went_out(request, lease[1], time.monotonic())
+
+    def _went_out(self, request: Request, token: str, when: float) -> None:
+        """A leased request went out at ``when``: late after its lease, its host is told.
+
+        The host's delay counts from when a request left; a request that waited
+        in this worker (a busy reactor) would otherwise come too close after
+        the host's next one, leased to another worker on time.
+        """
+        leased_at = self._leased_at.get(token)
+        if leased_at is None or self.frontier is None:
+            return
+        if when - leased_at <= LAG_REPORTED_S:
+            return
+        self._leased_at[token] = when  # reported up to here
+        self.stats.max_value("bloomcrawl/lease_lag_max_ms", round((when - leased_at) * 1000))
+        host = host_of(request.url)
+        seen = self._feedback(host)
+        seen.sent[host] = max(seen.sent.get(host, 0.0), when)
+        if self._ack_call is None and self._loops:
+            self._ack_call = call_later(0, self._flush_acks)
 
     def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
         """What a response says about its host's budget, for every worker."""
@@ -641,11 +673,14 @@ class Scheduler:
             if request.url.endswith("/robots.txt") and response.status == 200:
                 self._robots(host, response)
             return
+        latency = request.meta.get("download_latency")
+        if isinstance(latency, float | int):
+            # the request went out this long before its response: later than its lease?
+            self._went_out(request, request.meta[LEASE_META_KEY][1], time.monotonic() - latency)
         seen: Feedback | None = None
         if response.status in (429, 503):
             seen = self._feedback(host)
             seen.backoff[host] = max(seen.backoff.get(host, 0.0), retry_after(response))
-        latency = request.meta.get("download_latency")
         if self.politeness.autothrottle is not None and isinstance(latency, float | int):
             seen = seen or self._feedback(host)
             seen.latency.append((host, float(latency), 200 <= response.status < 300))
@@ -765,6 +800,7 @@ class Scheduler:
         self.stats.inc_value("bloomcrawl/redis_rollbacks")
         self._seen.clear()
         self._inflight.clear()
+        self._leased_at.clear()
         outbox.acks.clear()
         self._may_have_work()
         for request in held:

@@ -25,6 +25,12 @@ pages); a host name that exactly one scrapyd node reports as its
 ``node_name`` is labelled with that node's ``host:port``, as the other node
 metrics are, any other with the host name itself.
 
+Politeness: per spider, the hosts with queued requests and the requests held
+back (their host waits for its delay, its concurrency or a back-off); per host,
+queued and in-flight requests, delay and concurrency for the spider's
+``--top-domains`` busiest hosts only (``BLOOMCRAWL_TOP_DOMAINS``, default 10;
+0: none), so the number of ``domain`` labels stays bounded.
+
 Every flag can also be set from the environment (``REDIS_URL``,
 ``SCRAPYD_NODES``, ``SCRAPYD_SERVICE``, ``SCRAPYD_USERNAME``,
 ``SCRAPYD_PASSWORD``, ``BLOOMCRAWL_EXPORTER_PORT``, ...; see ``--help``).
@@ -68,6 +74,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_PORT = 9410
 DEFAULT_BIND = "127.0.0.1"
 DEFAULT_REDIS_TIMEOUT = 2.0
+DEFAULT_TOP_DOMAINS = inspection.TOP_DOMAINS
 
 
 class _Outages:
@@ -144,11 +151,17 @@ class ScrapydNodes:
 
 
 class ClusterCollector(Collector):
-    """Reads Redis and the scrapyd nodes on every scrape; keeps no metric objects between."""
+    """Reads Redis and the scrapyd nodes on every scrape; keeps no metric objects between.
 
-    def __init__(self, client: redis.Redis, *, scrapyd: ScrapydNodes | None = None) -> None:
+    ``top_domains``: how many of each spider's busiest hosts the
+    ``bloomcrawl_domain_*`` gauges report.
+    """
+
+    def __init__(self, client: redis.Redis, *, scrapyd: ScrapydNodes | None = None,
+                 top_domains: int = DEFAULT_TOP_DOMAINS) -> None:
         self.client = client
         self.scrapyd = scrapyd or ScrapydNodes()
+        self.top_domains = top_domains
         # Redis failing goes through the package's one policy (each kind logged once,
         # the recovery once); the scrape interval is Prometheus's, so its delay is unused
         self._redis_errors = RedisErrorPolicy(logger, client, "bloomcrawl_up is 0 until it"
@@ -206,7 +219,7 @@ class ClusterCollector(Collector):
         up = GaugeMetricFamily("bloomcrawl_up", "1 when Redis answered this scrape, else 0.")
         nodes = self._redis_nodes()
         try:
-            snap = inspection.snapshot(self.client, nodes)
+            snap = inspection.snapshot(self.client, nodes, top_domains=self.top_domains)
         except REDIS_ERRORS as exc:
             with self._redis_errors_lock:
                 self._redis_errors.failed(exc)
@@ -377,6 +390,11 @@ def parse_args(
                         default=env_float("BLOOMCRAWL_REDIS_TIMEOUT", DEFAULT_REDIS_TIMEOUT),
                         help="seconds to wait for Redis (BLOOMCRAWL_REDIS_TIMEOUT;"
                         " default %(default)s)")
+    parser.add_argument("--top-domains", type=int,
+                        default=env_int("BLOOMCRAWL_TOP_DOMAINS", DEFAULT_TOP_DOMAINS),
+                        help="hosts per spider whose queue, delay and concurrency are"
+                        " reported, the busiest first; bounds the domain labels"
+                        " (BLOOMCRAWL_TOP_DOMAINS; default %(default)s)")
     parser.add_argument("--log-level", default=_env("BLOOMCRAWL_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="(BLOOMCRAWL_LOG_LEVEL; default %(default)s)")
@@ -389,6 +407,8 @@ def parse_args(
         parser.error(f"--scrapyd-port must be in 1..65535, got {args.scrapyd_port}")
     if args.scrapyd_timeout <= 0 or args.redis_timeout <= 0:
         parser.error("timeouts must be > 0")
+    if args.top_domains < 0:
+        parser.error(f"--top-domains must be >= 0, got {args.top_domains}")
     args.scrapyd_nodes = [u.strip() for u in args.scrapyd_nodes.split(",") if u.strip()]
     return parser, args
 
@@ -412,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         password=args.scrapyd_password,
         timeout=args.scrapyd_timeout,
     )
-    collector = ClusterCollector(client, scrapyd=nodes)
+    collector = ClusterCollector(client, scrapyd=nodes, top_domains=args.top_domains)
     registry = build_registry(collector)
     if args.once:
         sys.stdout.write(generate_latest(registry).decode())

@@ -5,8 +5,11 @@ this module (and the scrapyd nodes through :mod:`bloomcrawl.ops.scrapyd`).
 Everything here only reads: spiders are found by ``SCAN MATCH *:meta`` (never
 ``KEYS``), each filter's fill comes from its exact counters (never
 ``BITCOUNT``), and every Redis command issued is O(1), O(partitions x slices)
-or O(worker hosts), so a snapshot never blocks Redis, however large the
-filter. Key names come from :mod:`bloomcrawl.core.keys`.
+or O(worker hosts); the politeness summary is one read-only script per
+partition, bounded by the hosts in flight, the ``top_domains`` busiest and at
+most 10,000 hosts ready (:func:`bloomcrawl.core.politeness.politeness_summary`).
+So a snapshot never blocks Redis, however large the filter or the queue. Key
+names come from :mod:`bloomcrawl.core.keys`.
 
 On Redis Cluster (a ``RedisCluster`` client) the same holds per master:
 ``SCAN`` runs on every master with a cursor of its own, ``INFO`` and
@@ -36,6 +39,7 @@ from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.bloom import BloomFilter, BloomInfo
 from bloomcrawl.core.connection import REDIS_ERRORS, describe_redis, is_cluster, redis_errors
 from bloomcrawl.core.errors import BloomFilterError, RedisUnavailableError
+from bloomcrawl.core.politeness import PolitenessSummary, politeness_summary
 from bloomcrawl.core.sizing import FilterParams
 
 logger = logging.getLogger(__name__)
@@ -47,6 +51,9 @@ MAX_SCAN_CALLS = 10_000
 QUEUE_TYPES = ("priority", "fifo", "lifo")
 #: Worker hosts reported per spider at most (those with the most pages): a label bound.
 MAX_NODES_PER_SPIDER = 256
+#: Hosts whose politeness state is reported per spider (the busiest: most requests
+#: queued and in flight): a label bound, the exporter's ``--top-domains``.
+TOP_DOMAINS = 10
 
 _FILTER_PREFIX, _FILTER_SUFFIX = defaults.FILTER_KEY.split("%(spider)s")
 #: what means Redis itself is gone (the whole snapshot fails), not one spider's keys:
@@ -121,6 +128,8 @@ class SpiderState:
     backend: str | None = None
     pages_by_node_key: str | None = None
     filter: BloomInfo | None = None
+    #: requests queued: in the hosts' queues, and in the partitions' queues of before
+    #: per-host queues that no worker has moved yet
     queue_length: int | None = None
     leased: int | None = None
     leases_expired: int | None = None
@@ -139,6 +148,9 @@ class SpiderState:
     pages_by_node: dict[str, int] = field(default_factory=dict)
     #: each partition's counters and master (bitmap backend; empty for RedisBloom)
     partition_fill: list[PartitionFill] = field(default_factory=list)
+    #: hosts queued, held back and in flight, and the busiest hosts' state
+    #: (``None``: no queue recorded, or unreadable)
+    politeness: PolitenessSummary | None = None
     issues: list[Problem] = field(default_factory=list)
 
     @property
@@ -493,7 +505,8 @@ def _read_stats(state: SpiderState, key: str, reply: Any) -> None:
 
 
 def _state_from_meta(
-    client: redis.Redis, meta_key: str, meta: dict[str, str], now_ms: int
+    client: redis.Redis, meta_key: str, meta: dict[str, str], now_ms: int,
+    top_domains: int = TOP_DOMAINS,
 ) -> SpiderState:
     filter_name = keys.filter_name_from_meta(meta_key)
     spider = meta.get("spider") or spider_from_filter_name(filter_name)
@@ -552,7 +565,24 @@ def _state_from_meta(
     state.stats_workers = _count(state, "stats workers", frontier.stats_applied, workers)
     if counted:
         _read_partitions(state, frontier, replies[7:])
+    if has_queue:
+        _read_politeness(client, state, frontier, top_domains)
+        if state.queue_length is not None:
+            state.queue_length = (state.queue_length + state.politeness.queued
+                                  if state.politeness is not None else None)
     return state
+
+
+def _read_politeness(client: redis.Redis, state: SpiderState, frontier: keys.FrontierKeys,
+                     top_domains: int) -> None:
+    """The spider's politeness summary, its ``top_domains`` busiest hosts included."""
+    try:
+        state.politeness = politeness_summary(client, frontier, top_k=top_domains)
+    except _UNREACHABLE:
+        raise
+    except (redis.RedisError, ArithmeticError, LookupError, ValueError,
+            TypeError) as exc:  # WRONGTYPE, or a count or delay that is not a number
+        state.unreadable("politeness", f"politeness state unreadable: {exc}")
 
 
 def _read_partitions(state: SpiderState, frontier: keys.FrontierKeys, replies: list[Any]
@@ -590,11 +620,13 @@ def _pages_by_node(reply: dict[Any, Any], key: str, state: SpiderState) -> dict[
     return dict(sorted(pages.items()))
 
 
-def spider_states(client: redis.Redis, meta_keys: Iterable[str]) -> list[SpiderState]:
+def spider_states(client: redis.Redis, meta_keys: Iterable[str], *,
+                  top_domains: int = TOP_DOMAINS) -> list[SpiderState]:
     """The state of each filter named by its meta key; vanished ones are left out.
 
     Whatever one filter's keys hold, its state is returned with what could be
-    read; only an unreachable Redis raises.
+    read; only an unreachable Redis raises. ``top_domains``: how many of each
+    spider's busiest hosts its politeness summary details.
     """
     names = list(meta_keys)
     metas = _read_meta(client, names)
@@ -605,7 +637,7 @@ def spider_states(client: redis.Redis, meta_keys: Iterable[str]) -> list[SpiderS
             continue  # deleted meanwhile, or some other application's key
         try:
             with reachable(client):
-                out.append(_state_from_meta(client, meta_key, meta, now_ms))
+                out.append(_state_from_meta(client, meta_key, meta, now_ms, top_domains))
         except _UNREACHABLE:
             raise
         except Exception as exc:  # whatever a malformed spider does, the others are reported
@@ -624,16 +656,17 @@ def spider_state(client: redis.Redis, meta_key: str) -> SpiderState | None:
     return found[0] if found else None
 
 
-def find_spiders(client: redis.Redis) -> list[SpiderState]:
+def find_spiders(client: redis.Redis, *, top_domains: int = TOP_DOMAINS) -> list[SpiderState]:
     """Every spider with a Bloom filter in this Redis, sorted by filter name.
 
     Raises :class:`bloomcrawl.core.errors.RedisUnavailableError` when Redis cannot
     be reached.
     """
-    return spider_states(client, find_meta_keys(client))
+    return spider_states(client, find_meta_keys(client), top_domains=top_domains)
 
 
-def snapshot(client: redis.Redis, nodes: list[RedisNode] | None = None) -> RedisSnapshot:
+def snapshot(client: redis.Redis, nodes: list[RedisNode] | None = None, *,
+             top_domains: int = TOP_DOMAINS) -> RedisSnapshot:
     """Each master's memory and keys, the clock and every spider's state, in one pass.
 
     ``nodes``: the masters' figures when the caller already read them
@@ -647,7 +680,7 @@ def snapshot(client: redis.Redis, nodes: list[RedisNode] | None = None) -> Redis
         if node.exception is not None:
             raise node.exception
     with reachable(client):
-        spiders = find_spiders(client)
+        spiders = find_spiders(client, top_domains=top_domains)
         now_ms = redis_time_ms(client)
     return RedisSnapshot(spiders=spiders, memory=total_memory(nodes), redis_time_ms=now_ms,
                          nodes=nodes)

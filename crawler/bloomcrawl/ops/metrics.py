@@ -6,6 +6,12 @@ what the scrapyd nodes answered to fresh metric families; the collector in
 Every family is labelled by ``spider``, ``node`` (``host:port``) or a fixed
 set of values: no label takes a URL, a job id or an error message.
 
+``bloomcrawl_domain_*`` are labelled by ``spider`` and ``domain`` (a host
+name) for the busiest hosts of each spider only (the exporter's
+``--top-domains``, most requests queued and in flight first), so their number
+is bounded whatever the crawl reaches; the per-spider
+``bloomcrawl_politeness_*`` gauges count every host.
+
 ``bloomcrawl_redis_node_*`` and ``bloomcrawl_filter_node_*`` are labelled by
 the Redis master (``host:port``): each master of a Redis Cluster, or the one
 Redis, so that dashboards read the same series either way; their number is
@@ -20,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import BloomInfo
+from bloomcrawl.core.politeness import DomainState, PolitenessSummary
 from bloomcrawl.ops import inspection, scrapyd
 
 #: Shared crawl stats (``<spider>:stats``, :data:`bloomcrawl.keys.STATS_FIELDS`) -> counters.
@@ -117,6 +124,28 @@ _SPIDER_GAUGES: tuple[tuple[str, str, _SpiderValue], ...] = (
      "Worker runs whose stats are recorded in {<spider>:stats}:applied (one field per run;"
      " cleared with the spider).", lambda s: s.stats_workers),
 )
+# name, help, value of a spider's politeness summary; labelled by spider
+_POLITENESS_GAUGES: tuple[tuple[str, str, Callable[[PolitenessSummary], float]], ...] = (
+    ("bloomcrawl_politeness_held_back_requests",
+     "Requests queued whose host may not be fetched now: waiting for its delay, its"
+     " concurrency or a back-off.", lambda p: p.held_back),
+    ("bloomcrawl_politeness_hosts", "Hosts with queued requests.", lambda p: p.hosts),
+)
+# name, help, value of one of a spider's busiest hosts; labelled by spider and domain
+_DOMAIN_GAUGES: tuple[tuple[str, str, Callable[[DomainState], float]], ...] = (
+    ("bloomcrawl_domain_queued_requests",
+     "Requests queued for the host (the spider's busiest hosts only).", lambda d: d.queued),
+    ("bloomcrawl_domain_in_flight_requests",
+     "Requests for the host leased to a worker and not yet acked (the spider's busiest"
+     " hosts only).", lambda d: d.in_flight),
+    ("bloomcrawl_domain_delay_seconds",
+     "Seconds the host's next lease waits after its last, before jitter: the override or"
+     " the default, raised by robots.txt Crawl-delay and AutoThrottle (the spider's busiest"
+     " hosts only).", lambda d: d.delay),
+    ("bloomcrawl_domain_concurrency",
+     "Requests for the host allowed in flight at once across the cluster (the spider's"
+     " busiest hosts only).", lambda d: d.concurrency),
+)
 _SPIDER_COUNTERS: tuple[tuple[str, str, _SpiderValue], ...] = (
     ("bloomcrawl_leases_total",
      "Requests leased to workers, from the partitions' lease counters; above"
@@ -185,6 +214,7 @@ def spider_families(spiders: list[inspection.SpiderState]) -> list[Metric]:
         errors.add_metric([state.spider], len({i.kind for i in state.issues if i.read_error}))
     out: list[Metric] = [info, errors]
     out += filter_node_families(spiders)
+    out += politeness_families(spiders)
     with_filter = [(state, state.filter) for state in spiders if state.filter is not None]
     for family, filter_table in ((GaugeMetricFamily, _FILTER_GAUGES),
                                  (CounterMetricFamily, _FILTER_COUNTERS)):
@@ -229,6 +259,29 @@ def filter_node_families(spiders: list[inspection.SpiderState]) -> list[Metric]:
         for spider, nodes in by_node:
             for node, fill in nodes.items():
                 metric.add_metric([spider, node], node_value(fill))
+        out.append(metric)
+    return out
+
+
+def politeness_families(spiders: list[inspection.SpiderState]) -> list[Metric]:
+    """Each spider's hosts and held-back requests, and the state of its busiest hosts.
+
+    A spider whose politeness state could not be read (or that has no queue)
+    is left out of all of them.
+    """
+    summaries = [(state.spider, state.politeness) for state in spiders
+                 if state.politeness is not None]
+    out: list[Metric] = []
+    for name, doc, summary_value in _POLITENESS_GAUGES:
+        metric = GaugeMetricFamily(name, doc, labels=["spider"])
+        for spider, summary in summaries:
+            metric.add_metric([spider], summary_value(summary))
+        out.append(metric)
+    for name, doc, domain_value in _DOMAIN_GAUGES:
+        metric = GaugeMetricFamily(name, doc, labels=["spider", "domain"])
+        for spider, summary in summaries:
+            for domain in summary.domains:
+                metric.add_metric([spider, domain.host], domain_value(domain))
         out.append(metric)
     return out
 

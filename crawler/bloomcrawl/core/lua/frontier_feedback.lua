@@ -4,6 +4,9 @@
 --   robots  <Crawl-delay ms>     ('0' clears it)
 --   backoff <ms to hold the host from now>
 --   latency "<latency ms>|<1: ok, 0: an error status>|<target concurrency>|<start ms>|<max ms>"
+--   sent    <ms ago a request of the host went out>: its delay counts from then, so
+--           the host's next lease is no earlier than that plus its delay (a leased
+--           request may wait in a busy worker before it leaves)
 -- AutoThrottle as Scrapy's: aim for latency / target concurrency, move halfway
 -- there, never below the host's base delay nor above the max, and an error
 -- response never shortens the delay.
@@ -25,6 +28,16 @@ for i = 2, #ARGV, 3 do
     if at and tonumber(at) < hold then redis.call('ZADD', PR.ready, hold, host) end
     if tonumber(redis.call('ZSCORE', PR.next, host) or '0') < hold then
       redis.call('ZADD', PR.next, hold, host)
+    end
+  elseif kind == 'sent' then
+    local delay = host_policy(host)
+    local at = PR.now - tonumber(value) + delay
+    if at > PR.now then
+      if at > tonumber(redis.call('ZSCORE', PR.next, host) or '0') then
+        redis.call('ZADD', PR.next, at, host)
+      end
+      local r = redis.call('ZSCORE', PR.ready, host)
+      if r and tonumber(r) < at then redis.call('ZADD', PR.ready, at, host) end
     end
   elseif kind == 'latency' then
     local lat, ok, target, start, most = string.match(value,

@@ -6,7 +6,7 @@ import argparse
 
 from bloomcrawl import __version__
 from bloomcrawl.core import defaults, keys
-from bloomcrawl.ops.cli import cluster, demo, jobs, status
+from bloomcrawl.ops.cli import cluster, demo, jobs, status, throttle
 from bloomcrawl.ops.cluster.state import REDIS_KINDS
 
 
@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spider", default=jobs.DEFAULT_SPIDER, type=spider_name)
     p.add_argument("--yes", action="store_true")
     p.set_defaults(func=jobs.cmd_clear)
+
+    throttle.add_parser(sub, _add_redis, spider_name)
 
     # --- looking at it (cli/status.py)
     p = sub.add_parser("status", help="nodes, jobs, queue, leases, filter fill")
