@@ -13,12 +13,15 @@ for _, f in ipairs(fields) do
     redis.call('HSET', PR.policy, f[1], f[2])
   end
 end
-local delay, conc = host_policy(host)
--- a shorter delay counts from now; more concurrency may free a slot at once
-local at = redis.call('ZSCORE', PR.ready, host)
-if at and tonumber(at) > PR.now + delay then
-  redis.call('ZADD', PR.ready, PR.now + delay, host)
-  redis.call('ZADD', PR.next, PR.now + delay, host)
-end
+local delay, conc, hold = host_policy(host)
+-- more concurrency may free a slot at once; a shorter delay counts from now
 make_ready(host)
+local soonest = math.max(PR.now + delay, hold)
+if tonumber(redis.call('ZSCORE', PR.next, host) or '0') > soonest then
+  redis.call('ZADD', PR.next, soonest, host)
+end
+local at = redis.call('ZSCORE', PR.ready, host)
+if at and tonumber(at) > soonest then
+  redis.call('ZADD', PR.ready, soonest, host)
+end
 return {delay, conc}

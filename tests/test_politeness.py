@@ -1,0 +1,295 @@
+"""Per-host politeness in the frontier, against a real redis-server: several Frontier
+instances stand for several workers; each promise is tried on the Lua scripts directly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+import pytest
+import redis
+from scrapy.settings import Settings
+
+from bloomcrawl.core.bloom import BloomFilter, partition_of
+from bloomcrawl.core.errors import FilterMismatchError, SettingError
+from bloomcrawl.core.frontier import Frontier, Outgoing
+from bloomcrawl.core.keys import FrontierKeys
+from bloomcrawl.core.politeness import (
+    Feedback,
+    Politeness,
+    filter_fingerprint,
+    host_of,
+    host_partition,
+    host_states,
+    politeness_summary,
+    set_policy,
+)
+from bloomcrawl.crawl.config import FilterConfig, politeness_from_settings
+from bloomcrawl.crawl.scheduler import retry_after
+
+PARTITIONS = 4
+
+
+def bloom(client: redis.Redis, **kwargs: Any) -> BloomFilter:
+    return BloomFilter(client, "t:bloomfilter", capacity=10_000, error_rate=0.01,
+                       partitions=PARTITIONS, **kwargs)
+
+
+def worker(client: redis.Redis, name: str, politeness: Politeness,
+           lease_timeout: float = 30.0, queue_type: str = "fifo") -> Frontier:
+    return Frontier(client, bloom(client), FrontierKeys("t", partitions=PARTITIONS),
+                    queue_type=queue_type, lease_timeout=lease_timeout, worker_id=name,
+                    node="node", politeness=politeness)
+
+
+def outgoing(front: Frontier, *urls: str) -> list[Outgoing]:
+    out = []
+    for url in urls:
+        host = host_of(url)
+        fp = filter_fingerprint(hashlib.sha1(url.encode()).digest(), host,
+                                front.bloom.params.partition_by)
+        out.append(Outgoing(fp, False, 0.0, json.dumps({"url": url}), host))
+    return out
+
+
+def home(host: str) -> int:
+    return host_partition(host, PARTITIONS)
+
+
+def lease(front: Frontier, host: str, want: int = 10) -> tuple[list[str], float | None]:
+    """The URLs leased from ``host``'s partition, and when its next host is ready."""
+    done = front.exchange((), {}, lease_from=home(host), want=want)
+    return [json.loads(x.payload)["url"] for x in done.leases], done.ready_in
+
+
+def ack(front: Frontier, leases: list[Any]) -> None:
+    by: dict[int, list[str]] = {}
+    for x in leases:
+        by.setdefault(x.partition, []).append(x.token)
+    front.exchange((), by)
+
+
+def test_one_host_is_leased_once_per_delay_across_workers(redis_client: redis.Redis) -> None:
+    polite = Politeness(delay=0.3, concurrency=4)
+    a, b = worker(redis_client, "a", polite), worker(redis_client, "b", polite)
+    a.exchange(outgoing(a, *("http://x.test/%d" % i for i in range(3))), {})
+    first, _ = lease(a, "x.test")
+    assert first == ["http://x.test/0"]  # one per delay, though 10 were asked and 4 may fly
+    got, wait = lease(b, "x.test")
+    assert got == [] and wait is not None and 0.2 < wait <= 0.3
+    time.sleep(wait + 0.01)
+    got, _ = lease(b, "x.test")
+    assert got == ["http://x.test/1"]
+
+
+def test_concurrency_is_a_cluster_wide_cap(redis_client: redis.Redis) -> None:
+    polite = Politeness(delay=0.0, concurrency=2)
+    a, b = worker(redis_client, "a", polite), worker(redis_client, "b", polite)
+    a.exchange(outgoing(a, *("http://x.test/%d" % i for i in range(5))), {})
+    held = a.exchange((), {}, lease_from=home("x.test"), want=10).leases
+    assert len(held) == 2
+    got, wait = lease(b, "x.test")
+    assert got == [] and wait is None  # not waiting for a time: for a slot
+    ack(a, held[:1])
+    got, _ = lease(b, "x.test")
+    assert got == ["http://x.test/2"]
+    states = host_states(redis_client, a.keys, polite, ["x.test"])
+    assert [(s.queued, s.in_flight, s.concurrency) for s in states] == [(2, 2, 2)]
+
+
+def test_a_waiting_host_never_blocks_the_others(redis_client: redis.Redis) -> None:
+    polite = Politeness(delay=5.0, concurrency=1)
+    a = worker(redis_client, "a", polite)
+    # hosts that share a partition: the first one leased waits 5 s, the others go on
+    hosts = [h for h in ("h%d.test" % i for i in range(40)) if home(h) == home("h0.test")][:4]
+    a.exchange(outgoing(a, *("http://%s/%d" % (h, i) for h in hosts for i in range(3))), {})
+    got = a.exchange((), {}, lease_from=home(hosts[0]), want=10).leases
+    assert sorted(host_of(json.loads(x.payload)["url"]) for x in got) == sorted(hosts)
+    again, wait = lease(a, hosts[0])
+    assert again == [] and wait is None  # every host at its one slot
+    ack(a, got)
+    again, wait = lease(a, hosts[0])
+    assert again == [] and wait is not None and 4.5 < wait <= 5.0
+
+
+def test_throttle_changes_a_host_live_and_clear_restores_it(redis_client: redis.Redis) -> None:
+    polite = Politeness(delay=0.0, concurrency=8)
+    a = worker(redis_client, "a", polite)
+    a.exchange(outgoing(a, *("http://x.test/%d" % i for i in range(6))), {})
+    set_policy(redis_client, a.keys, polite, home("x.test"), "x.test", delay=1.0, concurrency=1)
+    got, wait = lease(a, "x.test")
+    assert len(got) == 1 and wait is None  # its one slot is taken
+    [state] = host_states(redis_client, a.keys, polite, ["x.test"])
+    assert (state.delay, state.concurrency) == (1.0, 1)
+    set_policy(redis_client, a.keys, polite, home("x.test"), "x.test", clear=True)
+    got, _ = lease(a, "x.test")
+    assert len(got) == 5  # the other five at once: eight slots again, and no delay
+    # a shorter delay counts from now, not from the longer one it replaces
+    set_policy(redis_client, a.keys, polite, home("x.test"), "x.test", delay=30.0)
+    a.exchange(outgoing(a, "http://x.test/6", "http://x.test/7"), {})
+    assert lease(a, "x.test")[0] == ["http://x.test/6"]
+    _, wait = lease(a, "x.test")
+    assert wait is not None and 29 < wait <= 30
+    set_policy(redis_client, a.keys, polite, home("x.test"), "x.test", delay=0.1)
+    _, wait = lease(a, "x.test")
+    assert wait is not None and wait <= 0.1
+
+
+def test_setting_overrides_yield_to_the_operator(redis_client: redis.Redis) -> None:
+    polite = Politeness(delay=0.0, concurrency=8, slots=(("x.test", 2.0, 1),))
+    a = worker(redis_client, "a", polite)
+    a.apply_slots()
+    [state] = host_states(redis_client, a.keys, polite, ["x.test"])
+    assert (state.delay, state.concurrency) == (2.0, 1)
+    set_policy(redis_client, a.keys, polite, home("x.test"), "x.test", delay=0.5)
+    [state] = host_states(redis_client, a.keys, polite, ["x.test"])
+    assert (state.delay, state.concurrency) == (0.5, 1)  # the operator's delay, the setting's cap
+
+
+def test_429_holds_the_host_for_everyone_and_robots_and_latency_only_raise(
+        redis_client: redis.Redis) -> None:
+    polite = Politeness(delay=0.1, concurrency=4, autothrottle=(0.2, 3.0, 1.0))
+    a, b = worker(redis_client, "a", polite), worker(redis_client, "b", polite)
+    a.exchange(outgoing(a, *("http://x.test/%d" % i for i in range(4))), {})
+    seen = Feedback()
+    seen.backoff["x.test"] = 2.0
+    a.exchange((), {}, feedback={home("x.test"): seen})
+    got, wait = lease(b, "x.test")
+    assert got == [] and wait is not None and 1.8 < wait <= 2.0
+    seen = Feedback()
+    seen.robots["x.test"] = 1.5
+    a.exchange((), {}, feedback={home("x.test"): seen})
+    [state] = host_states(redis_client, a.keys, polite, ["x.test"])
+    assert state.delay == 1.5
+    seen = Feedback()
+    seen.robots["x.test"] = 0.0  # robots.txt without Crawl-delay clears it
+    seen.latency += [("x.test", 0.8, True)] * 6  # AutoThrottle: towards latency / target
+    a.exchange((), {}, feedback={home("x.test"): seen})
+    [state] = host_states(redis_client, a.keys, polite, ["x.test"])
+    assert 0.7 <= state.delay <= 0.8
+    seen = Feedback()
+    seen.latency += [("x.test", 0.01, False)] * 6  # errors never lower the delay
+    a.exchange((), {}, feedback={home("x.test"): seen})
+    [after] = host_states(redis_client, a.keys, polite, ["x.test"])
+    assert after.delay == state.delay
+
+
+def test_a_request_that_went_out_late_moves_its_hosts_next_lease(
+        redis_client: redis.Redis) -> None:
+    polite = Politeness(delay=1.0, concurrency=4)
+    a, b = worker(redis_client, "a", polite), worker(redis_client, "b", polite)
+    a.exchange(outgoing(a, "http://x.test/1", "http://x.test/2"), {})
+    assert len(lease(a, "x.test")[0]) == 1
+    time.sleep(0.5)
+    seen = Feedback()
+    seen.sent["x.test"] = time.monotonic()  # it left half a second after its lease
+    a.exchange((), {}, feedback={home("x.test"): seen})
+    _, wait = lease(b, "x.test")
+    assert wait is not None and wait > 0.9  # a second from when it left, not from its lease
+
+
+def test_an_expired_lease_frees_its_hosts_slot(redis_client: redis.Redis) -> None:
+    polite = Politeness(delay=0.0, concurrency=1)
+    dead = worker(redis_client, "dead", polite, lease_timeout=0.2)
+    alive = worker(redis_client, "alive", polite)
+    dead.exchange(outgoing(dead, "http://x.test/1", "http://x.test/2"), {})
+    assert lease(dead, "x.test")[0] == ["http://x.test/1"]  # then the worker dies
+    assert lease(alive, "x.test")[0] == []
+    time.sleep(0.3)
+    assert alive.reap() == 1
+    assert sorted(lease(alive, "x.test", want=2)[0]) == ["http://x.test/1"]
+    [state] = host_states(redis_client, alive.keys, polite, ["x.test"])
+    assert (state.queued, state.in_flight) == (1, 1)
+
+
+def test_summary_counts_held_back_requests_and_the_busiest_hosts(
+        redis_client: redis.Redis) -> None:
+    polite = Politeness(delay=10.0, concurrency=1)
+    a = worker(redis_client, "a", polite)
+    urls = ["http://big.test/%d" % i for i in range(5)] + ["http://small.test/1"]
+    a.exchange(outgoing(a, *urls), {})
+    assert lease(a, "big.test", want=1)[0] == ["http://big.test/0"]  # first by name
+    summary = politeness_summary(redis_client, a.keys, top_k=1)
+    # big.test: 4 queued behind its one slot, held back; small.test: ready now
+    assert (summary.hosts, summary.queued, summary.in_flight) == (2, 5, 1)
+    assert summary.held_back == 4
+    assert [(d.host, d.queued, d.in_flight) for d in summary.domains] == [("big.test", 4, 1)]
+
+
+def test_queues_of_before_move_into_host_queues(redis_client: redis.Redis) -> None:
+    polite = Politeness(delay=0.0, concurrency=8)
+    a = worker(redis_client, "a", polite, lease_timeout=0.1, queue_type="priority")
+    f = a.keys
+    old = [json.dumps({"url": "http://old%d.test/" % i}) for i in range(6)]
+    for i, payload in enumerate(old):
+        redis_client.zadd(f.queue_part(i % PARTITIONS), {payload: -i})
+    # a lease of before: "score|payload", never counted in flight
+    redis_client.hset(f.leases(0), "w:0:1", "-9|" + json.dumps({"url": "http://OLD9.test:81/x"}))
+    redis_client.zadd(f.deadlines(0), {"w:0:1": 0})
+    assert a.migrate() == 6
+    assert a.reap() == 1
+    assert a.size() == 7
+    summary = politeness_summary(redis_client, f, top_k=10)
+    assert "old9.test" in {d.host for d in summary.domains}  # host as urlsplit gives it
+    leased = [x for p in range(PARTITIONS)
+              for x in a.exchange((), {}, lease_from=p, want=10).leases]
+    assert sorted(json.loads(x.payload)["url"] for x in leased) == sorted(
+        [json.loads(p)["url"] for p in old] + ["http://OLD9.test:81/x"])
+
+
+def test_new_filters_partition_by_host_and_old_ones_keep_theirs(
+        redis_client: redis.Redis) -> None:
+    assert bloom(redis_client).params.partition_by == "host"
+    redis_client.flushall()
+    old = bloom(redis_client, partition_by="fingerprint")
+    assert bloom(redis_client).params.partition_by == "fingerprint"  # adopted, not refused
+    with pytest.raises(FilterMismatchError, match="partition_by"):
+        bloom(redis_client, partition_by="host")
+    assert old.params.partition_by == "fingerprint"
+    # the host's requests share one partition on a host-partitioned filter
+    fps = [filter_fingerprint(hashlib.sha1(b"%d" % i).digest(), "x.test", "host")
+           for i in range(20)]
+    assert {partition_of(fp, 16) for fp in fps} == {host_partition("x.test", 16)}
+    with pytest.raises(SettingError, match="BLOOMFILTER_PARTITION_BY"):
+        FilterConfig.from_settings(Settings({"BLOOMFILTER_PARTITION_BY": "url"}))
+
+
+def test_politeness_comes_from_scrapys_settings() -> None:
+    p = politeness_from_settings(Settings({
+        "DOWNLOAD_DELAY": 0.25, "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+        "RANDOMIZE_DOWNLOAD_DELAY": False,
+        "DOWNLOAD_SLOTS": {"Example.COM": {"delay": 3, "concurrency": 1}},
+        "AUTOTHROTTLE_ENABLED": True, "AUTOTHROTTLE_MAX_DELAY": 9}))
+    assert (p.delay, p.concurrency, p.jitter) == (0.25, 2, 0.0)
+    assert p.slots == (("example.com", 3.0, 1),)
+    assert p.autothrottle == (5.0, 9.0, 1.0)
+    assert politeness_from_settings(Settings()).jitter == 0.5  # Scrapy's default: randomized
+
+    class Spider:
+        download_delay = 1.5
+        max_concurrent_requests = 3
+
+    p = politeness_from_settings(Settings({"DOWNLOAD_DELAY": 0.1}), Spider())
+    assert (p.delay, p.concurrency) == (1.5, 3)
+    for bad, name in (({"DOWNLOAD_DELAY": -1}, "DOWNLOAD_DELAY"),
+                      ({"CONCURRENT_REQUESTS_PER_DOMAIN": 0}, "CONCURRENT_REQUESTS_PER_DOMAIN"),
+                      ({"DOWNLOAD_SLOTS": {"a.test": {"delay": "soon"}}}, "DOWNLOAD_SLOTS"),
+                      ({"DOWNLOAD_SLOTS": {"a.test": {"concurrency": 0}}}, "DOWNLOAD_SLOTS")):
+        with pytest.raises(SettingError, match=name):
+            politeness_from_settings(Settings(bad))
+
+
+class _Response:
+    def __init__(self, value: str | None) -> None:
+        self.headers = {b"Retry-After": value.encode()} if value is not None else {}
+
+
+def test_retry_after_in_seconds_or_as_a_date() -> None:
+    assert retry_after(_Response("7")) == 7.0
+    assert retry_after(_Response(None)) == 5.0
+    assert retry_after(_Response("soon")) == 5.0
+    assert retry_after(_Response("99999999")) == 3600.0
+    now = 1_700_000_000.0
+    assert retry_after(_Response("Tue, 14 Nov 2023 22:13:40 GMT"), now=now) == 20.0
