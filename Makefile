@@ -23,10 +23,10 @@ help:
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test,bench,demo]'
+	$(VENV)/bin/pip install -q -e '.[test,bench,demo,dashboards]'
 	touch $@
 
-venv: $(VENV)/.installed ## create .venv with bloomcrawl, its test tools and the demo site
+venv: $(VENV)/.installed ## create .venv with bloomcrawl, its test tools (Grafana SDK included) and the demo site
 
 system-deps: ## install redis-server, prometheus (promtool) and docker-compose from Debian when missing
 	scripts/ensure-system-packages.sh redis-server=redis-server promtool=prometheus \
@@ -39,7 +39,7 @@ test: venv system-deps ## run the test suite (starts its own redis-server, scrap
 LOWEST_VENV := .venv-lowest
 LOWEST_TESTS := tests/test_scheduler.py tests/test_frontier_protocol.py tests/test_scripts.py \
 	tests/test_bloom.py tests/test_dupefilter.py tests/test_frontier_crawl.py tests/faults \
-	tests/test_redis_cluster_crawl.py
+	tests/test_redis_cluster_crawl.py tests/test_politeness.py tests/test_politeness_crawl.py
 
 $(LOWEST_VENV)/.installed: pyproject.toml constraints/lowest.txt
 	$(PYTHON) -m venv $(LOWEST_VENV)
@@ -58,6 +58,7 @@ bench: venv system-deps ## benchmarks: side-by-side ratios against the seeds' re
 	$(PY) bench/dedup.py
 	$(PY) bench/exporter.py
 	$(PY) bench/scale.py
+	$(PY) bench/politeness.py
 
 up: venv ## start the cluster with WORKERS=N workers (docker-compose; local processes without Docker); REDIS=cluster: on a Redis Cluster
 	$(BLOOMCRAWL) up --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS))

@@ -30,6 +30,8 @@ from bloomcrawl.crawl.config import FilterConfig, politeness_from_settings
 from bloomcrawl.crawl.scheduler import retry_after
 
 PARTITIONS = 4
+#: the frontier keeps a host's delay 5 % longer (polite_common.lua): scheduling jitter
+MARGIN = 1.05
 
 
 def bloom(client: redis.Redis, **kwargs: Any) -> BloomFilter:
@@ -78,7 +80,7 @@ def test_one_host_is_leased_once_per_delay_across_workers(redis_client: redis.Re
     first, _ = lease(a, "x.test")
     assert first == ["http://x.test/0"]  # one per delay, though 10 were asked and 4 may fly
     got, wait = lease(b, "x.test")
-    assert got == [] and wait is not None and 0.2 < wait <= 0.3
+    assert got == [] and wait is not None and 0.2 < wait <= 0.3 * MARGIN
     time.sleep(wait + 0.01)
     got, _ = lease(b, "x.test")
     assert got == ["http://x.test/1"]
@@ -111,7 +113,7 @@ def test_a_waiting_host_never_blocks_the_others(redis_client: redis.Redis) -> No
     assert again == [] and wait is None  # every host at its one slot
     ack(a, got)
     again, wait = lease(a, hosts[0])
-    assert again == [] and wait is not None and 4.5 < wait <= 5.0
+    assert again == [] and wait is not None and 4.5 < wait <= 5.0 * MARGIN
 
 
 def test_throttle_changes_a_host_live_and_clear_restores_it(redis_client: redis.Redis) -> None:
@@ -131,10 +133,10 @@ def test_throttle_changes_a_host_live_and_clear_restores_it(redis_client: redis.
     a.exchange(outgoing(a, "http://x.test/6", "http://x.test/7"), {})
     assert lease(a, "x.test")[0] == ["http://x.test/6"]
     _, wait = lease(a, "x.test")
-    assert wait is not None and 29 < wait <= 30
+    assert wait is not None and 29 < wait <= 30 * MARGIN
     set_policy(redis_client, a.keys, polite, home("x.test"), "x.test", delay=0.1)
     _, wait = lease(a, "x.test")
-    assert wait is not None and wait <= 0.1
+    assert wait is not None and wait <= 0.1 * MARGIN
 
 
 def test_setting_overrides_yield_to_the_operator(redis_client: redis.Redis) -> None:

@@ -422,6 +422,8 @@ class Scheduler:
             self._rotation += 1
             order = sorted(ready, key=lambda p: (p != first, (p - start) % len(self._ready_at)))
             lease_from, probe = order[0], order[1:]
+        elif lease and not self._local:
+            self._wake_when_ready()  # no host is ready yet: ask when the first one is
         self.outbox.send(lease_from, want=self._demand(), check_idle=check_idle, probe=probe)
 
     def _ready_now(self) -> list[int]:

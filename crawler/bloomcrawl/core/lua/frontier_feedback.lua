@@ -31,7 +31,7 @@ for i = 2, #ARGV, 3 do
     end
   elseif kind == 'sent' then
     local delay = host_policy(host)
-    local at = PR.now - tonumber(value) + delay
+    local at = PR.now - tonumber(value) + math.floor(delay * PR.margin)
     if at > PR.now then
       if at > tonumber(redis.call('ZSCORE', PR.next, host) or '0') then
         redis.call('ZADD', PR.next, at, host)

@@ -37,7 +37,7 @@ while n < want do
       u = (u + 0.6180339887) % 1
       delay = delay * (1 + PR.jitter * (2 * u - 1))
     end
-    local at = math.max(PR.now + math.floor(delay), hold)
+    local at = math.max(PR.now + math.floor(delay * PR.margin), hold)
     redis.call('ZADD', PR.next, at, host)
     if redis.call('HINCRBY', PR.busy, host, 1) >= conc
         or not redis.call('ZSCORE', PR.depth, host) then

@@ -10,6 +10,9 @@
 --           robots: (Crawl-delay), auto: (AutoThrottle), until: (back-off end), in ms
 --   queued  string: requests queued in the partition
 local PR = {}
+-- a host's delay is kept this much longer: a request can leave its worker some ms
+-- after its lease (a busy or descheduled process), its successor on time
+PR.margin = 1.05
 
 local function polite_init(base, cfg)
   PR.ready, PR.depth, PR.busy = KEYS[base], KEYS[base + 1], KEYS[base + 2]

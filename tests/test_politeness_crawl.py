@@ -1,0 +1,353 @@
+"""Cluster-wide per-domain politeness (issue 11), measured at the website, with real workers.
+
+Three ``scrapy crawl site`` processes share one real redis-server and crawl
+the hosts site (:mod:`bloomcrawl.ops.hosts_site`: many hosts on one
+127.0.0.1 port, ``h<i>.localhost`` reached through
+:class:`bloomcrawl.crawl.resolver.LocalhostResolver`), which records every
+request's arrival. DOWNLOAD_DELAY, CONCURRENT_REQUESTS_PER_DOMAIN and
+RANDOMIZE_DOWNLOAD_DELAY are Scrapy's own settings; the frontier applies
+them to the whole cluster, so what the site sees from three workers must be
+what one polite crawler would send:
+
+* one domain: never two requests closer than 0.9 x the delay, the crawl no
+  longer than 1.1 x pages x delay, every page once;
+* 50 domains: no domain over its budget, and the cluster's throughput at
+  least 0.8 x the sum of the domains' budgets (each domain's ideal time
+  being its pages x its delay);
+* a worker SIGKILLed while it holds a domain's only slot: another worker
+  fetches from the domain again within SCHEDULER_LEASE_TIMEOUT plus a
+  margin, and the crawl completes.
+
+The workers are up (``Spider opened`` in each log) before the seeds are
+pushed, so all three compete from the first request on. Each worker sends
+its own User-Agent, which tells the site who fetched what.
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from bloomcrawl.crawl.resolver import resolver_settings
+from bloomcrawl.ops.hosts_site import (
+    Arrival,
+    HostSpec,
+    HostsSiteClient,
+    RunningHostsSite,
+    by_host,
+    fetch_counts,
+    host_names,
+    max_outstanding,
+    min_gaps,
+    pages_only,
+    peak_rates,
+    per_agent,
+    rates,
+    span,
+    summarize,
+)
+
+from conftest import RedisServer, free_port
+from crawl_helpers import Worker, run_workers, stopped_at_exit, wait_until
+
+WORKERS = 3
+#: seconds the workers get to start (3 Scrapy processes on 2 cores)
+START_TIMEOUT_S = 30.0
+#: seconds a crawl gets, idle close included
+CRAWL_TIMEOUT_S = 60.0
+#: each page links to this many new ones: every worker could have work of the domain at once
+FANOUT = 10
+GAP_FACTOR = 0.9
+SPAN_FACTOR = 1.1
+THROUGHPUT_FACTOR = 0.8
+
+
+def polite_settings(delay: float, per_domain: int = 1) -> dict[str, str]:
+    return {
+        "DOWNLOAD_DELAY": str(delay),
+        "CONCURRENT_REQUESTS_PER_DOMAIN": str(per_domain),
+        "RANDOMIZE_DOWNLOAD_DELAY": "False",
+        **resolver_settings(),
+    }
+
+
+def agent(i: int) -> str:
+    return "bloomcrawl-politeness-test/w%d" % i
+
+
+def start_workers(redis_url: str, tmp_path: Path, settings: dict[str, str]) -> list[Worker]:
+    """WORKERS ``scrapy crawl site`` processes, each with its own User-Agent; returns once
+    every one has opened its spider."""
+    workers = [Worker("w%d" % i, redis_url, tmp_path, {**settings, "USER_AGENT": agent(i)})
+               for i in range(WORKERS)]
+    opened = wait_until(lambda: all("Spider opened" in w.text() for w in workers),
+                        START_TIMEOUT_S)
+    if not opened:
+        for w in workers:
+            w.stop()
+        pytest.fail("workers did not open their spiders in %.0f s:\n%s" % (
+            START_TIMEOUT_S, "\n".join("--- %s\n%s" % (w.name, w.text()[-2000:])
+                                       for w in workers)))
+    return workers
+
+
+def seed(client: redis.Redis, site: RunningHostsSite, hosts: list[str]) -> None:
+    client.rpush("site:start_urls", *[site.url(host) for host in hosts])
+
+
+def check_exits(workers: list[Worker]) -> None:
+    for w in workers:
+        assert w.proc.returncode == 0, (w.name, w.text()[-3000:])
+        assert "Traceback" not in w.text(), (w.name, w.text()[-3000:])
+
+
+def check_every_page_once(site: RunningHostsSite, arrivals: list[Arrival]) -> None:
+    expected = {(name, path): 1 for name, spec in site.specs.items()
+                for path in spec.page_paths()}
+    assert [a for a in arrivals if a.kind != "page"] == []
+    counts = fetch_counts(arrivals)
+    assert dict(counts) == expected, {
+        "missing": sorted(set(expected) - set(counts))[:20],
+        "twice": sorted(k for k, n in counts.items() if n > 1)[:20],
+    }
+
+
+def closest(arrivals: list[Arrival], host: str,
+            count: int = 5) -> list[tuple[float, str, str, str, str, float]]:
+    """The ``count`` shortest gaps of ``host``, for messages: (gap, agent and path before,
+    agent and path after, seconds from the host's first request to the gap)."""
+    records = by_host(arrivals)[host]
+    gaps = [(round(b.start - a.start, 4), a.agent[-2:], b.agent[-2:], a.path, b.path,
+             round(a.start - records[0].start, 3))
+            for a, b in itertools.pairwise(records)]
+    return sorted(gaps)[:count]
+
+
+# --- the measuring equipment -----------------------------------------------------------
+
+
+def arrival(host: str, start: float, end: float | None, path: str = "/", who: str = "w0",
+            kind: str = "page") -> Arrival:
+    return Arrival(host, path, start, end, 200 if end is not None else 0, who, kind)
+
+
+def test_measures_of_arrivals() -> None:
+    records = [
+        arrival("a", 10.0, 10.1, "/"), arrival("a", 10.2, 10.5, "/p/1", "w1"),
+        arrival("a", 10.5, 10.6, "/p/2"),  # starts as /p/1's answer is ready: no overlap
+        arrival("a", 10.55, None, "/p/2", "w1"),  # still outstanding
+        arrival("b", 11.0, 11.1), arrival("c", 9.0, 9.5, "/robots.txt", kind="robots"),
+    ]
+    assert min_gaps(records) == pytest.approx({"a": 0.05})
+    assert max_outstanding(records) == {"a": 2, "b": 1, "c": 1}
+    assert rates(records) == pytest.approx({"a": 3 / 0.55})
+    # the two shortest consecutive gaps of "a": 10.5 -> 10.55 after 10.2 -> 10.5
+    assert peak_rates(records, 2) == pytest.approx({"a": 2 / 0.35})
+    assert peak_rates(records, 10) == pytest.approx({"a": 3 / 0.55})  # fewer: the mean rate
+    paced = [arrival("d", 5 + 0.25 * i, 5 + 0.25 * i) for i in range(40)]
+    assert peak_rates(paced, 10) == pytest.approx({"d": 4.0})  # 1 / 0.25
+    assert span(records) == pytest.approx(2.0)
+    assert fetch_counts(pages_only(records))[("a", "/p/2")] == 2
+    assert per_agent(records) == {"w0": 4, "w1": 2}
+    summary = summarize(records)["a"]
+    assert (summary.requests, summary.max_outstanding) == (4, 2)
+    assert summary.span == pytest.approx(0.55)
+    assert summary.min_gap == pytest.approx(0.05)
+    assert summarize(records)["b"].rate is None
+
+
+def fetch(site: RunningHostsSite, host: str, path: str,
+          who: str = "probe") -> tuple[int, str, dict[str, str]]:
+    conn = http.client.HTTPConnection("127.0.0.1", site.port, timeout=10)
+    try:
+        conn.request("GET", path, headers={"Host": "%s:%d" % (host, site.port),
+                                           "User-Agent": who})
+        response = conn.getresponse()
+        return response.status, response.read().decode(), dict(response.getheaders())
+    finally:
+        conn.close()
+
+
+def test_hosts_site_serves_each_host_its_pages_and_behaviour() -> None:
+    specs = [HostSpec("h0.localhost", pages=7, fanout=3, robots=True, crawl_delay=1.5,
+                      disallow=("/p/6",)),
+             HostSpec("h1.localhost", pages=2, throttle_first=2, retry_after=4),
+             HostSpec("slow.localhost", pages=1, latency=0.3)]
+    with RunningHostsSite(specs).start() as site:
+        status, body, _ = fetch(site, "H0.localhost", "/", "w0")
+        assert status == 200 and "<title>h0.localhost page 0</title>" in body
+        assert re.findall(r'href="([^"]+)"', body) == ["/p/1", "/p/2", "/p/3"]
+        links = re.findall(r'href="([^"]+)"', fetch(site, "h0.localhost", "/p/1", "w1")[1])
+        assert links == ["/p/4", "/p/5", "/p/6", "/", "/"]  # children, parent (/), home
+        assert fetch(site, "h0.localhost", "/robots.txt")[1] == (
+            "User-agent: *\nDisallow: /p/6\nCrawl-delay: 1.5\n")
+        assert fetch(site, "h0.localhost", "/p/7")[0] == 404
+        assert fetch(site, "h1.localhost", "/robots.txt")[0] == 404
+        first, second = fetch(site, "h1.localhost", "/"), fetch(site, "h1.localhost", "/p/1")
+        assert (first[0], first[2]["Retry-After"], second[0]) == (429, "4", 429)
+        assert fetch(site, "h1.localhost", "/")[0] == 200
+        started = time.monotonic()
+        assert fetch(site, "slow.localhost", "/")[0] == 200
+        assert time.monotonic() - started >= 0.3
+        assert fetch(site, "elsewhere.localhost", "/")[0] == 404
+        client = HostsSiteClient(site.port)
+        assert client.arrivals() == site.arrivals()  # the control endpoints are not recorded
+        records = site.arrivals()
+        assert [(a.host, a.path, a.status, a.kind) for a in records] == [
+            ("h0.localhost", "/", 200, "page"), ("h0.localhost", "/p/1", 200, "page"),
+            ("h0.localhost", "/robots.txt", 200, "robots"),
+            ("h0.localhost", "/p/7", 404, "not_found"),
+            ("h1.localhost", "/robots.txt", 404, "robots"),
+            ("h1.localhost", "/", 429, "throttled"), ("h1.localhost", "/p/1", 429, "throttled"),
+            ("h1.localhost", "/", 200, "page"), ("slow.localhost", "/", 200, "page")]
+        assert [a.agent for a in records[:2]] == ["w0", "w1"]
+        slow = records[-1]
+        assert slow.end is not None and slow.end - slow.start >= 0.3
+        assert client.arrivals(since=8) == [slow]
+        stats = client.stats()
+        assert stats["hosts"]["h0.localhost"] | {"distinct": 2, "missing": 5, "robots": 1,
+                                                  "not_found": 1} == stats["hosts"]["h0.localhost"]
+        assert stats["hosts"]["h1.localhost"]["throttled"] == 2
+        assert stats["unknown_hosts"] == 1
+        client.reset()
+        assert site.arrivals() == [] and site.stats()["requests"] == 0
+
+
+def test_hosts_site_command(tmp_path: Path) -> None:
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent / "crawler"))
+    cmd = [sys.executable, "-m", "bloomcrawl.ops.hosts_site", "--port", str(port), "--hosts",
+           "3", "--pages", "4", "--crawl-delay", "2", "--spec",
+           '{"h2.localhost": {"latency": 0.1, "pages": 9}}']
+    with open(tmp_path / "site.log", "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        client = HostsSiteClient(port)
+
+        def answers() -> bool:
+            try:
+                return bool(client.stats())
+            except OSError:
+                return False
+
+        assert wait_until(answers, 20), (tmp_path / "site.log").read_text()
+        hosts = client.stats()["hosts"]
+        assert {name: h["pages"] for name, h in hosts.items()} == {
+            "h0.localhost": 4, "h1.localhost": 4, "h2.localhost": 9}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert proc.returncode == 0, (tmp_path / "site.log").read_text()
+
+
+# --- real crawls ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_one_domain_three_workers_keep_the_delay(redis_server: RedisServer,
+                                                  redis_client: redis.Redis,
+                                                  tmp_path: Path) -> None:
+    delay, pages = 0.2, 40
+    with RunningHostsSite([HostSpec("h0.localhost", pages=pages, fanout=FANOUT)]).start() as site:
+        with stopped_at_exit(start_workers(redis_server.url, tmp_path,
+                                           polite_settings(delay))) as workers:
+            seed(redis_client, site, site.hosts)
+            assert wait_until(lambda: site.stats()["distinct"] == pages, CRAWL_TIMEOUT_S), \
+                site.stats()
+            run_workers(workers, CRAWL_TIMEOUT_S)
+        arrivals = site.arrivals()
+    check_every_page_once(site, arrivals)
+    gap = min_gaps(arrivals)["h0.localhost"]
+    assert gap >= GAP_FACTOR * delay, (gap, closest(arrivals, "h0.localhost"),
+                                       per_agent(arrivals))
+    assert max_outstanding(arrivals)["h0.localhost"] == 1
+    assert span(arrivals) <= pages * delay * SPAN_FACTOR, (span(arrivals), per_agent(arrivals))
+    check_exits(workers)
+
+
+@pytest.mark.slow
+def test_fifty_domains_each_within_budget_at_full_throughput(redis_server: RedisServer,
+                                                              redis_client: redis.Redis,
+                                                              tmp_path: Path) -> None:
+    delay, domains, pages = 0.5, 50, 10
+    specs = [HostSpec(name, pages=pages, fanout=FANOUT) for name in host_names(domains)]
+    with RunningHostsSite(specs).start() as site:
+        with stopped_at_exit(start_workers(redis_server.url, tmp_path,
+                                           polite_settings(delay))) as workers:
+            seed(redis_client, site, site.hosts)
+            assert wait_until(lambda: site.stats()["distinct"] == domains * pages,
+                              CRAWL_TIMEOUT_S), site.stats()
+            run_workers(workers, CRAWL_TIMEOUT_S)
+        arrivals = site.arrivals()
+    check_every_page_once(site, arrivals)
+    # each domain alone needs pages x delay; all of them in parallel, the same
+    ideal_throughput = domains * pages / (pages * delay)
+    throughput = len(arrivals) / span(arrivals)
+    gaps = min_gaps(arrivals)
+    over = {host: round(gap, 4) for host, gap in gaps.items() if gap < GAP_FACTOR * delay}
+    assert over == {}, (over, [closest(arrivals, host) for host in sorted(over)[:3]],
+                        "throughput / ideal %.2f" % (throughput / ideal_throughput))
+    assert throughput >= THROUGHPUT_FACTOR * ideal_throughput, (
+        throughput, ideal_throughput, span(arrivals), per_agent(arrivals))
+    check_exits(workers)
+
+
+@pytest.mark.slow
+def test_killed_slot_holder_frees_the_domain_within_the_lease_timeout(
+        redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path) -> None:
+    delay, pages, latency = 0.2, 8, 1.0
+    lease_timeout, reap_interval = 3.0, 1.0
+    # after the lease expires: the next reaping, a worker's poll (backing off to 1 s) and a delay
+    margin = reap_interval + 1.0 + delay + 0.8
+    settings = {**polite_settings(delay), "SCHEDULER_LEASE_TIMEOUT": str(lease_timeout),
+                "SCHEDULER_REAP_INTERVAL": str(reap_interval), "MAX_IDLE_TIME_BEFORE_CLOSE": "5"}
+    host = "h0.localhost"
+    with RunningHostsSite([HostSpec(host, pages=pages, latency=latency)]).start() as site:
+        with stopped_at_exit(start_workers(redis_server.url, tmp_path, settings)) as workers:
+            seed(redis_client, site, [host])
+
+            def mid_request() -> Arrival | None:
+                """A request in its first half, after two pages were answered."""
+                records = site.arrivals()
+                if sum(1 for a in records if a.end is not None) < 2:
+                    return None
+                now = time.monotonic()
+                return next((a for a in records
+                             if a.end is None and now - a.start < latency / 2), None)
+
+            assert wait_until(lambda: mid_request() is not None, CRAWL_TIMEOUT_S, 0.02), \
+                site.arrivals()
+            held = mid_request()
+            assert held is not None
+            victim = workers[[agent(i) for i in range(WORKERS)].index(held.agent)]
+            victim.kill()
+            killed_at = time.monotonic()
+            assert killed_at < held.start + latency  # the kill landed mid-request
+            survivors = [w for w in workers if w is not victim]
+            run_workers(survivors, CRAWL_TIMEOUT_S)
+        arrivals = site.arrivals()
+    served = pages_only(arrivals)
+    counts = fetch_counts(served)
+    assert {path for _, path in counts} == set(site.specs[host].page_paths())  # completed
+    # what the victim held when it died was fetched again; nothing else twice
+    victim_outstanding = {a.path for a in arrivals
+                          if a.agent == held.agent and a.start <= killed_at
+                          and (a.end is None or a.end > killed_at)}
+    assert held.path in victim_outstanding
+    twice = {path for (_, path), n in counts.items() if n > 1}
+    assert twice <= victim_outstanding, (twice, victim_outstanding)
+    after = [a for a in arrivals if a.start > killed_at]
+    assert after, arrivals
+    assert all(a.agent != held.agent for a in after)
+    waited = after[0].start - killed_at
+    assert waited <= lease_timeout + margin, (waited, lease_timeout, margin)
+    check_exits(survivors)
