@@ -229,7 +229,7 @@ def host_states(server: Any, frontier_keys: keys.FrontierKeys, politeness: Polit
                         [politeness.config(frontier_keys, p), 0, *names])
              for p, names in by_partition.items()]
     out = []
-    for reply in run_scripts(server, calls):
+    for reply in run_scripts(server, calls, read_only=True):
         out += _states(reply[4:])
     return out
 
@@ -248,7 +248,7 @@ def politeness_summary(server: Any, frontier_keys: keys.FrontierKeys, top_k: int
              for p in range(frontier_keys.partitions)]
     hosts = queued = held = flight = 0
     states: list[DomainState] = []
-    for reply in run_scripts(server, calls):
+    for reply in run_scripts(server, calls, read_only=True):
         hosts += int(reply[0])
         queued += int(reply[1])
         held += int(reply[2])

@@ -51,8 +51,9 @@ class Script:
         """A partition script: the filter backend's prelude, then ``names``."""
         return cls(BACKEND_PRELUDES[backend], *names)
 
-    def queue(self, pipe: Pipeline, keys: Sequence[str], args: Sequence[Any]) -> None:
-        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args,  # type: ignore[no-untyped-call]
+    def queue(self, pipe: Pipeline, keys: Sequence[str], args: Sequence[Any],
+              command: str = "EVALSHA") -> None:
+        pipe.execute_command(command, self.sha, len(keys), *keys, *args,  # type: ignore[no-untyped-call]
                              **_route(pipe, keys))
 
 
@@ -88,6 +89,7 @@ def run_scripts(
     *,
     also: Callable[[Pipeline], None] | None = None,
     recreate_filter: Callable[[], None] | None = None,
+    read_only: bool = False,
 ) -> list[Any]:
     """Run ``calls`` in order in one pipeline and return their replies.
 
@@ -95,13 +97,16 @@ def run_scripts(
     (their replies are not returned and they are never sent twice).
     ``recreate_filter``, when given, is called once if a call found its
     filter partition missing; those calls are then sent again. Any other
-    error reply is raised after every call has been tried.
+    error reply is raised after every call has been tried. ``read_only``
+    scripts go as EVALSHA_RO: a user whose keys are read-only (``%R~``) may
+    run them.
     """
-    if len(calls) == 1 and also is None:
+    command = "EVALSHA_RO" if read_only else "EVALSHA"
+    if len(calls) == 1 and also is None and not read_only:
         return [_run_one(client, calls[0], recreate_filter)]
     pipe = client.pipeline(transaction=False)
     for call in calls:
-        call.script.queue(pipe, call.keys, call.args)
+        call.script.queue(pipe, call.keys, call.args, command)
     if also is not None:
         also(pipe)
     replies = list(pipe.execute(raise_on_error=False))
@@ -118,7 +123,7 @@ def run_scripts(
             client.script_load(script.source)
         pipe = client.pipeline(transaction=False)
         for i in again:
-            calls[i].script.queue(pipe, calls[i].keys, calls[i].args)
+            calls[i].script.queue(pipe, calls[i].keys, calls[i].args, command)
         for i, reply in zip(again, pipe.execute(raise_on_error=False), strict=True):
             results[i] = reply
     for reply in replies[len(calls):]:
