@@ -206,6 +206,16 @@ def test_an_expired_lease_frees_its_hosts_slot(redis_client: redis.Redis) -> Non
     assert (state.queued, state.in_flight) == (1, 1)
 
 
+def test_a_deleted_ready_set_is_rebuilt_by_the_next_reaping(redis_client: redis.Redis) -> None:
+    polite = Politeness(delay=0.0, concurrency=2)
+    a = worker(redis_client, "a", polite)
+    a.exchange(outgoing(a, *("http://x.test/%d" % i for i in range(3))), {})
+    redis_client.delete(a.keys.polite(home("x.test"), "ready"))
+    assert lease(a, "x.test")[0] == []  # nothing is ready any more
+    a.reap()
+    assert len(lease(a, "x.test")[0]) == 2  # back, within its concurrency
+
+
 def test_summary_counts_held_back_requests_and_the_busiest_hosts(
         redis_client: redis.Redis) -> None:
     polite = Politeness(delay=10.0, concurrency=1)

@@ -1,5 +1,5 @@
 -- Put expired leases back into their hosts' queues and free the hosts' slots; forget
--- next-lease times already past. KEYS[1] leases, KEYS[2] deadlines,
+-- next-lease times already past; rebuild a lost ready set. KEYS[1] leases, KEYS[2] deadlines,
 -- KEYS[3..8] politeness (polite_common)
 -- ARGV[1] politeness cfg, ARGV[2] queue type, ARGV[3] most to requeue.
 -- Returns how many were requeued.
@@ -27,4 +27,9 @@ for _, token in ipairs(expired) do
   end
 end
 redis.call('ZREMRANGEBYSCORE', PR.next, '-inf', PR.now)
+-- the ready set lost (a deleted key, a partial restore) while hosts have queued requests:
+-- without it nothing would ever be leased again; every host with a free slot goes back
+if redis.call('ZCARD', PR.ready) == 0 and redis.call('ZCARD', PR.depth) > 0 then
+  for _, host in ipairs(redis.call('ZRANGE', PR.depth, 0, 9999)) do make_ready(host) end
+end
 return n
