@@ -26,7 +26,15 @@ nodes, 3 masters with 1 replica each, docker-compose.cluster.yml):
 E2E_CASES (``single,cluster`` by default) picks the cases to run. Each case
 runs as its own compose project with its own .env, state directory and free
 ports, so a developer's cluster is left alone. Prints one line per check and
-ends with "N passed, M failed".
+ends with "N passed, M failed", then one line per failed check: its name and
+why, so that the last lines of a CI log say what failed.
+
+Every host port the cluster publishes comes from one block of free ports below
+the kernel's ephemeral range (``free_block``): a port picked there stays free
+until docker binds it, whereas a port of the ephemeral range can meanwhile
+become any connection's local port (and stays unbindable for a minute in
+TIME_WAIT), which fails ``make up``. Should ``make up`` fail on a taken port
+all the same, the case starts again on another block, once, and says so.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -74,6 +83,18 @@ OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 STARTED = time.monotonic()
 
 results: list[tuple[str, bool, str]] = []
+#: what happened that did not fail a check but should be read (a retried make up)
+notes: list[str] = []
+#: make's output saying a host port was taken: docker-proxy's bind, docker's allocator
+PORT_TAKEN = re.compile(r"address already in use|port is already allocated", re.I)
+#: a line of make's output that tells why it failed
+ERROR_LINE = re.compile(r"error|fail|cannot|can't|unable|denied|refused|in use|"
+                        r"already allocated|not found|no such|unhealthy|exited|timed out|"
+                        r"killed|no space", re.I)
+#: a line of make's output that says what failed, before any other (docker-compose, dockerd)
+STRONG_ERROR_LINE = re.compile(r"^ERROR\b|^Error\b|Error response from daemon|bind: ")
+#: lines that say something failed but not what
+GENERIC_ERROR = re.compile(r"^make(\[\d+\])?: \*\*\*|Encountered errors while bringing up")
 
 
 def log(message: str) -> None:
@@ -97,6 +118,45 @@ def check(name: str, func: Callable[[], str | None]) -> bool:
     log("%s %s (%.0fs)%s" % ("PASS" if ok else "FAIL", name, took,
                              ": " + detail if detail else ""))
     return ok
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """``text`` as one line of at most ``limit`` characters (docker's 64-digit ids cut to 12)."""
+    line = re.sub(r"\b([0-9a-f]{12})[0-9a-f]{20,}\b", r"\1", " ".join(text.split()))
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+class MakeFailed(AssertionError):
+    """A make target failed; ``output`` is everything it printed, ``reason`` why, in one line."""
+
+    def __init__(self, message: str, output: str, reason: str) -> None:
+        super().__init__(message)
+        self.output = output
+        self.reason = reason
+
+
+def failure_reason(lines: list[str]) -> str:
+    """Why a make target failed, from its output: the error it ended with
+    (``bloomcrawl <command>: ...``) and the line before it that says what went
+    wrong (docker-compose's ``ERROR: for redis ...``, a script's message)."""
+    text = [line.strip() for line in lines if line.strip()]
+    text = [line for line in text if not GENERIC_ERROR.search(line)]
+    if not text:
+        return "no output"
+    last = len(text) - 1
+    for i in range(len(text) - 1, max(-1, len(text) - 15), -1):
+        if text[i].startswith("bloomcrawl "):
+            last = i
+            break
+    final = text[last]
+    before = [line for line in text[max(0, last - 20):last]
+              if line != final and not line.startswith("bloomcrawl ")]
+    # docker-compose's "ERROR: for redis  Cannot start service ...", the engine's answer;
+    # else the last line naming a failure; else the line just before the end
+    cause = (next((line for line in before if STRONG_ERROR_LINE.search(line)), "")
+             or next((line for line in reversed(before) if ERROR_LINE.search(line)), "")
+             or (before[-1] if before else ""))
+    return one_line(cause, 300) + " | " + one_line(final, 300) if cause else one_line(final)
 
 
 def skip(name: str, reason: str) -> None:
@@ -144,8 +204,10 @@ def make(*targets: str, timeout: float) -> str:
     finally:
         killer.cancel()
     if code != 0:
-        raise AssertionError("make %s exited %d%s" % (
-            " ".join(targets), code, " (killed after %.0fs)" % timeout if code < 0 else ""))
+        reason = failure_reason(lines)
+        raise MakeFailed("make %s exited %d%s: %s" % (
+            " ".join(targets), code, " (killed after %.0fs)" % timeout if code < 0 else "",
+            reason), "".join(lines), reason)
     return "".join(lines)
 
 
@@ -154,12 +216,21 @@ def bloomcrawl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
                           env=environment(), text=True, capture_output=True, timeout=timeout)
 
 
-def free_range(size: int) -> int:
-    """The first port of ``size`` consecutive free ports."""
-    for base in range(16800, 30000, 100):
+def free_block(size: int) -> int:
+    """The first port of ``size`` consecutive free ports below the ephemeral range.
+
+    No connection gets a local port there unless it binds one, so a port free
+    now is still free when docker binds it minutes later (``make demo`` binds
+    DEMO_PORT after the crawl's ``up`` and ``deploy``), and docker's own picks
+    for ``127.0.0.1::6379`` (from the ephemeral range) never meet ours. The
+    blocks are tried in a random order: two runs at once rarely want the same.
+    """
+    bases = list(range(16800, 30000 - size, 100))
+    random.shuffle(bases)
+    for base in bases:
         if all(port_is_free(base + i) for i in range(size)):
             return base
-    raise RuntimeError("no %d consecutive free ports" % size)
+    raise RuntimeError("no %d consecutive free ports in 16800-30000" % size)
 
 
 def env_values() -> dict[str, str]:
@@ -191,18 +262,22 @@ def compose_down_leftovers() -> None:
 
 
 def write_env_file() -> None:
+    """A new .env (no secrets: ``make up`` adds them) with every port from one free block."""
     WORK.mkdir(parents=True, exist_ok=True)
-    base = free_range(20)
+    base = free_block(25)
     values = {
         "COMPOSE_PROJECT_NAME": PROJECT,
-        "REDIS_PORT": str(free_port()),
-        "EXPORTER_PORT": str(free_port()),
-        "PROMETHEUS_PORT": str(free_port()),
-        "GRAFANA_PORT": str(free_port()),
-        "DEMO_PORT": str(free_port()),
+        "REDIS_PORT": str(base + 20),
+        "EXPORTER_PORT": str(base + 21),
+        "PROMETHEUS_PORT": str(base + 22),
+        "GRAFANA_PORT": str(base + 23),
+        "DEMO_PORT": str(base + 24),
         "WORKER_PORTS": "%d-%d" % (base, base + 19),
         "DEMO_PAGES": str(PAGES),
     }
+    log("host ports %d-%d (workers %s, redis %s, exporter %s, prometheus %s, demo %s)" % (
+        base, base + 24, values["WORKER_PORTS"], values["REDIS_PORT"], values["EXPORTER_PORT"],
+        values["PROMETHEUS_PORT"], values["DEMO_PORT"]))
     ENV_FILE.write_text("# the e2e test's cluster (tests/e2e/cluster_e2e.py)\n" + "".join(
         "%s=%s\n" % item for item in values.items()))
 
@@ -249,9 +324,26 @@ def responses_in_log(node: scrapyd.Node, log_url: str) -> int:
 # --- the checks -------------------------------------------------------------------
 
 
+def make_up(*extra: str) -> str:
+    """``make up``; when a host port was taken meanwhile, ``make down`` and once more
+    on another block of ports (noted, and named in the last lines)."""
+    try:
+        return make("up", "WORKERS=%d" % WORKERS, *extra, timeout=900)
+    except MakeFailed as exc:
+        if not PORT_TAKEN.search(exc.output):
+            raise
+        note = "%s: make up found a host port taken (%s); again on other ports" % (
+            PROJECT, exc.reason)
+        log("NOTE " + note)
+        notes.append(note)
+    make("down", timeout=180)
+    write_env_file()
+    return make("up", "WORKERS=%d" % WORKERS, *extra, timeout=900)
+
+
 def check_up(*extra: str) -> str:
     started = time.monotonic()
-    make("up", "WORKERS=%d" % WORKERS, *extra, timeout=900)
+    make_up(*extra)
     took = time.monotonic() - started
     nodes = target().nodes
     assert len(nodes) == WORKERS, "expected %d workers, found %s" % (WORKERS, nodes)
@@ -305,7 +397,9 @@ def check_killed_worker() -> str:
     OPENER.open(urllib.request.Request(demo_url("__reset"), data=b"", method="POST"),
                 timeout=10).close()
     jobs = scrapyd.schedule(t.nodes, "bloomcrawl", "site",
-                            [("MAX_IDLE_TIME_BEFORE_CLOSE", "10")], [("allowed_domains", "demo")])
+                            [("MAX_IDLE_TIME_BEFORE_CLOSE", "10"),
+                             ("CONCURRENT_REQUESTS_PER_DOMAIN", "64")],
+                            [("allowed_domains", "demo")])
     seed(client, "site", ["http://demo:8000/"])
     compose = Compose(paths())
     victim = next(c for c in compose.containers("worker")
@@ -523,11 +617,11 @@ def run_single() -> None:
             check("make scale WORKERS=4, then make deploy reaches the new worker", check_scale)
         else:
             for name in ("2,000-page crawl", "a worker killed mid-crawl", "make scale"):
-                skip(name, "no deployed cluster")
+                skip(name, "no deployed cluster (make %s failed)" % ("deploy" if up else "up"))
         if up:
             check("Prometheus has the exporter's metrics", check_prometheus)
         else:
-            skip("Prometheus has the exporter's metrics", "no cluster")
+            skip("Prometheus has the exporter's metrics", "no cluster (make up failed)")
     finally:
         check("make down leaves no container, network or volume", check_down)
 
@@ -568,14 +662,26 @@ def main() -> int:
         sys.stderr.write("E2E_CASES: unknown %s (cases: %s)\n" % (unknown, ", ".join(CASES)))
         return 2
     log("e2e: %s" % ", ".join(cases))
-    if "single" in cases:
-        run_single()
-    if "cluster" in cases:
-        run_cluster()
+    for case, run in (("single", run_single), ("cluster", run_cluster)):
+        if case not in cases:
+            continue
+        try:
+            run()
+        except Exception as exc:  # outside any check (leftovers, .env): the case stops here
+            detail = "%s: %s" % (type(exc).__name__, exc)
+            results.append(("%s case: before its checks" % case, False, detail))
+            log("FAIL %s case: %s\n%s" % (case, detail, traceback.format_exc(limit=3)))
     passed = sum(1 for _, ok, _ in results if ok)
     failed = len(results) - passed
     log("took %.0fs" % (time.monotonic() - STARTED))
+    # the last lines: a CI log's tail says what failed and why
     sys.stdout.write("%d passed, %d failed\n" % (passed, failed))
+    for name, ok, detail in results:
+        if not ok:
+            sys.stdout.write("FAILED %s: %s\n" % (name, one_line(detail.split("\n")[0])))
+    for note in notes:
+        sys.stdout.write("NOTE %s\n" % one_line(note))
+    sys.stdout.flush()
     return 1 if failed else 0
 
 
