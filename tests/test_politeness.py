@@ -192,6 +192,18 @@ def test_a_request_that_went_out_late_moves_its_hosts_next_lease(
     assert wait is not None and wait > 0.9  # a second from when it left, not from its lease
 
 
+def test_one_slot_hosts_wait_from_the_response_of_their_last_request(
+        redis_client: redis.Redis) -> None:
+    polite = Politeness(delay=1.0, concurrency=1)
+    a, b = worker(redis_client, "a", polite), worker(redis_client, "b", polite)
+    a.exchange(outgoing(a, "http://x.test/1", "http://x.test/2"), {})
+    [held] = a.exchange((), {}, lease_from=home("x.test"), want=1).leases
+    time.sleep(0.6)  # the request left late: its response came 0.6 s after the lease
+    a.exchange((), {home("x.test"): ["%s|%r" % (held.token, time.monotonic())]})
+    _, wait = lease(b, "x.test")
+    assert wait is not None and 0.95 < wait <= 1.0 * MARGIN  # a delay from the response
+
+
 def test_an_expired_lease_frees_its_hosts_slot(redis_client: redis.Redis) -> None:
     polite = Politeness(delay=0.0, concurrency=1)
     dead = worker(redis_client, "dead", polite, lease_timeout=0.2)

@@ -102,6 +102,21 @@ class Exchanged:
     ready_in: float | None = None
 
 
+def ack_args(acks: Sequence[str]) -> list[str]:
+    """Ack tokens as the scripts take them.
+
+    An ack may be ``"token|<time.monotonic() of its response>"``: it goes as
+    ``"token|<ms ago>"``, computed now, just before it is sent (so it errs
+    short: the response looks later than it was, the safe way for the host).
+    """
+    now = time.monotonic()
+    out = []
+    for ack in acks:
+        token, bar, when = ack.partition("|")
+        out.append("%s|%d" % (token, max(0, (now - float(when)) * 1000)) if bar else ack)
+    return out
+
+
 def parse_start_entry(raw: bytes | str) -> dict[str, Any]:
     """One ``<spider>:start_urls`` entry: a URL, or JSON ``{"url", "meta", "priority"}``."""
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
@@ -290,7 +305,7 @@ class Frontier:
         for p, tokens in acks.items():
             if p != lease_from and tokens:
                 calls.append(ScriptCall(_ACK, [f.leases(p), f.deadlines(p), *f.polite_keys(p)],
-                                        [self._cfg(p), self.queue_type, *tokens]))
+                                        [self._cfg(p), self.queue_type, *ack_args(tokens)]))
         for number, counts in stats:
             args = [self.worker_id, number, self.node]
             for name, value in counts.items():
@@ -327,7 +342,7 @@ class Frontier:
                           # tokens: "<worker>:<partition>:<number from Redis>", unique
                           [self.queue_type, self.lease_ms, want,
                            "%s:%d:" % (self.worker_id, partition), self._cfg(partition),
-                           repr(random.random()), *acks])
+                           repr(random.random()), *ack_args(acks)])
 
     @staticmethod
     def _leases(partition: int, reply: list[bytes], sent: float) -> list[Lease]:

@@ -165,6 +165,8 @@ class Scheduler:
         self._inflight: dict[str, int] = {}
         # leases not yet sent out by the downloader: token -> when the lease was asked for
         self._leased_at: dict[str, float] = {}
+        # leases whose response came: token -> when (sent with the ack)
+        self._responded_at: dict[str, float] = {}
         self._rotation = 0
         # per partition: when (time.monotonic()) a host of it may be leased; 0: maybe
         # now, inf: none waits for a time (nothing queued, or all its slots in flight)
@@ -567,8 +569,11 @@ class Scheduler:
     def _ack_later(self, lease: Any) -> None:
         partition, token = lease
         self._leased_at.pop(token, None)
+        responded = self._responded_at.pop(token, None)
         if self._inflight.pop(token, None) is not None:
-            self.outbox.acks[int(partition)].append(token)
+            # with when its response came: the host's next lease counts from no earlier
+            self.outbox.acks[int(partition)].append(
+                token if responded is None else "%s|%r" % (token, responded))
 
     # -- renewal and reaping (on the I/O thread) ------------------------------------------
 
@@ -582,6 +587,8 @@ class Scheduler:
         self.errors.ok()
         for token in lost:  # counted once: a lost lease is no longer ours to renew or ack
             self._inflight.pop(token, None)
+            self._leased_at.pop(token, None)
+            self._responded_at.pop(token, None)
         if lost:
             self.stats.inc_value("bloomcrawl/leases_lost", len(lost))
             logger.warning("%d leases expired before renewal; their requests may be crawled"
@@ -675,6 +682,7 @@ class Scheduler:
             if request.url.endswith("/robots.txt") and response.status == 200:
                 self._robots(host, response)
             return
+        self._responded_at[request.meta[LEASE_META_KEY][1]] = time.monotonic()
         latency = request.meta.get("download_latency")
         if isinstance(latency, float | int):
             # the request went out this long before its response: later than its lease?
@@ -803,6 +811,7 @@ class Scheduler:
         self._seen.clear()
         self._inflight.clear()
         self._leased_at.clear()
+        self._responded_at.clear()
         outbox.acks.clear()
         self._may_have_work()
         for request in held:

@@ -114,14 +114,28 @@ local function unbusy(host)
   make_ready(host)
 end
 
--- end a lease: 1 when the token was held (only the holder's own token matches)
-local function end_lease(leases, deadlines, token)
+-- end a lease: 1 when the token was held (only the holder's own token matches).
+-- arg: the token, or "token|ms": the lease's response came back that many ms ago. A
+-- host with one slot is then not leased again before that plus its delay: its request
+-- reached the site before its response came back, however late it left its worker.
+local function end_lease(leases, deadlines, arg)
+  local token, ago = string.match(arg, '^(.*)|(%d+)$')
+  token = token or arg
   local held = redis.call('ZREM', deadlines, token)
   local v = redis.call('HGET', leases, token)
   redis.call('HDEL', leases, token)
   if v then
     local host = lease_host(v)
-    if host then unbusy(host) end
+    if host then
+      if ago then
+        local delay, conc = host_policy(host)
+        local at = PR.now - tonumber(ago) + math.floor(delay * PR.margin)
+        if conc == 1 and at > tonumber(redis.call('ZSCORE', PR.next, host) or '0') then
+          redis.call('ZADD', PR.next, at, host)
+        end
+      end
+      unbusy(host)
+    end
   end
   return held
 end
