@@ -93,9 +93,14 @@ class Politeness:
     autothrottle: tuple[float, float, float] | None = None
 
     def config(self, frontier_keys: keys.FrontierKeys, partition: int) -> str:
-        """The ``cfg`` argument of every politeness script of ``partition``."""
-        return "%d|%d|%s|%s" % (round(self.delay * 1000), self.concurrency, repr(self.jitter),
-                                frontier_keys.host_queue_prefix(partition))
+        """The ``cfg`` argument of every politeness script of ``partition``.
+
+        ``<delay ms>|<concurrency>|<jitter>|<AutoThrottle start ms, -1: off>|<host queue prefix>``
+        """
+        start = -1 if self.autothrottle is None else round(self.autothrottle[0] * 1000)
+        return "%d|%d|%s|%d|%s" % (round(self.delay * 1000), self.concurrency,
+                                   repr(self.jitter), start,
+                                   frontier_keys.host_queue_prefix(partition))
 
     def describe(self) -> str:
         text = "delay %.3g s, concurrency %d per host across the cluster" % (
@@ -109,15 +114,19 @@ class Politeness:
         return text
 
     def to_meta(self) -> dict[str, Any]:
-        return {"delay": self.delay, "concurrency": self.concurrency, "jitter": self.jitter}
+        return {"delay": self.delay, "concurrency": self.concurrency, "jitter": self.jitter,
+                "autothrottle": list(self.autothrottle) if self.autothrottle else None}
 
     @classmethod
     def from_meta(cls, data: Any) -> Politeness:
         """What a worker recorded (the exporter and the CLI read it); defaults if unreadable."""
         try:
+            auto = data.get("autothrottle")
             return cls(delay=float(data["delay"]), concurrency=int(data["concurrency"]),
-                       jitter=float(data.get("jitter", 0.0)))
-        except (KeyError, TypeError, ValueError):
+                       jitter=float(data.get("jitter", 0.0)),
+                       autothrottle=(float(auto[0]), float(auto[1]), float(auto[2]))
+                       if auto else None)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             return cls()
 
 

@@ -253,7 +253,9 @@ class Scheduler:
                 extra={"spider": spider})
         s = self.crawler.signals
         s.connect(self._on_reached_downloader, signal=signals.request_reached_downloader)
-        s.connect(self._on_response, signal=signals.response_received)
+        # response_downloaded, not response_received: a 429 that RetryMiddleware turns
+        # into a retry never becomes a received response
+        s.connect(self._on_response, signal=signals.response_downloaded)
         s.connect(self._on_finished, signal=request_finished)
         s.connect(self._on_item, signal=signals.item_scraped)
         s.connect(self._on_spider_error, signal=signals.spider_error)

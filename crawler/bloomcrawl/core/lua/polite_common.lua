@@ -1,7 +1,8 @@
 -- Per-host politeness of one partition (prelude). Every key of a partition shares its
 -- hash tag, so the host queues (PR.hq .. host) live in the caller's slot.
 -- polite_init(base, cfg): KEYS[base..base+5] = ready, depth, busy, next, policy, queued;
--- cfg = "<default delay ms>|<default concurrency>|<jitter>|<host queue prefix>".
+-- cfg = "<default delay ms>|<default concurrency>|<jitter>|<AutoThrottle start ms, -1: off>|
+--        <host queue prefix>".
 --   ready   zset host -> ms from when it may be leased: the hosts with queued requests
 --           and a free slot, nothing else
 --   depth   zset host -> requests queued       busy  hash host -> requests leased
@@ -17,8 +18,9 @@ PR.margin = 1.05
 local function polite_init(base, cfg)
   PR.ready, PR.depth, PR.busy = KEYS[base], KEYS[base + 1], KEYS[base + 2]
   PR.next, PR.policy, PR.queued = KEYS[base + 3], KEYS[base + 4], KEYS[base + 5]
-  local d, c, j, prefix = string.match(cfg, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  local d, c, j, st, prefix = string.match(cfg, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
   PR.delay, PR.conc, PR.jitter, PR.hq = tonumber(d), tonumber(c), tonumber(j), prefix
+  PR.start = tonumber(st)
   local t = redis.call('TIME')
   PR.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
@@ -30,7 +32,8 @@ local function host_policy(host)
                        'auto:' .. host, 'until:' .. host)
   local delay = tonumber(v[1]) or tonumber(v[3]) or PR.delay
   local conc = tonumber(v[2]) or tonumber(v[4]) or PR.conc
-  delay = math.max(delay, tonumber(v[5]) or 0, tonumber(v[6]) or 0)
+  -- AutoThrottle: a host it has not adapted yet starts at AUTOTHROTTLE_START_DELAY
+  delay = math.max(delay, tonumber(v[5]) or 0, tonumber(v[6]) or PR.start)
   return delay, math.max(conc, 1), tonumber(v[7]) or 0
 end
 
