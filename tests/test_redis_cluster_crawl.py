@@ -20,10 +20,11 @@ from redis_cluster import RedisClusterProcesses
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.connection import redis_from_url
-from bloomcrawl.core.errors import SettingError
+from bloomcrawl.core.errors import RedisUnavailableError, SettingError
 from bloomcrawl.core.politeness import host_of, host_partition
 from bloomcrawl.crawl.config import redis_from_settings
 
+from conftest import free_port
 from crawl_helpers import Worker, frontier_left, run_workers, stopped_at_exit, wait_until
 from test_bloom import fill, measure_false_positives, race
 
@@ -83,6 +84,10 @@ def test_cluster_settings_are_checked_before_anything_is_written(clean_cluster) 
     nodes = ",".join("127.0.0.1:%d" % p for p in clean_cluster.masters())
     client = redis_from_settings(Settings({"REDIS_CLUSTER_NODES": nodes}))
     assert client.ping()
+    # nobody listens there: one clear error on every redis-py (5.0 has no
+    # redis.RedisClusterException, so naming it would raise AttributeError instead)
+    with pytest.raises(RedisUnavailableError, match="cannot reach Redis Cluster"):
+        redis_from_url("redis+cluster://127.0.0.1:%d" % free_port())
 
 
 # -- crawls ------------------------------------------------------------------------

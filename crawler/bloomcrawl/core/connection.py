@@ -155,7 +155,8 @@ def _cluster_from_url(url: str, **params: Any) -> redis.cluster.RedisCluster:
                            for host, port in nodes], **options)
         client.bloomcrawl_startup_nodes = ["%s:%d" % node for node in nodes]  # type: ignore[attr-defined]
         return client
-    except (redis.RedisClusterException, redis.ConnectionError, redis.TimeoutError) as exc:
+    except (redis.exceptions.RedisClusterException, redis.ConnectionError,
+            redis.TimeoutError) as exc:
         raise RedisUnavailableError("cannot reach Redis Cluster at %s: %s" % (
             url.replace(userinfo + "@", "") if userinfo else url, exc)) from exc
 

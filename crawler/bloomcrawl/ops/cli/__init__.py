@@ -42,7 +42,7 @@ def failure_line(exc: BaseException) -> str:
         return f"cannot reach Redis: {exc}"
     if isinstance(exc, redis.RedisError):
         return f"Redis refused a command: {exc}"
-    if isinstance(exc, redis.RedisClusterException):  # not a RedisError
+    if isinstance(exc, redis.exceptions.RedisClusterException):  # not a RedisError
         return f"Redis Cluster: {exc}"
     return str(exc)
 
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = Paths.from_environment()
     try:
         return int(args.func(args, paths))
-    except (BloomcrawlError, redis.RedisError, redis.RedisClusterException) as exc:
+    except (BloomcrawlError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
         warn(f"bloomcrawl {args.command}: {failure_line(exc)}")
         return 1
     except KeyboardInterrupt:
