@@ -58,6 +58,7 @@ def roles(redis_client: redis.Redis) -> Iterator[dict[str, str]]:
         redis_client.execute_command("ACL", "DELUSER", name)
 
 
+@pytest.mark.parametrize("demo_site", [{"pages": 300}], indirect=True)
 def test_each_role_crawls_reads_and_throttles_with_its_documented_commands(
         redis_client: redis.Redis, roles: dict[str, str], demo_site, tmp_path: Path) -> None:
     redis_client.rpush("site:start_urls", demo_site.url)

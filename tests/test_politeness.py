@@ -17,6 +17,7 @@ from bloomcrawl.core.errors import FilterMismatchError, SettingError
 from bloomcrawl.core.frontier import Frontier, Outgoing
 from bloomcrawl.core.keys import FrontierKeys
 from bloomcrawl.core.politeness import (
+    BUSY_RETRY_S,
     Feedback,
     Politeness,
     filter_fingerprint,
@@ -93,7 +94,7 @@ def test_concurrency_is_a_cluster_wide_cap(redis_client: redis.Redis) -> None:
     held = a.exchange((), {}, lease_from=home("x.test"), want=10).leases
     assert len(held) == 2
     got, wait = lease(b, "x.test")
-    assert got == [] and wait is None  # not waiting for a time: for a slot
+    assert got == [] and wait == BUSY_RETRY_S  # not waiting for a time: for a slot
     ack(a, held[:1])
     got, _ = lease(b, "x.test")
     assert got == ["http://x.test/2"]
@@ -110,7 +111,7 @@ def test_a_waiting_host_never_blocks_the_others(redis_client: redis.Redis) -> No
     got = a.exchange((), {}, lease_from=home(hosts[0]), want=10).leases
     assert sorted(host_of(json.loads(x.payload)["url"]) for x in got) == sorted(hosts)
     again, wait = lease(a, hosts[0])
-    assert again == [] and wait is None  # every host at its one slot
+    assert again == [] and wait == BUSY_RETRY_S  # every host at its one slot
     ack(a, got)
     again, wait = lease(a, hosts[0])
     assert again == [] and wait is not None and 4.5 < wait <= 5.0 * MARGIN
@@ -122,7 +123,7 @@ def test_throttle_changes_a_host_live_and_clear_restores_it(redis_client: redis.
     a.exchange(outgoing(a, *("http://x.test/%d" % i for i in range(6))), {})
     set_policy(redis_client, a.keys, polite, home("x.test"), "x.test", delay=1.0, concurrency=1)
     got, wait = lease(a, "x.test")
-    assert len(got) == 1 and wait is None  # its one slot is taken
+    assert len(got) == 1 and wait == BUSY_RETRY_S  # its one slot is taken
     [state] = host_states(redis_client, a.keys, polite, ["x.test"])
     assert (state.delay, state.concurrency) == (1.0, 1)
     set_policy(redis_client, a.keys, polite, home("x.test"), "x.test", clear=True)

@@ -39,7 +39,7 @@ def lease_packet_marker() -> bytes:
     try:
         from bloomcrawl.core.scripts import Script
 
-        return Script("frontier_lease.lua").sha.encode()
+        return Script("polite_common.lua", "frontier_lease.lua").sha.encode()
     except (ImportError, OSError, AttributeError):
         return b"EVALSHA"
 

@@ -35,7 +35,7 @@ from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import partition_of
 from bloomcrawl.core.connection import describe_redis
 from bloomcrawl.core.errors import SettingError
-from bloomcrawl.core.politeness import Feedback, Politeness, feedback_call
+from bloomcrawl.core.politeness import BUSY_RETRY_S, Feedback, Politeness, feedback_call
 from bloomcrawl.core.scripts import Script, ScriptCall
 from bloomcrawl.core.sizing import BACKENDS
 
@@ -97,8 +97,8 @@ class Exchanged:
     queued: int = 0
     filtered: int = 0
     leases: list[Lease] = field(default_factory=list)
-    #: seconds until a host of the leased partition may be fetched (None: no host
-    #: is waiting for a time: nothing queued, or every slot in flight)
+    #: seconds until a host of the leased partition may be fetched (None: nothing
+    #: queued; BUSY_RETRY_S: every host with work has all its slots in flight)
     ready_in: float | None = None
 
 
@@ -322,7 +322,10 @@ class Frontier:
         if lease_from is not None:
             reply = results[-1]
             wait = int(reply[0])
-            done.ready_in = None if wait < 0 else wait / 1000
+            # -2: every host with work is at its concurrency; its slot frees with an
+            # ack this worker does not see: ask again soon, so every worker gets a turn
+            done.ready_in = (None if wait == -1 else BUSY_RETRY_S if wait == -2
+                             else wait / 1000)
             done.leases = self._leases(lease_from, reply[1:], sent)
         return done
 

@@ -35,6 +35,9 @@ _UNSAFE = str.maketrans({"|": "%7C", " ": "%20"})
 MAX_BACKOFF_S = 3600.0
 #: back-off when a 429/503 carries no usable Retry-After
 DEFAULT_BACKOFF_S = 5.0
+#: a partition whose hosts with work all have every slot in flight is asked again after
+#: this long (their slots free with acks of other workers, which a worker does not see)
+BUSY_RETRY_S = 0.2
 #: a leased request that went out this much later than its lease is reported: its
 #: host's next lease then counts from when it went out
 LAG_REPORTED_S = 0.005

@@ -9,7 +9,8 @@
 -- ARGV[5] politeness cfg, ARGV[6] a random number in [0, 1) (the delay jitter),
 -- ARGV[7..] tokens to ack first
 -- returns {wait, token1, payload1, token2, payload2, ...}: wait is the ms until the
--- partition's next host is ready (-1: none is waiting for a time)
+-- partition's next host is ready (-1: nothing queued; -2: requests queued, but every
+-- host that has some is at its concurrency: ready again when a slot frees)
 --
 -- Tokens are numbered by Redis (KEYS[3]), never by the client: a call sent
 -- twice (a reply lost, redis-py retrying) leases a second batch under new
@@ -56,5 +57,7 @@ end
 local first = redis.call('ZRANGE', PR.ready, 0, 0, 'WITHSCORES')
 if #first > 0 then
   out[1] = tostring(math.max(0, tonumber(first[2]) - PR.now))
+elseif tonumber(redis.call('GET', PR.queued) or '0') > 0 then
+  out[1] = '-2'  -- requests queued, every host with them at its concurrency
 end
 return out
