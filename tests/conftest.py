@@ -24,6 +24,8 @@ from bloomcrawl.ops.cluster.processes import free_port as free_port  # the tests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from faults.servers import ClosingRedis  # noqa: E402
+
 if scrapy.version_info < (2, 14):
     # Scrapy 2.13's get_crawler() asks which reactor is installed, and fails when none is
     install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
@@ -68,7 +70,8 @@ class RedisServer:
         self.start()
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port)
+        """A client whose close(), or its end, closes its sockets (see ClosingRedis)."""
+        return ClosingRedis(port=self.port)
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 import redis
-from faults.servers import RedisProcess, free_port
+from faults.servers import ClosingRedis, RedisProcess, free_port
 from redis.cluster import RedisCluster
 
 HOST = "127.0.0.1"
@@ -139,6 +139,8 @@ class RedisClusterProcesses:
         self._ids: dict[int, str] = {}
         #: the last view every node agreed on (used to find a dead master's replica)
         self._settled: NodeView | None = None
+        #: the clients cluster_client() made, closed by close_clients()
+        self._clients: list[RedisCluster] = []
         workdir.mkdir(parents=True, exist_ok=True)
 
     # --- processes ------------------------------------------------------------------
@@ -192,6 +194,7 @@ class RedisClusterProcesses:
 
     def stop(self) -> None:
         """SIGTERM every node still running (all at once), SIGKILL any that outlive the wait."""
+        self.close_clients()
         for node in self.nodes.values():
             node.send_signal(signal.SIGCONT)
             node.send_signal(signal.SIGTERM)
@@ -220,14 +223,31 @@ class RedisClusterProcesses:
             "%s:%d" % (HOST, p) for p in self.ports[:self.n_masters])
 
     def node_client(self, port: int, **kwargs: Any) -> redis.Redis:
-        """A plain client of one node: no redirections followed."""
+        """A plain client of one node: no redirections followed; close() closes its sockets."""
         kwargs.setdefault("socket_timeout", 10)
-        return redis.Redis(host=HOST, port=port, **kwargs)
+        return ClosingRedis(host=HOST, port=port, **kwargs)
 
     def cluster_client(self, **kwargs: Any) -> RedisCluster:
-        """A ``redis.cluster.RedisCluster`` started from a live master, for test assertions."""
+        """A ``redis.cluster.RedisCluster`` started from a live master, for test assertions.
+
+        The fixtures close it when the test ends (:meth:`close_clients`).
+        """
         kwargs.setdefault("socket_timeout", 10)
-        return RedisCluster(host=HOST, port=self.masters()[0], **kwargs)
+        client = RedisCluster(host=HOST, port=self.masters()[0], **kwargs)
+        self._clients.append(client)
+        return client
+
+    def close_clients(self) -> None:
+        """Close the sockets of every cluster_client().
+
+        A RedisCluster sits in reference cycles, and redis-py 5.0.0's close() leaves
+        its sockets open: the garbage collector would close them, maybe finalizing a
+        socket before its connection (a ResourceWarning, an error in the tests).
+        """
+        while self._clients:
+            client = self._clients.pop()
+            client.close()
+            client.disconnect_connection_pools()
 
     def _call(self, port: int, *args: Any) -> Any:
         client = self.node_client(port)
@@ -533,11 +553,12 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 
 
 @pytest.fixture
-def clean_cluster(redis_cluster: RedisClusterProcesses) -> RedisClusterProcesses:
+def clean_cluster(redis_cluster: RedisClusterProcesses) -> Iterator[RedisClusterProcesses]:
     """The session cluster, healthy again (dead nodes restarted) and empty."""
     redis_cluster.ensure_healthy()
     redis_cluster.flushall()
-    return redis_cluster
+    yield redis_cluster
+    redis_cluster.close_clients()
 
 
 @pytest.fixture

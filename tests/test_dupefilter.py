@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,27 @@ class OneSpider(Spider):
     name = "one"
 
 
+#: the filters make_dupefilter built during the running test (see close_dupefilters)
+_DUPEFILTERS: list[RedisBloomDupeFilter] = []
+
+
+@pytest.fixture(autouse=True)
+def close_dupefilters() -> Iterator[None]:
+    """Close the Redis connections of the filters the test built (their close() keeps them:
+    left to the garbage collector, a socket may be finalized before its connection)."""
+    yield
+    while _DUPEFILTERS:
+        _DUPEFILTERS.pop().server.connection_pool.disconnect()
+
+
 def make_dupefilter(redis_url: str, **settings: Any) -> RedisBloomDupeFilter:
     crawler = get_crawler(OneSpider, settings_dict={"REDIS_URL": redis_url,
                                                     "BLOOMFILTER_CAPACITY": 10_000, **settings})
     crawler._apply_settings()
     crawler.spider = OneSpider.from_crawler(crawler)
-    return build_from_crawler(RedisBloomDupeFilter, crawler)
+    df = build_from_crawler(RedisBloomDupeFilter, crawler)
+    _DUPEFILTERS.append(df)
+    return df
 
 
 def test_request_seen_and_dont_filter(redis_server, redis_client) -> None:

@@ -146,6 +146,7 @@ def crawl(redis_url: str, tmp_path: Path, site: RunningHostsSite, settings: dict
             run_workers(workers, CRAWL_TIMEOUT_S)
     finally:
         client.close()
+        client.connection_pool.disconnect()  # redis-py 5.0.0's close() leaves the socket open
     check_exits(workers)
     return site.arrivals()
 

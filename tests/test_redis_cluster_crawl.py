@@ -69,6 +69,7 @@ def test_three_times_capacity_on_a_cluster_meets_the_error_rate(clean_cluster) -
     for key in chunk_keys:
         tag = key[key.index("{") + 1:key.index("}")]
         assert clean_cluster.slot_of(key) == clean_cluster.slot_of("{%s}" % tag)
+    client.disconnect_connection_pools()  # a RedisCluster is in cycles: not left to the GC
 
 
 def test_cluster_settings_are_checked_before_anything_is_written(clean_cluster) -> None:
@@ -84,6 +85,7 @@ def test_cluster_settings_are_checked_before_anything_is_written(clean_cluster) 
     nodes = ",".join("127.0.0.1:%d" % p for p in clean_cluster.masters())
     client = redis_from_settings(Settings({"REDIS_CLUSTER_NODES": nodes}))
     assert client.ping()
+    client.disconnect_connection_pools()  # a RedisCluster is in cycles: not left to the GC
     # nobody listens there: one clear error on every redis-py (5.0 has no
     # redis.RedisClusterException, so naming it would raise AttributeError instead)
     with pytest.raises(RedisUnavailableError, match="cannot reach Redis Cluster"):

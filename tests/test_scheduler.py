@@ -39,6 +39,23 @@ class DemoSpider(Spider):
         pass
 
 
+#: the schedulers make_scheduler built during the running test (see close_schedulers)
+_SCHEDULERS: list[Scheduler] = []
+
+
+@pytest.fixture(autouse=True)
+def close_schedulers() -> Iterator[None]:
+    """Close the Redis connections of the schedulers the test built.
+
+    A Scheduler lives in reference cycles (its outbox calls back into it), so its
+    client's sockets would wait for the garbage collector, which may finalize a
+    socket before its connection: a ResourceWarning, an error here.
+    """
+    yield
+    while _SCHEDULERS:
+        _SCHEDULERS.pop().server.connection_pool.disconnect()
+
+
 def make_scheduler(redis_url: str, **settings: Any) -> Scheduler:
     base = {
         "REDIS_URL": redis_url,
@@ -52,6 +69,7 @@ def make_scheduler(redis_url: str, **settings: Any) -> Scheduler:
     spider = DemoSpider.from_crawler(crawler)
     crawler.spider = spider
     scheduler = build_from_crawler(Scheduler, crawler)
+    _SCHEDULERS.append(scheduler)  # before open_frontier, which may raise
     scheduler.open_frontier(spider)
     return scheduler
 

@@ -14,6 +14,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from faults.proxy import FaultProxy
+from faults.servers import ClosingRedis
 
 from conftest import RedisServer
 
@@ -35,10 +36,10 @@ def wait_for(predicate, timeout: float = 5.0) -> bool:
 
 def client(proxy: FaultProxy, *, retries: int = 0, timeout: float = 5.0) -> redis.Redis:
     """A client through the proxy; by default it never resends a command."""
-    return redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=timeout,
-                       socket_connect_timeout=timeout, retry=Retry(NoBackoff(), retries),
-                       # redis-py 5 retries only the errors listed here
-                       retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+    return ClosingRedis(host="127.0.0.1", port=proxy.port, socket_timeout=timeout,
+                        socket_connect_timeout=timeout, retry=Retry(NoBackoff(), retries),
+                        # redis-py 5 retries only the errors listed here
+                        retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
 
 def test_passes_commands_through(proxy: FaultProxy, redis_client: redis.Redis) -> None:
@@ -148,7 +149,7 @@ def test_switch_upstream(proxy: FaultProxy, redis_client: redis.Redis, tmp_path:
 
 def test_stop_closes_everything(redis_server: RedisServer) -> None:
     p = FaultProxy(redis_server.port).start()
-    c = redis.Redis(port=p.port, retry=Retry(NoBackoff(), 0), socket_connect_timeout=1)
+    c = ClosingRedis(port=p.port, retry=Retry(NoBackoff(), 0), socket_connect_timeout=1)
     c.ping()
     p.stop()
     with pytest.raises(redis.ConnectionError):

@@ -255,6 +255,7 @@ class ServerWatch:
         pool = client.connection_pool
         self._previous_hook = pool.connection_kwargs.get("redis_connect_func")
         pool.connection_kwargs["redis_connect_func"] = self._on_connect
+        pool.disconnect()  # reset() forgets connections without closing their sockets
         pool.reset()  # connections made before the hook would not call it
 
     def prime(self, infos: dict[str, dict[str, Any]]) -> None:

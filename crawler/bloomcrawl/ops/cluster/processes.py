@@ -366,6 +366,7 @@ def redis_answers(url: str, pid: int | None = None) -> bool:
         info = client.info("server")
     finally:
         client.close()
+        client.connection_pool.disconnect()  # redis-py 5.0.0's close() leaves the socket open
     return pid is None or int(info["process_id"]) == pid
 
 
