@@ -28,14 +28,13 @@ import logging
 import os
 import random
 import re
-import signal
-import threading
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 from aiohttp import web
+
+from bloomcrawl.ops.site_server import ThreadedSite, serve_until_signalled
 
 __all__ = [
     "DEFAULT_LINKS_PER_PAGE",
@@ -335,47 +334,16 @@ class DemoServer:
         return web.json_response({"reset": True})
 
 
-async def _serve(
-    server: DemoServer,
-    host: str,
-    port: int,
-    stop: asyncio.Event,
-    *,
-    on_ready: Callable[[int], None],
-    access_log: bool = False,
-) -> None:
-    """Serve until ``stop`` is set; ``on_ready`` gets the bound port."""
-    runner = web.AppRunner(
-        server.make_app(),
-        access_log=logging.getLogger("aiohttp.access") if access_log else None,
-        shutdown_timeout=1.0,
-    )
-    await runner.setup()
-    try:
-        tcp_site = web.TCPSite(runner, host, port, backlog=1024, shutdown_timeout=1.0)
-        await tcp_site.start()
-        on_ready(int(runner.addresses[0][1]))
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
-class RunningSite:
+class RunningSite(ThreadedSite[DemoServer]):
     """A demo site served from a background thread; also a context manager.
 
     :ivar url: the home page, ``http://host:port/``
     """
 
     def __init__(self, site: DemoSite, *, host: str, port: int, delay_ms: float) -> None:
+        super().__init__(DemoServer(site, delay_ms=delay_ms), host=host, port=port,
+                         what="the demo site")
         self.site = site
-        self.host = host
-        self.port = port
-        self.server = DemoServer(site, delay_ms=delay_ms)
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="bloomcrawl-demo-site", daemon=True)
 
     @property
     def base(self) -> str:
@@ -400,66 +368,6 @@ class RunningSite:
     def stats(self) -> dict[str, Any]:
         """Same document as ``GET /__stats``."""
         return self.server.stats()
-
-    def reset(self) -> None:
-        """Zero the counters, like ``POST /__reset``."""
-        if self._loop is None:
-            self.server.reset()
-            return
-        done = threading.Event()
-
-        def reset_in_loop() -> None:
-            self.server.reset()
-            done.set()
-
-        self._loop.call_soon_threadsafe(reset_in_loop)
-        if not done.wait(10):
-            raise RuntimeError("the demo site's event loop did not answer within 10 s")
-
-    def start(self, timeout: float = 10.0) -> RunningSite:
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise RuntimeError(f"the demo site did not start within {timeout} s")
-        if self._error is not None:
-            raise RuntimeError(
-                f"the demo site could not listen on {self.host}:{self.port}: {self._error}"
-            ) from self._error
-        logger.debug("demo site %r serving on %s", self.site, self.url)
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout)
-
-    def __enter__(self) -> RunningSite:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # reported to the starting thread
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-
-        def ready(port: int) -> None:
-            self.port = port
-            self._ready.set()
-
-        await _serve(self.server, self.host, self.port, self._stop, on_ready=ready)
 
 
 def serve_in_thread(
@@ -549,24 +457,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve_until_signalled(
-    server: DemoServer, host: str, port: int, *, access_log: bool
-) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-
-    def ready(bound_port: int) -> None:
-        logger.info(
-            "serving %r on http://%s:%d/ (delay %g ms)",
-            server.site, host, bound_port, server.delay * 1000,
-        )
-
-    await _serve(server, host, port, stop, on_ready=ready, access_log=access_log)
-    logger.info("stopped")
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``bloomcrawl-demo-site`` and ``python -m bloomcrawl.ops.demo_site``."""
     args = build_parser().parse_args(argv)
@@ -575,13 +465,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     site = DemoSite(args.pages, links_per_page=args.links_per_page, seed=args.seed)
     server = DemoServer(site, delay_ms=args.delay_ms)
-    try:
-        asyncio.run(
-            _serve_until_signalled(server, args.host, args.port, access_log=args.access_log)
+    def ready(bound_port: int) -> None:
+        logger.info(
+            "serving %r on http://%s:%d/ (delay %g ms)",
+            site, args.host, bound_port, server.delay * 1000,
         )
+
+    try:
+        asyncio.run(serve_until_signalled(server, args.host, args.port, on_ready=ready,
+                                          access_log=args.access_log))
     except OSError as exc:
         logger.error("cannot serve on %s:%d: %s", args.host, args.port, exc)
         raise SystemExit(1) from exc
+    logger.info("stopped")
 
 
 if __name__ == "__main__":
