@@ -60,7 +60,6 @@ import redis  # noqa: E402
 from _crawl import BLOOMCRAWL, ITEM_PIPELINES, SCRAPY_REDIS, Contender, Worker  # noqa: E402
 from _redis import PrivateRedis  # noqa: E402
 
-from bloomcrawl.crawl.resolver import resolver_settings  # noqa: E402
 from bloomcrawl.ops.cluster.processes import (  # noqa: E402
     ManagedProcess,
     spawn,
@@ -69,6 +68,7 @@ from bloomcrawl.ops.cluster.processes import (  # noqa: E402
 from bloomcrawl.ops.hosts_site import (  # noqa: E402
     Arrival,
     HostsSiteClient,
+    crawl_settings,
     gaps,
     max_outstanding,
     min_gaps,
@@ -253,13 +253,10 @@ def run_scenario(scenario: Scenario, server: PrivateRedis, workdir: Path) -> Run
     client = server.client()
     client.flushall()
     settings = {
-        "DOWNLOAD_DELAY": str(scenario.delay),
-        "CONCURRENT_REQUESTS_PER_DOMAIN": "1",
-        "RANDOMIZE_DOWNLOAD_DELAY": "False",
+        **crawl_settings(scenario.delay),
         "ROBOTSTXT_OBEY": "False",
         "MAX_IDLE_TIME_BEFORE_CLOSE": str(MAX_IDLE_S),
         "ITEM_PIPELINES": ITEM_PIPELINES["none"],
-        **resolver_settings(),
     }
     rundir = workdir / scenario.key
     with HostsSiteProcess(scenario.domains, scenario.pages, scenario.fanout,

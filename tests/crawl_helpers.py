@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import os
 import re
 import signal
@@ -13,6 +14,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from bloomcrawl.ops.hosts_site import Arrival, by_host
 
 ROOT = Path(__file__).resolve().parent.parent
 CRAWLER = ROOT / "crawler"
@@ -144,3 +149,55 @@ def frontier_left(client: Any, spider: str = "site") -> int:
     # hosts with queued requests or leases left behind count too: their bookkeeping
     # must end empty along with the queues
     return left + sum(counts[i + 4] + counts[i + 5] for i in range(0, len(counts), 6))
+
+
+# --- politeness crawls: workers the site tells apart ---------------------------------
+
+#: workers of a politeness crawl
+POLITE_WORKERS = 3
+#: seconds they get to open their spiders (3 Scrapy processes on 2 cores)
+POLITE_START_TIMEOUT_S = 30.0
+#: seconds a politeness crawl gets, idle close included
+POLITE_CRAWL_TIMEOUT_S = 60.0
+
+
+def polite_agent(i: int) -> str:
+    """Worker ``i``'s User-Agent: the site records it, and so tells who fetched what."""
+    return "bloomcrawl-politeness-test/w%d" % i
+
+
+def start_polite_workers(redis_url: str, tmp_path: Path, settings: dict[str, str]
+                         ) -> list[Worker]:
+    """POLITE_WORKERS ``scrapy crawl site`` processes, each with its own User-Agent
+    (:func:`polite_agent`); returns once every one has opened its spider, so all of
+    them compete from the first seed on."""
+    workers = [Worker("w%d" % i, redis_url, tmp_path,
+                      {**settings, "USER_AGENT": polite_agent(i)})
+               for i in range(POLITE_WORKERS)]
+    opened = wait_until(lambda: all("Spider opened" in w.text() for w in workers),
+                        POLITE_START_TIMEOUT_S)
+    if not opened:
+        for w in workers:
+            w.stop()
+        pytest.fail("workers did not open their spiders in %.0f s:\n%s" % (
+            POLITE_START_TIMEOUT_S, "\n".join("--- %s\n%s" % (w.name, w.text()[-2000:])
+                                              for w in workers)))
+    return workers
+
+
+def check_exits(workers: list[Worker]) -> None:
+    """Every worker exited 0 with no traceback in its log."""
+    for w in workers:
+        assert w.proc.returncode == 0, (w.name, w.text()[-3000:])
+        assert "Traceback" not in w.text(), (w.name, w.text()[-3000:])
+
+
+def closest(arrivals: list[Arrival], host: str,
+            count: int = 5) -> list[tuple[float, str, str, str, str, float]]:
+    """The ``count`` shortest gaps of ``host``, for messages: (gap, agent and path before,
+    agent and path after, seconds from the host's first request to the gap)."""
+    records = by_host(arrivals)[host]
+    gaps = [(round(b.start - a.start, 4), a.agent[-2:], b.agent[-2:], a.path, b.path,
+             round(a.start - records[0].start, 3))
+            for a, b in itertools.pairwise(records)]
+    return sorted(gaps)[:count]

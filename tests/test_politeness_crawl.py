@@ -26,7 +26,6 @@ its own User-Agent, which tells the site who fetched what.
 from __future__ import annotations
 
 import http.client
-import itertools
 import os
 import re
 import subprocess
@@ -37,13 +36,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from bloomcrawl.crawl.resolver import resolver_settings
 from bloomcrawl.ops.hosts_site import (
     Arrival,
     HostSpec,
     HostsSiteClient,
     RunningHostsSite,
-    by_host,
+    crawl_settings,
     fetch_counts,
     host_names,
     max_outstanding,
@@ -57,13 +55,18 @@ from bloomcrawl.ops.hosts_site import (
 )
 
 from conftest import RedisServer, free_port
-from crawl_helpers import Worker, run_workers, stopped_at_exit, wait_until
+from crawl_helpers import (
+    POLITE_CRAWL_TIMEOUT_S,
+    POLITE_WORKERS,
+    check_exits,
+    closest,
+    polite_agent,
+    run_workers,
+    start_polite_workers,
+    stopped_at_exit,
+    wait_until,
+)
 
-WORKERS = 3
-#: seconds the workers get to start (3 Scrapy processes on 2 cores)
-START_TIMEOUT_S = 30.0
-#: seconds a crawl gets, idle close included
-CRAWL_TIMEOUT_S = 60.0
 #: each page links to this many new ones: every worker could have work of the domain at once
 FANOUT = 10
 GAP_FACTOR = 0.9
@@ -71,43 +74,16 @@ SPAN_FACTOR = 1.1
 THROUGHPUT_FACTOR = 0.8
 
 
-def polite_settings(delay: float, per_domain: int = 1) -> dict[str, str]:
-    return {
-        "DOWNLOAD_DELAY": str(delay),
-        "CONCURRENT_REQUESTS_PER_DOMAIN": str(per_domain),
-        "RANDOMIZE_DOWNLOAD_DELAY": "False",
-        **resolver_settings(),
-    }
 
 
-def agent(i: int) -> str:
-    return "bloomcrawl-politeness-test/w%d" % i
 
 
-def start_workers(redis_url: str, tmp_path: Path, settings: dict[str, str]) -> list[Worker]:
-    """WORKERS ``scrapy crawl site`` processes, each with its own User-Agent; returns once
-    every one has opened its spider."""
-    workers = [Worker("w%d" % i, redis_url, tmp_path, {**settings, "USER_AGENT": agent(i)})
-               for i in range(WORKERS)]
-    opened = wait_until(lambda: all("Spider opened" in w.text() for w in workers),
-                        START_TIMEOUT_S)
-    if not opened:
-        for w in workers:
-            w.stop()
-        pytest.fail("workers did not open their spiders in %.0f s:\n%s" % (
-            START_TIMEOUT_S, "\n".join("--- %s\n%s" % (w.name, w.text()[-2000:])
-                                       for w in workers)))
-    return workers
 
 
 def seed(client: redis.Redis, site: RunningHostsSite, hosts: list[str]) -> None:
     client.rpush("site:start_urls", *[site.url(host) for host in hosts])
 
 
-def check_exits(workers: list[Worker]) -> None:
-    for w in workers:
-        assert w.proc.returncode == 0, (w.name, w.text()[-3000:])
-        assert "Traceback" not in w.text(), (w.name, w.text()[-3000:])
 
 
 def check_every_page_once(site: RunningHostsSite, arrivals: list[Arrival]) -> None:
@@ -121,15 +97,6 @@ def check_every_page_once(site: RunningHostsSite, arrivals: list[Arrival]) -> No
     }
 
 
-def closest(arrivals: list[Arrival], host: str,
-            count: int = 5) -> list[tuple[float, str, str, str, str, float]]:
-    """The ``count`` shortest gaps of ``host``, for messages: (gap, agent and path before,
-    agent and path after, seconds from the host's first request to the gap)."""
-    records = by_host(arrivals)[host]
-    gaps = [(round(b.start - a.start, 4), a.agent[-2:], b.agent[-2:], a.path, b.path,
-             round(a.start - records[0].start, 3))
-            for a, b in itertools.pairwise(records)]
-    return sorted(gaps)[:count]
 
 
 # --- the measuring equipment -----------------------------------------------------------
@@ -258,12 +225,12 @@ def test_one_domain_three_workers_keep_the_delay(redis_server: RedisServer,
                                                   tmp_path: Path) -> None:
     delay, pages = 0.2, 40
     with RunningHostsSite([HostSpec("h0.localhost", pages=pages, fanout=FANOUT)]).start() as site:
-        with stopped_at_exit(start_workers(redis_server.url, tmp_path,
-                                           polite_settings(delay))) as workers:
+        with stopped_at_exit(start_polite_workers(redis_server.url, tmp_path,
+                                           crawl_settings(delay))) as workers:
             seed(redis_client, site, site.hosts)
-            assert wait_until(lambda: site.stats()["distinct"] == pages, CRAWL_TIMEOUT_S), \
+            assert wait_until(lambda: site.stats()["distinct"] == pages, POLITE_CRAWL_TIMEOUT_S), \
                 site.stats()
-            run_workers(workers, CRAWL_TIMEOUT_S)
+            run_workers(workers, POLITE_CRAWL_TIMEOUT_S)
         arrivals = site.arrivals()
     check_every_page_once(site, arrivals)
     gap = min_gaps(arrivals)["h0.localhost"]
@@ -281,12 +248,12 @@ def test_fifty_domains_each_within_budget_at_full_throughput(redis_server: Redis
     delay, domains, pages = 0.5, 50, 10
     specs = [HostSpec(name, pages=pages, fanout=FANOUT) for name in host_names(domains)]
     with RunningHostsSite(specs).start() as site:
-        with stopped_at_exit(start_workers(redis_server.url, tmp_path,
-                                           polite_settings(delay))) as workers:
+        with stopped_at_exit(start_polite_workers(redis_server.url, tmp_path,
+                                           crawl_settings(delay))) as workers:
             seed(redis_client, site, site.hosts)
             assert wait_until(lambda: site.stats()["distinct"] == domains * pages,
-                              CRAWL_TIMEOUT_S), site.stats()
-            run_workers(workers, CRAWL_TIMEOUT_S)
+                              POLITE_CRAWL_TIMEOUT_S), site.stats()
+            run_workers(workers, POLITE_CRAWL_TIMEOUT_S)
         arrivals = site.arrivals()
     check_every_page_once(site, arrivals)
     # each domain alone needs pages x delay; all of them in parallel, the same
@@ -308,11 +275,11 @@ def test_killed_slot_holder_frees_the_domain_within_the_lease_timeout(
     lease_timeout, reap_interval = 3.0, 1.0
     # after the lease expires: the next reaping, a worker's poll (backing off to 1 s) and a delay
     margin = reap_interval + 1.0 + delay + 0.8
-    settings = {**polite_settings(delay), "SCHEDULER_LEASE_TIMEOUT": str(lease_timeout),
+    settings = {**crawl_settings(delay), "SCHEDULER_LEASE_TIMEOUT": str(lease_timeout),
                 "SCHEDULER_REAP_INTERVAL": str(reap_interval), "MAX_IDLE_TIME_BEFORE_CLOSE": "5"}
     host = "h0.localhost"
     with RunningHostsSite([HostSpec(host, pages=pages, latency=latency)]).start() as site:
-        with stopped_at_exit(start_workers(redis_server.url, tmp_path, settings)) as workers:
+        with stopped_at_exit(start_polite_workers(redis_server.url, tmp_path, settings)) as workers:
             seed(redis_client, site, [host])
 
             def mid_request() -> Arrival | None:
@@ -324,16 +291,16 @@ def test_killed_slot_holder_frees_the_domain_within_the_lease_timeout(
                 return next((a for a in records
                              if a.end is None and now - a.start < latency / 2), None)
 
-            assert wait_until(lambda: mid_request() is not None, CRAWL_TIMEOUT_S, 0.02), \
+            assert wait_until(lambda: mid_request() is not None, POLITE_CRAWL_TIMEOUT_S, 0.02), \
                 site.arrivals()
             held = mid_request()
             assert held is not None
-            victim = workers[[agent(i) for i in range(WORKERS)].index(held.agent)]
+            victim = workers[[polite_agent(i) for i in range(POLITE_WORKERS)].index(held.agent)]
             victim.kill()
             killed_at = time.monotonic()
             assert killed_at < held.start + latency  # the kill landed mid-request
             survivors = [w for w in workers if w is not victim]
-            run_workers(survivors, CRAWL_TIMEOUT_S)
+            run_workers(survivors, POLITE_CRAWL_TIMEOUT_S)
         arrivals = site.arrivals()
     served = pages_only(arrivals)
     counts = fetch_counts(served)

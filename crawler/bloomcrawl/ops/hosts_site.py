@@ -51,20 +51,19 @@ import itertools
 import json
 import logging
 import math
-import signal
-import threading
 import time
 import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from types import TracebackType
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from bloomcrawl.crawl.resolver import resolver_settings
 from bloomcrawl.ops.noproxy import OPENER
+from bloomcrawl.ops.site_server import ThreadedSite, serve_until_signalled
 
 __all__ = [
     "Arrival",
@@ -354,34 +353,12 @@ def _render(spec: HostSpec, page: int) -> str:
             "</body></html>\n")
 
 
-async def _serve(server: HostsServer, listen: str, port: int, stop: asyncio.Event,
-                 on_ready: Callable[[int], None]) -> None:
-    """Serve until ``stop`` is set; ``on_ready`` gets the bound port."""
-    runner = web.AppRunner(server.make_app(), access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        tcp_site = web.TCPSite(runner, listen, port, backlog=1024, shutdown_timeout=1.0)
-        await tcp_site.start()
-        on_ready(int(runner.addresses[0][1]))
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
-class RunningHostsSite:
+class RunningHostsSite(ThreadedSite[HostsServer]):
     """The hosts site served from a background thread; also a context manager."""
 
     def __init__(self, hosts: Iterable[HostSpec], *, listen: str = DEFAULT_LISTEN,
                  port: int = 0) -> None:
-        self.server = HostsServer(hosts)
-        self.listen = listen
-        self.port = port
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="bloomcrawl-hosts-site",
-                                        daemon=True)
+        super().__init__(HostsServer(hosts), host=listen, port=port, what="the hosts site")
 
     @property
     def hosts(self) -> list[str]:
@@ -401,59 +378,21 @@ class RunningHostsSite:
     def stats(self) -> dict[str, Any]:
         return self.server.stats()
 
-    def reset(self) -> None:
-        """Forget every arrival and counter, in the event loop's thread."""
-        if self._loop is None:
-            self.server.reset()
-            return
-        done = threading.Event()
 
-        def reset_in_loop() -> None:
-            self.server.reset()
-            done.set()
+def crawl_settings(delay: float, per_domain: int = 1) -> dict[str, str]:
+    """The Scrapy settings of a crawl measured at this site against one budget per host.
 
-        self._loop.call_soon_threadsafe(reset_in_loop)
-        if not done.wait(HTTP_TIMEOUT_S):
-            raise RuntimeError("the hosts site's event loop did not answer within 10 s")
-
-    def start(self, timeout: float = 10.0) -> RunningHostsSite:
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise RuntimeError(f"the hosts site did not start within {timeout} s")
-        if self._error is not None:
-            raise RuntimeError(f"the hosts site could not listen on {self.listen}:{self.port}:"
-                               f" {self._error}") from self._error
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout)
-
-    def __enter__(self) -> RunningHostsSite:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # reported to the starting thread
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-
-        def ready(port: int) -> None:
-            self.port = port
-            self._ready.set()
-
-        await _serve(self.server, self.listen, self.port, self._stop, ready)
+    The ``*.localhost`` names resolve to 127.0.0.1
+    (:mod:`bloomcrawl.crawl.resolver`), and every host gets ``delay`` seconds and
+    ``per_domain`` requests at a time with no random jitter, so the gaps the site
+    records can be held to the delay itself.
+    """
+    return {
+        "DOWNLOAD_DELAY": str(delay),
+        "CONCURRENT_REQUESTS_PER_DOMAIN": str(per_domain),
+        "RANDOMIZE_DOWNLOAD_DELAY": "False",
+        **resolver_settings(),
+    }
 
 
 def serve_in_thread(hosts: Iterable[HostSpec] | None = None, *, count: int = DEFAULT_HOSTS,
@@ -716,22 +655,6 @@ def specs_from_args(args: argparse.Namespace) -> list[HostSpec]:
     return specs
 
 
-async def _serve_until_signalled(server: HostsServer, listen: str, port: int) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-
-    def ready(bound_port: int) -> None:
-        specs = list(server.specs.values())
-        logger.info("serving %d hosts (%s ... %s, %d pages in all) on http://%s:%d/",
-                    len(specs), specs[0].name, specs[-1].name,
-                    sum(s.pages for s in specs), listen, bound_port)
-
-    await _serve(server, listen, port, stop, ready)
-    logger.info("stopped")
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``python -m bloomcrawl.ops.hosts_site``."""
     parser = build_parser()
@@ -742,11 +665,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         specs = specs_from_args(args)
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
+    def ready(bound_port: int) -> None:
+        logger.info("serving %d hosts (%s ... %s, %d pages in all) on http://%s:%d/",
+                    len(specs), specs[0].name, specs[-1].name,
+                    sum(s.pages for s in specs), args.listen, bound_port)
+
     try:
-        asyncio.run(_serve_until_signalled(HostsServer(specs), args.listen, args.port))
+        asyncio.run(serve_until_signalled(HostsServer(specs), args.listen, args.port,
+                                          on_ready=ready))
     except OSError as exc:
         logger.error("cannot serve on %s:%d: %s", args.listen, args.port, exc)
         raise SystemExit(1) from exc
+    logger.info("stopped")
 
 
 if __name__ == "__main__":
