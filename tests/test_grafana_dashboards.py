@@ -31,7 +31,6 @@ import copy
 import hashlib
 import json
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ from bloomcrawl.ops.exporter import ClusterCollector, ScrapydNodes, build_regist
 from bloomcrawl.ops.exporter import redis_client as exporter_client
 
 from cluster_fixtures import populate_frontier
-from conftest import RedisServer, free_port
+from conftest import RedisServer, free_port, installed
 
 ROOT = Path(__file__).resolve().parent.parent
 MONITORING = ROOT / "monitoring"
@@ -97,14 +96,6 @@ class Query:
 
     where: str
     expr: str
-
-
-def tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} is not installed; `make test` installs it (Debian package"
-                    " prometheus)")
-    return path
 
 
 # --- the SDK's models ------------------------------------------------------------------
@@ -298,7 +289,7 @@ def check_promql(queries: list[Query], model: grafana.Dashboard, workdir: Path) 
              for n, q in enumerate(queries)]
     path = workdir / "dashboard_queries.rules.json"
     path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
-    done = subprocess.run([tool("promtool"), "check", "rules", str(path)],
+    done = subprocess.run([installed("promtool"), "check", "rules", str(path)],
                           capture_output=True, text=True, timeout=120)
     if done.returncode == 0:
         return []
