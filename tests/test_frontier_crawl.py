@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import redis
 
 from conftest import RedisServer
-from crawl_helpers import Worker, frontier_left, run_workers, wait_until
+from crawl_helpers import BASE_SETTINGS, Worker, frontier_left, run_workers, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -38,9 +39,14 @@ def test_three_workers_crawl_every_page_exactly_once(redis_server, redis_client,
     assert shared["items"] == len(demo_site.hits())
     assert shared["filtered"] > len(demo_site.hits())  # the site links to each page many times
     assert frontier_is_empty(redis_client)
+    max_idle = float(BASE_SETTINGS["MAX_IDLE_TIME_BEFORE_CLOSE"])
     for w in workers:
         assert w.proc.returncode == 0
         assert "Traceback" not in w.text(), w.text()[-3000:]
+        # each closed MAX_IDLE_TIME_BEFORE_CLOSE after the frontier emptied, not at one of
+        # the engine's 5 s idle checks (which made a 3 s idle close take 5 or 10 s)
+        idle = re.findall(r"frontier empty for (\d+) s: closing", w.text())
+        assert len(idle) == 1 and int(idle[0]) <= max_idle + 1, (w.name, idle)
 
 
 def test_sigkilled_worker_loses_nothing(redis_server, redis_client, demo_site,

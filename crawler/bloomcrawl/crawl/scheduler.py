@@ -50,8 +50,9 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
-from scrapy.exceptions import DontCloseSpider
+from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.utils.defer import deferred_from_coro
+from twisted.python.failure import Failure
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import normalise_fingerprint, partition_of
@@ -96,7 +97,6 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
-    from twisted.python.failure import Failure
 
     from bloomcrawl.core.bloom import BloomFilter
 
@@ -110,6 +110,10 @@ ACK_DELAY = 0.05
 #: on Redis Cluster, a worker's shared counts go at most once a second: they
 #: all live in one slot, which every worker's every exchange would otherwise hit
 CLUSTER_STATS_INTERVAL = 1.0
+#: with MAX_IDLE_TIME_BEFORE_CLOSE set, how soon the worker asks whether it is idle
+#: again after owing Redis something or seeing the frontier empty: Scrapy's engine
+#: asks only every 5 s by itself, which made a 2 s idle close take 5-10 s
+IDLE_RECHECK_S = 0.25
 
 
 def retry_after(response: Any, now: float | None = None) -> float:
@@ -182,6 +186,7 @@ class Scheduler:
         # requests, leases and start URLs anywhere in the cluster, as last seen (None: unknown)
         self._frontier_size: int | None = None
         self._idle_since: float | None = None
+        self._idle_call: Any = None
         self._loops: list[Any] = []
         self._closing = False
         self._epoch_seen = 0
@@ -285,10 +290,10 @@ class Scheduler:
         for loop in self._loops:
             if loop.running:
                 loop.stop()
-        for call in (self._poll_call, self._ack_call, self._wake_call):
+        for call in (self._poll_call, self._ack_call, self._wake_call, self._idle_call):
             if call is not None:
                 call.cancel()
-        self._poll_call = self._ack_call = self._wake_call = None
+        self._poll_call = self._ack_call = self._wake_call = self._idle_call = None
         self.outbox.cancel()
         self.io.stop()  # from here on, Redis work runs inline
         frontier = self._frontier()
@@ -492,6 +497,8 @@ class Scheduler:
             self.outbox.counts["filtered"] += done.filtered
         if reply.frontier_size is not None:
             self._frontier_size = reply.frontier_size
+            if reply.frontier_size == 0 and self._starved:
+                self._check_idle_in(IDLE_RECHECK_S)
         got = self._take(reply.leases)
         now = time.monotonic()
         if batch.lease_from is not None:
@@ -527,14 +534,17 @@ class Scheduler:
         logger.error("%s; stopping the crawl (%d new requests of this worker were not"
                      " queued)", exc, len(self.outbox.outgoing), extra={"spider": self.spider})
         self.outbox.outgoing.clear()
+        self._close_engine("bloomfilter_full")
+
+    def _close_engine(self, reason: str) -> None:
         engine = self.crawler.engine
         if engine is None or self._closing:
             return
         close_async = getattr(engine, "close_spider_async", None)
         if close_async is not None:  # Scrapy >= 2.14
-            d = deferred_from_coro(close_async(reason="bloomfilter_full"))
+            d = deferred_from_coro(close_async(reason=reason))
         else:
-            d = engine.close_spider(self._spider(), "bloomfilter_full")
+            d = engine.close_spider(self._spider(), reason)
         d.addErrback(self._bug)
 
     def _take(self, leases: list[Lease]) -> int:
@@ -826,6 +836,7 @@ class Scheduler:
     def _on_idle(self, spider: Spider) -> None:
         if self._local or self.outbox.owes() or self.outbox.exchanging:
             self._exchange(lease=self._starved)
+            self._check_idle_in(IDLE_RECHECK_S)
             raise DontCloseSpider
         self._starved = True
         if self._frontier_size is None or self._frontier_size > 0:
@@ -841,9 +852,39 @@ class Scheduler:
         if self._idle_since is None:
             self._idle_since = now
         if self.config.max_idle <= 0 or now - self._idle_since < self.config.max_idle:
+            self._check_idle_in(self._idle_since + self.config.max_idle - now)
             raise DontCloseSpider
         logger.info("frontier empty for %.0f s: closing", now - self._idle_since,
                     extra={"spider": spider})
+
+    def _check_idle_in(self, delay: float) -> None:
+        """Ask whether the spider is idle in ``delay`` s (when it may close by then)."""
+        if self.config.max_idle > 0 and not self._closing and self._idle_call is None:
+            self._idle_call = call_later(max(0.0, delay), self._check_idle)
+
+    def _check_idle(self) -> None:
+        """What the engine does on its 5 s heartbeat when nothing is in flight, now.
+
+        Sends ``spider_idle`` (so :meth:`_on_idle` and every other receiver
+        decide, as they would for the engine) and closes the spider as the
+        engine would when no receiver raised DontCloseSpider.
+        """
+        self._idle_call = None
+        engine = self.crawler.engine
+        if self._closing or engine is None or engine.spider is None:
+            return
+        try:
+            if not engine.spider_is_idle():
+                return  # busy: the engine calls spider_idle itself when it is idle again
+        except RuntimeError:  # the engine's slot is gone: the spider is closing
+            return
+        results = self.crawler.signals.send_catch_log(
+            signals.spider_idle, spider=engine.spider, dont_log=(DontCloseSpider, CloseSpider))
+        raised = [value for _, value in results if isinstance(value, Failure)]
+        if any(isinstance(f.value, DontCloseSpider) for f in raised):
+            return
+        reasons = [f.value.reason for f in raised if isinstance(f.value, CloseSpider)]
+        self._close_engine(reasons[0] if reasons else "finished")
 
     @property
     def bloom(self) -> BloomFilter | None:
