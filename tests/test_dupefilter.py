@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from scrapy.utils.test import get_crawler
 from bloomcrawl.core.errors import RedisUnavailableError, SettingError
 from bloomcrawl.crawl.dupefilter import RedisBloomDupeFilter
 
+from conftest import disconnect_at_teardown
 from crawl_helpers import Worker, run_workers
 
 
@@ -30,26 +30,13 @@ class OneSpider(Spider):
     name = "one"
 
 
-#: the filters make_dupefilter built during the running test (see close_dupefilters)
-_DUPEFILTERS: list[RedisBloomDupeFilter] = []
-
-
-@pytest.fixture(autouse=True)
-def close_dupefilters() -> Iterator[None]:
-    """Close the Redis connections of the filters the test built (their close() keeps them:
-    left to the garbage collector, a socket may be finalized before its connection)."""
-    yield
-    while _DUPEFILTERS:
-        _DUPEFILTERS.pop().server.connection_pool.disconnect()
-
-
 def make_dupefilter(redis_url: str, **settings: Any) -> RedisBloomDupeFilter:
     crawler = get_crawler(OneSpider, settings_dict={"REDIS_URL": redis_url,
                                                     "BLOOMFILTER_CAPACITY": 10_000, **settings})
     crawler._apply_settings()
     crawler.spider = OneSpider.from_crawler(crawler)
     df = build_from_crawler(RedisBloomDupeFilter, crawler)
-    _DUPEFILTERS.append(df)
+    disconnect_at_teardown(df.server)
     return df
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 import redis
 from aiohttp import web
+from faults.servers import ClosingRedis
 
 from bloomcrawl.core.politeness import DomainState, host_states, recorded_politeness
 from bloomcrawl.ops.cli.throttle import spider_frontier
@@ -105,7 +106,7 @@ def crawl(redis_url: str, tmp_path: Path, site: RunningHostsSite, settings: dict
 
     Returns every arrival at the site; the workers' exits are checked.
     """
-    client = redis.Redis.from_url(redis_url)
+    client = ClosingRedis.from_url(redis_url)
     try:
         with stopped_at_exit(start_polite_workers(redis_url, tmp_path, settings)) as workers:
             client.rpush("site:start_urls", *seeds)
@@ -116,7 +117,6 @@ def crawl(redis_url: str, tmp_path: Path, site: RunningHostsSite, settings: dict
             run_workers(workers, POLITE_CRAWL_TIMEOUT_S)
     finally:
         client.close()
-        client.connection_pool.disconnect()  # redis-py 5.0.0's close() leaves the socket open
     check_exits(workers)
     return site.arrivals()
 

@@ -25,6 +25,8 @@ from bloomcrawl.crawl.serialization import (
     request_to_json,
 )
 
+from conftest import disconnect_at_teardown
+
 
 class DemoSpider(Spider):
     name = "unit"
@@ -37,23 +39,6 @@ class DemoSpider(Spider):
 
     def on_error(self, failure: Any) -> None:
         pass
-
-
-#: the schedulers make_scheduler built during the running test (see close_schedulers)
-_SCHEDULERS: list[Scheduler] = []
-
-
-@pytest.fixture(autouse=True)
-def close_schedulers() -> Iterator[None]:
-    """Close the Redis connections of the schedulers the test built.
-
-    A Scheduler lives in reference cycles (its outbox calls back into it), so its
-    client's sockets would wait for the garbage collector, which may finalize a
-    socket before its connection: a ResourceWarning, an error here.
-    """
-    yield
-    while _SCHEDULERS:
-        _SCHEDULERS.pop().server.connection_pool.disconnect()
 
 
 def make_scheduler(redis_url: str, **settings: Any) -> Scheduler:
@@ -69,7 +54,7 @@ def make_scheduler(redis_url: str, **settings: Any) -> Scheduler:
     spider = DemoSpider.from_crawler(crawler)
     crawler.spider = spider
     scheduler = build_from_crawler(Scheduler, crawler)
-    _SCHEDULERS.append(scheduler)  # before open_frontier, which may raise
+    disconnect_at_teardown(scheduler.server)  # before open_frontier, which may raise
     scheduler.open_frontier(spider)
     return scheduler
 
