@@ -70,8 +70,11 @@ down: venv ## stop the cluster and delete its data (KEEP_DATA=1 keeps it)
 scale: venv ## run WORKERS=N workers; `make deploy` then reaches the new ones
 	$(BLOOMCRAWL) scale $(WORKERS)
 
-deploy: venv ## deploy the Scrapy project to every worker; fails if any one fails
-	$(BLOOMCRAWL) deploy
+# PROJECT=path: your own Scrapy project (the directory of its scrapy.cfg) instead of crawler/
+PROJECT ?=
+
+deploy: venv ## deploy the Scrapy project (PROJECT=path: yours, with its requirements.txt) to every worker; fails if any one fails
+	$(BLOOMCRAWL) deploy $(if $(PROJECT),--project-dir "$(PROJECT)")
 
 crawl: venv ## crawl URL=... with SPIDER=site on every worker
 	$(BLOOMCRAWL) crawl --spider $(SPIDER) $(URL)

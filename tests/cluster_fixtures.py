@@ -39,6 +39,7 @@ STATS = {
     "errors": 2,
     "bad_start_urls": 1,
     "unserializable": 4,
+    "local": 5,
 }
 #: ``<spider>:pages_by_node``: worker host name -> pages (they add up to STATS["pages"])
 NODE_PAGES = {"worker-a": 30, "worker-b": 12}

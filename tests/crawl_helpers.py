@@ -40,7 +40,10 @@ class Worker:
 
     def __init__(self, name: str, redis_url: str, workdir: Path, settings: dict[str, Any],
                  spider: str = "site", env: dict[str, str] | None = None,
-                 args: dict[str, str] | None = None) -> None:
+                 args: dict[str, str] | None = None, project: Path = CRAWLER,
+                 pythonpath: tuple[Path, ...] = ()) -> None:
+        """``project``: the Scrapy project's directory (its scrapy.cfg); ``pythonpath``:
+        more import directories (a user project's own dependencies)."""
         self.name = name
         self.log = workdir / ("%s.log" % name)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -51,10 +54,11 @@ class Worker:
             cmd += ["-a", "%s=%s" % (key, value)]
         full_env = dict(env or os.environ)
         full_env["HOME"] = str(workdir / "home")
-        full_env["PYTHONPATH"] = os.pathsep.join([str(CRAWLER), str(ROOT / "tests")])
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [str(CRAWLER), str(ROOT / "tests"), *map(str, pythonpath)])
         full_env.pop("SCRAPY_SETTINGS_MODULE", None)
         self._logfile = self.log.open("wb")
-        self.proc = subprocess.Popen(cmd, cwd=CRAWLER, env=full_env, stdout=self._logfile,
+        self.proc = subprocess.Popen(cmd, cwd=project, env=full_env, stdout=self._logfile,
                                      stderr=subprocess.STDOUT)
 
     def wait(self, timeout: float) -> int:

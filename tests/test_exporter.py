@@ -72,6 +72,7 @@ STATS_SAMPLES = {
     "errors": "bloomcrawl_errors_total",
     "bad_start_urls": "bloomcrawl_bad_start_urls_total",
     "unserializable": "bloomcrawl_unserializable_requests_total",
+    "local": "bloomcrawl_local_requests_total",
 }
 
 

@@ -110,7 +110,7 @@ def test_redis_restart_mid_crawl(demo_site, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("demo_site", [{"pages": 300}], indirect=True)
-def test_bad_start_urls_and_unserializable_requests_are_counted(
+def test_bad_start_urls_are_counted_and_unshareable_requests_crawled(
     redis_server, redis_client, demo_site, tmp_path: Path
 ) -> None:
     spider = "site_with_bad_request"
@@ -124,7 +124,9 @@ def test_bad_start_urls_and_unserializable_requests_are_counted(
     assert stats["missing"] == 0 and stats["duplicates"] == 0, stats
     shared = {k.decode(): int(v) for k, v in redis_client.hgetall(spider + ":stats").items()}
     assert shared["bad_start_urls"] == 4
-    assert shared["unserializable"] == 1
+    # a request whose meta the queue cannot hold is crawled by its worker, not dropped
+    assert shared["local"] == 1 and "unserializable" not in shared, shared
+    assert demo_site.server.not_found == 1  # its /never was fetched
     log = worker.text()
-    assert "meta['handle'] is not JSON-serializable" in log
+    assert "meta['handle']" in log and "this worker crawls it itself" in log
     assert "bad start URL entry b'not a url'" in log

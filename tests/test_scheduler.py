@@ -207,13 +207,15 @@ def test_close_puts_unprocessed_leases_back(redis_server, redis_client) -> None:
                                                    "http://a.test/2"]
 
 
-def test_unserializable_request_is_refused_with_its_key(scheduler: Scheduler) -> None:
-    assert scheduler.enqueue_request(Request("http://a.test/x", meta={"sock": object()})) is False
-    assert scheduler.stats.get_value("bloomcrawl/unserializable") == 1
+def test_a_request_the_queue_cannot_hold_is_named_by_its_key_and_kept(
+        scheduler: Scheduler) -> None:
+    assert scheduler.enqueue_request(Request("http://a.test/x", meta={"sock": object()})) is True
+    assert scheduler.stats.get_value("bloomcrawl/local_requests") == 1
+    assert scheduler.frontier is not None and scheduler.frontier.size(with_leases=True) == 0
     with pytest.raises(UnserializableRequest, match=r"meta\['sock'\]"):
         request_to_json(Request("http://a.test/x", meta={"sock": object()}), scheduler.spider)
-    with pytest.raises(UnserializableRequest, match=r"cb_kwargs\['n'\]"):
-        request_to_json(Request("http://a.test/x", cb_kwargs={"n": float("nan")}),
+    with pytest.raises(UnserializableRequest, match=r"cb_kwargs\['n'\]\['f'\]"):
+        request_to_json(Request("http://a.test/x", cb_kwargs={"n": {"f": open}}),
                         scheduler.spider)
 
 
@@ -351,14 +353,16 @@ def test_ack_rides_with_the_next_lease(redis_server, redis_client) -> None:
 
 
 @pytest.mark.parametrize(("entry", "message"), [
-    ({"url": "http://a.test/x", "callback": "__init__"}, "not a public spider method"),
-    ({"url": "http://a.test/x", "callback": "_private"}, "not a public spider method"),
+    ({"url": "http://a.test/x", "callback": "__init__"}, "special method, never a callback"),
+    ({"url": "http://a.test/x", "callback": "_private"}, "not a method of spider class"),
+    ({"url": "http://a.test/x", "callback": "from_crawler"}, "callback"),
+    ({"url": "http://a.test/x", "callback": "start_requests"}, "callback"),
     ({"url": "http://a.test/x", "errback": "name"}, "not a method of spider"),
     ({"url": "http://a.test/x", "callback": "crawler"}, "not a method of spider"),
     ({"url": "http://a.test/x", "_class": "subprocess.Popen"}, "neither Scrapy's nor"),
     ({"url": "http://a.test/x", "_class": "scrapy.Spider"}, "not a Request class"),
 ])
-def test_a_queue_entry_names_only_public_spider_methods_and_request_classes(
+def test_a_queue_entry_names_only_spider_callbacks_and_request_classes(
         scheduler: Scheduler, entry: dict[str, Any], message: str) -> None:
     with pytest.raises(UnreadableRequest, match=message):
         request_from_json(json.dumps(entry), scheduler.spider)

@@ -78,15 +78,22 @@ def test_scrapy_cfg_names_the_settings_and_a_deploy_target() -> None:
 
 
 class Scrapyd:
-    """A scrapyd process on a free port, with basic auth."""
+    """A scrapyd process on a free port, with basic auth.
 
-    def __init__(self, workdir: Path, redis_url: str) -> None:
+    ``pythonpath``: its PYTHONPATH, as the local cluster gives its nodes one
+    (the projects' requirements); none by default.
+    """
+
+    def __init__(self, workdir: Path, redis_url: str, pythonpath: Path | None = None) -> None:
         self.port = free_port()
         self.url = "http://127.0.0.1:%d" % self.port
+        self.workdir = workdir
         env = dict(os.environ)
         env.update(REDIS_URL=redis_url, HOME=str(workdir))
         env.pop("SCRAPY_SETTINGS_MODULE", None)
         env.pop("PYTHONPATH", None)
+        if pythonpath is not None:
+            env["PYTHONPATH"] = str(pythonpath)
         self.log = workdir / "scrapyd.log"
         self.process = start_scrapyd(
             workdir, port=self.port, username=USERNAME, password=PASSWORD, env=env,

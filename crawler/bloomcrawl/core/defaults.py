@@ -33,6 +33,8 @@ REAP_INTERVAL = 5.0
 MAX_IDLE_TIME_BEFORE_CLOSE = 0.0
 PREFETCH = 1
 SEEN_CACHE = 200_000
+# a request the frontier cannot share is crawled by its worker (True: the spider closes)
+FRONTIER_STRICT = False
 
 # the other per-spider keys
 START_URLS_KEY = "%(spider)s:start_urls"

@@ -96,6 +96,11 @@ def lease_counter_key(queue: str, filter_name: str, partition: int) -> str:
     return "%s:%s:seq" % (queue, partition_tag(filter_name, partition))
 
 
+def crawl_key(spider_name: str) -> str:
+    """The id of the spider's crawl under way (see the key list above)."""
+    return "%s:crawl" % spider_name
+
+
 def item_ids_key(items_key: str) -> str:
     """The set of ids of the items stored once each (same slot as the items list)."""
     return "{%s}:ids" % items_key
@@ -131,7 +136,9 @@ def filter_name_from_meta(key: str) -> str:
 #   <queue>:{NAME:P}:deadlines  zset  token -> lease deadline, ms of Redis TIME
 #   <queue>:{NAME:P}:seq        string  lease token counter
 #   <spider>:stats              hash  pages, items, filtered, requeued, errors,
-#                                     bad_start_urls, unserializable (HINCRBY)
+#                                     bad_start_urls, unserializable, local (HINCRBY)
+#   <spider>:crawl              string  the id of the crawl under way: dont_filter start
+#                                     requests go through the filter under it
 #   {<spider>:stats}:applied    hash  worker -> number of its last exchange counted
 #                                     (a resent exchange is counted once)
 #   {<spider>:stats}:pages_by_node
@@ -151,6 +158,7 @@ STATS_FIELDS = (
     "errors",
     "bad_start_urls",
     "unserializable",
+    "local",
 )
 
 

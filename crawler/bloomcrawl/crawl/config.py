@@ -250,6 +250,10 @@ class FrontierConfig:
     allow_eviction: bool = defaults.REDIS_ALLOW_EVICTION
     #: Scrapy's CONCURRENT_REQUESTS: how many leases the engine can use at once
     concurrency: int = 16
+    #: FRONTIER_STRICT: a request the frontier cannot share closes the spider
+    strict: bool = defaults.FRONTIER_STRICT
+    #: FRONTIER_CRAWL_ID: the crawl this worker joins ("": the one recorded in Redis)
+    crawl_id: str = ""
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str | None) -> FrontierConfig:
@@ -275,6 +279,8 @@ class FrontierConfig:
             allow_eviction=settings.getbool("REDIS_ALLOW_EVICTION",
                                             defaults.REDIS_ALLOW_EVICTION),
             concurrency=get_int(settings, "CONCURRENT_REQUESTS", 16, minimum=1),
+            strict=settings.getbool("FRONTIER_STRICT", defaults.FRONTIER_STRICT),
+            crawl_id=str(settings.get("FRONTIER_CRAWL_ID") or ""),
         )
 
 

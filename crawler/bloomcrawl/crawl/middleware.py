@@ -1,7 +1,8 @@
 """Report when a leased request's outcome is final, so its lease is acked.
 
-* :class:`FrontierSpiderMiddleware`: the response's callback output has been
-  processed (its requests handed to the scheduler), or the callback raised.
+* :class:`FrontierSpiderMiddleware`: the response's page is done: its callback
+  output handled, its requests queued and its items through the item
+  pipeline (:mod:`bloomcrawl.crawl.pages`), or the callback raised.
 * :class:`FrontierDownloaderMiddleware`: the download failed for good (no
   other middleware retried it) or the request was ignored.
 
@@ -19,7 +20,8 @@ from scrapy import Request, signals
 from scrapy.exceptions import IgnoreRequest
 
 from bloomcrawl.crawl import origins
-from bloomcrawl.crawl.lease import INTERNAL_META_KEYS, LEASE_META_KEY, request_finished
+from bloomcrawl.crawl.lease import INTERNAL_META_KEYS
+from bloomcrawl.crawl.pages import Page, PageTracker, tracked
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -30,19 +32,15 @@ if TYPE_CHECKING:
 class _Reporter:
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
+        self.pages = PageTracker.of(crawler)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Any:
         return cls(crawler)
 
-    def _finished(self, request: Request | None, outcome: str) -> None:
-        if request is not None and LEASE_META_KEY in request.meta:
-            self.crawler.signals.send_catch_log(request_finished, request=request,
-                                                outcome=outcome)
-
 
 class FrontierSpiderMiddleware(_Reporter):
-    """Acks a response's lease once everything its callback yielded was processed.
+    """Acks a response's lease once its page is done (:mod:`bloomcrawl.crawl.pages`).
 
     Each item is tagged with its origin (:mod:`bloomcrawl.crawl.origins`): the
     response's request fingerprint and the item's position in the output.
@@ -54,10 +52,11 @@ class FrontierSpiderMiddleware(_Reporter):
         crawler.signals.connect(origins.forget, signal=signals.item_error)
         return cls(crawler)
 
-    def _outputs(self, response: Response) -> Callable[[Any], Any]:
+    def _outputs(self, response: Response) -> tuple[Callable[[Any], Any], Page | None]:
         request = response.request
         fingerprint = (uuid.uuid4().hex if request is None
                        else self.crawler.request_fingerprinter.fingerprint(request).hex())
+        page = self.pages.open(response) if tracked(request) else None
         position = 0
 
         def child(output: Any) -> Any:
@@ -66,33 +65,43 @@ class FrontierSpiderMiddleware(_Reporter):
                 # a child request must not carry its parent's lease (spiders copy meta)
                 for key in INTERNAL_META_KEYS:
                     output.meta.pop(key, None)
-            else:
+                if page is not None:
+                    self.pages.child_request(page, output)
+            elif output is not None:
                 origins.tag(output, "%s:%d" % (fingerprint, position))
                 position += 1
+                if page is not None:
+                    self.pages.child_item(page)
             return output
 
-        return child
+        return child, page
 
     # ``spider=None``: Scrapy < 2.14 passes the spider, later versions do not
 
     def process_spider_output(self, response: Response, result: Iterable[Any],
                               spider: Spider | None = None) -> Iterator[Any]:
-        child = self._outputs(response)
+        child, page = self._outputs(response)
         for output in result:
             yield child(output)
-        self._finished(response.request, "response")
+        if page is not None:
+            self.pages.ended(page, "response")
 
     async def process_spider_output_async(
         self, response: Response, result: AsyncIterator[Any], spider: Spider | None = None
     ) -> AsyncIterator[Any]:
-        child = self._outputs(response)
+        child, page = self._outputs(response)
         async for output in result:
             yield child(output)
-        self._finished(response.request, "response")
+        if page is not None:
+            self.pages.ended(page, "response")
 
     def process_spider_exception(self, response: Response, exception: Exception,
                                  spider: Spider | None = None) -> None:
-        self._finished(response.request, "spider_error")
+        page = self.pages.find(response)
+        if page is not None:
+            self.pages.ended(page, "spider_error")  # what it yielded before still counts
+        elif response.request is not None and tracked(response.request):
+            self.pages.finish(response.request, "spider_error")
 
 
 class FrontierDownloaderMiddleware(_Reporter):
@@ -101,4 +110,4 @@ class FrontierDownloaderMiddleware(_Reporter):
     def process_exception(self, request: Request, exception: Exception,
                           spider: Spider | None = None) -> None:
         outcome = "ignored" if isinstance(exception, IgnoreRequest) else "download_error"
-        self._finished(request, outcome)
+        self.pages.finish(request, outcome)

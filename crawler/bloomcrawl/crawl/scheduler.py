@@ -41,9 +41,13 @@ BLOOMFILTER_* settings.
 from __future__ import annotations
 
 import email.utils
+import hashlib
+import heapq
+import itertools
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
 from collections import deque
@@ -81,11 +85,13 @@ from bloomcrawl.crawl.config import (
     politeness_from_settings,
     redis_from_settings,
 )
-from bloomcrawl.crawl.lease import LEASE_META_KEY, LOCAL_META_KEY, request_finished
+from bloomcrawl.crawl.lease import HOLD_META_KEY, LEASE_META_KEY, LOCAL_META_KEY, request_finished
 from bloomcrawl.crawl.outbox import REPLAY_S, Batch, Outbox, Reply
+from bloomcrawl.crawl.pages import PageTracker
 from bloomcrawl.crawl.redis_io import RedisIO, call_later, create_looping_call, log_unexpected
 from bloomcrawl.crawl.seeds import StartUrls
 from bloomcrawl.crawl.serialization import (
+    ClassAllowList,
     UnserializableRequest,
     priority_score,
     request_from_json,
@@ -133,12 +139,85 @@ def retry_after(response: Any, now: float | None = None) -> float:
     return DEFAULT_BACKOFF_S
 
 
+#: Scrapy commands that try a spider out rather than crawl: they must not take the
+#: cluster's work or mark its URLs seen (scrapy.commands.<name> replaces the spider's start)
+TOOL_COMMANDS = frozenset({"parse", "fetch", "check", "view", "shell", "bench"})
+
+
+def tool_command(crawler: Crawler) -> str | None:
+    """The Scrapy command trying this crawler's spider out, if any (None: a crawl).
+
+    ``scrapy parse``, ``fetch`` and ``check`` replace the spider class's
+    ``start`` with one of their own; ``scrapy shell`` opens the spider from
+    :mod:`scrapy.shell`, which is then on the stack.
+    """
+    spidercls = getattr(crawler, "spidercls", None)
+    module = getattr(getattr(spidercls, "start", None), "__module__", "") or ""
+    if module.startswith("scrapy.commands."):
+        name = module.rpartition(".")[2]
+        return name if name in TOOL_COMMANDS else None
+    # scrapy shell opens the spider itself (close_if_idle=False), from scrapy.shell
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "scrapy.shell":
+            return "shell"
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def local_scheduler(crawler: Crawler) -> Any:
+    """Scrapy's own in-memory scheduler, with no duplicate filter: for a tool command."""
+    from scrapy.core.scheduler import Scheduler as ScrapyScheduler
+    from scrapy.dupefilters import BaseDupeFilter
+    from scrapy.utils.misc import load_object
+
+    settings = crawler.settings
+    return ScrapyScheduler(
+        BaseDupeFilter(), jobdir=None,
+        mqclass=load_object(settings["SCHEDULER_MEMORY_QUEUE"]),
+        dqclass=load_object(settings["SCHEDULER_DISK_QUEUE"]),
+        pqclass=load_object(settings["SCHEDULER_PRIORITY_QUEUE"]),
+        stats=crawler.stats, crawler=crawler)
+
+
+#: the middlewares that tell the scheduler a request's outcome: without them no lease
+#: is ever acked (setting, class path)
+REQUIRED_MIDDLEWARES = (
+    ("SPIDER_MIDDLEWARES", "bloomcrawl.crawl.middleware.FrontierSpiderMiddleware"),
+    ("DOWNLOADER_MIDDLEWARES", "bloomcrawl.crawl.middleware.FrontierDownloaderMiddleware"),
+)
+
+
+def check_middlewares(settings: Any) -> None:
+    """Refuse to crawl without the frontier's middlewares: every lease would be renewed forever."""
+    from scrapy.utils.misc import load_object
+
+    for setting, path in REQUIRED_MIDDLEWARES:
+        wanted = load_object(path)
+        enabled = settings.getwithbase(setting)
+        found = False
+        for name, order in enabled.items():
+            if order is None:
+                continue
+            try:
+                cls = load_object(name) if isinstance(name, str) else name
+            except (ImportError, NameError, ValueError):
+                continue  # Scrapy says so itself when it builds the middlewares
+            if isinstance(cls, type) and issubclass(cls, wanted):
+                found = True
+        if not found:
+            raise SettingError("SCHEDULER is bloomcrawl's, but %s lacks %s: add %s ="
+                               " {%r: 10} to the project's settings" % (setting, path, setting,
+                                                                         path))
+
+
 class Scheduler:
     """The distributed, leased scheduler."""
 
     def __init__(self, server: redis.Redis, crawler: Crawler, config: FrontierConfig,
-                 filter_config: FilterConfig) -> None:
+                 filter_config: FilterConfig, allowed: ClassAllowList | None = None) -> None:
         self.server = server
+        self.allowed = allowed
         self.crawler = crawler
         self.stats: StatsCollector = crawler.stats
         self.fingerprinter = crawler.request_fingerprinter
@@ -191,20 +270,36 @@ class Scheduler:
         self._closing = False
         self._epoch_seen = 0
         self._restate_needed = self._restating = False
+        self.pages = PageTracker.of(crawler)
+        # requests the frontier cannot share, crawled by this worker: (score, n, request)
+        self._held: list[tuple[float, int, Request]] = []
+        self._held_numbers = itertools.count()
+        self._held_seen: set[bytes] = set()
+        self._held_kinds: set[str] = set()
+        # dont_filter start requests are deduplicated among the workers of one crawl
+        self.crawl_id = b""
 
     @classmethod
-    def from_crawler(cls, crawler: Crawler) -> Scheduler:
+    def from_crawler(cls, crawler: Crawler) -> Any:
+        """The shared frontier; for a tool command (``scrapy parse`` ...), a local scheduler."""
+        command = tool_command(crawler)
+        if command is not None:
+            logger.info("scrapy %s: crawling with a local scheduler; the shared frontier"
+                        " is not touched", command)
+            return local_scheduler(crawler)
         settings = crawler.settings
         spider = crawler.spider.name if crawler.spider is not None else None
         # every setting is checked before anything touches Redis
         config = FrontierConfig.from_settings(settings, spider)
         filter_config = FilterConfig.from_settings(settings, spider)
-        return cls(redis_from_settings(settings), crawler, config, filter_config)
+        allowed = ClassAllowList.from_settings(settings)
+        return cls(redis_from_settings(settings), crawler, config, filter_config, allowed)
 
     # -- life cycle -------------------------------------------------------------
 
     def open(self, spider: Spider) -> None:
         """Called by the engine when the spider opens."""
+        check_middlewares(self.crawler.settings)
         self.open_frontier(spider)
         self._start_background()
 
@@ -215,6 +310,8 @@ class Scheduler:
         :meth:`open` starts the I/O thread, Redis work runs inline.
         """
         self.spider = spider
+        if self.allowed is not None:  # the spider's own package (scrapy runspider) too
+            self.allowed = self.allowed.extended(type(spider).__module__.partition(".")[0])
         self.errors.extra = self.outbox.log_extra = {"spider": spider}
         self.politeness = politeness_from_settings(self.crawler.settings, spider)
         infos = server_infos(self.server)
@@ -243,6 +340,8 @@ class Scheduler:
         self.frontier.record_layout()
         if self.config.flush_on_start:
             self.frontier.flush()
+            self.server.delete(keys.crawl_key(spider.name))
+        self.crawl_id = self._join_crawl(spider.name)
         moved = self.frontier.migrate()
         if moved:
             logger.info("moved %d queued requests into per-host queues", moved,
@@ -315,6 +414,9 @@ class Scheduler:
         except REDIS_ERRORS as exc:
             logger.error("could not put this worker's leases back on close (%s): they will be"
                          " requeued when they expire", exc, extra={"spider": self.spider})
+        self._held.clear()
+        if reason == "finished":
+            self._end_crawl()
         if not self.config.persist:
             frontier.flush()
 
@@ -322,16 +424,19 @@ class Scheduler:
 
     def has_pending_requests(self) -> bool:
         """True while this worker holds requests or Redis may have some for it."""
-        return bool(self._local or self.outbox.outgoing or self._ready_now()
+        return bool(self._local or self._held or self.outbox.outgoing or self._ready_now()
                     or self.outbox.exchanging)
 
     def enqueue_request(self, request: Request) -> bool:
         """Queue a request in the shared frontier (buffered, sent with the next exchange).
 
         Returns False when it was not queued (a duplicate this worker already
-        sent, or a request that cannot be stored as JSON); the engine then
-        fires ``request_dropped``. Duplicates found by the filter in Redis are
-        counted in ``dupefilter/filtered`` when the exchange returns.
+        sent); the engine then fires ``request_dropped``. Duplicates found by
+        the filter in Redis are counted in ``dupefilter/filtered`` when the
+        exchange returns. A request the frontier cannot share stays with this
+        worker (:meth:`_keep`). A ``dont_filter`` start request goes through
+        the filter under the crawl's id: each start URL once per crawl,
+        whichever workers start it.
         """
         meta = request.meta
         if meta.pop(LOCAL_META_KEY, False):
@@ -340,9 +445,13 @@ class Scheduler:
             return True
         lease = meta.pop(LEASE_META_KEY, None)
         host = host_of(request.url)
-        fp = filter_fingerprint(normalise_fingerprint(self.fingerprinter.fingerprint(request)),
-                                host, self._frontier().bloom.params.partition_by)
-        if not request.dont_filter and fp in self._seen:
+        fp = normalise_fingerprint(self.fingerprinter.fingerprint(request))
+        dont_filter = request.dont_filter
+        if dont_filter and meta.get("is_start_request") and self.crawl_id:
+            fp = hashlib.sha1(b"start:" + self.crawl_id + fp).digest()
+            dont_filter = False
+        fp = filter_fingerprint(fp, host, self._frontier().bloom.params.partition_by)
+        if not dont_filter and fp in self._seen:
             self.outbox.held.append(request)  # until Redis answered from the same server
             self.outbox.counts["filtered"] += 1
             self.stats.inc_value("dupefilter/filtered")
@@ -351,23 +460,66 @@ class Scheduler:
                 self._ack_later(lease)
             return False
         try:
-            payload = request_to_json(request, self._spider())
+            payload = request_to_json(request, self._spider(), self.allowed)
         except UnserializableRequest as exc:
-            logger.error("%s", exc, extra={"spider": self.spider})
-            self.stats.inc_value("bloomcrawl/unserializable")
-            self.outbox.counts["unserializable"] += 1
-            if lease is not None:
-                self._ack_later(lease)
-            return False
-        self.outbox.outgoing.append(
-            Outgoing(fp, request.dont_filter, priority_score(request), payload, host))
+            return self._keep(request, lease, fp, dont_filter, exc)
+        self.outbox.outgoing.append(Outgoing(fp, dont_filter, priority_score(request), payload,
+                                             host))
         if lease is not None:
             # a retry or redirect of a leased request: ack the original once this is queued
             self._ack_later(lease)
+        if HOLD_META_KEY in meta:
+            # a retry of a held request that can be shared now: queued, it holds no page
+            self.pages.release(request)
         self.stats.inc_value("scheduler/enqueued")
         self.stats.inc_value("scheduler/enqueued/redis")
         if len(self.outbox.outgoing) >= MAX_BATCH:
             self._exchange()
+        return True
+
+    def _keep(self, request: Request, lease: Any, fp: bytes, dont_filter: bool,
+              exc: UnserializableRequest) -> bool:
+        """A request the frontier cannot share: this worker crawls it itself.
+
+        Nothing is dropped for how it is stored. The page that yielded it
+        keeps its lease until it is done (:meth:`PageTracker.hold`): a worker
+        killed before leaves that page to be crawled again, which makes the
+        request again. It is filtered against what this worker kept, not the
+        shared filter. With FRONTIER_STRICT the spider closes instead.
+        """
+        spider = self._spider()
+        if self.config.strict:
+            logger.error("%s; closing the spider (FRONTIER_STRICT)", exc, extra={"spider": spider})
+            self.stats.inc_value("bloomcrawl/unserializable")
+            self.outbox.counts["unserializable"] += 1
+            if lease is not None:
+                request.meta[LEASE_META_KEY] = lease  # not acked: it goes back to the queue
+            self._close_engine("unshareable_request")
+            return False
+        if exc.kind not in self._held_kinds:
+            self._held_kinds.add(exc.kind)
+            logger.warning("%s: this worker crawls it itself (not shared with other workers,"
+                           " filtered only against what this worker kept); further requests"
+                           " like it are counted in bloomcrawl/local_requests. Make it"
+                           " shareable (FRONTIER_SAFE_CLASSES, a spider method as callback),"
+                           " or set FRONTIER_STRICT to refuse it", exc, extra={"spider": spider})
+        if not dont_filter:
+            if fp in self._held_seen:
+                self.stats.inc_value("dupefilter/filtered")
+                if lease is not None:
+                    self._ack_later(lease)
+                return False
+            self._held_seen.add(fp)
+        if lease is not None:
+            # a retry or redirect of a leased request: it carries the lease until done
+            request.meta[LEASE_META_KEY] = lease
+        else:
+            self.pages.hold(request)
+        heapq.heappush(self._held, (priority_score(request), next(self._held_numbers), request))
+        self.stats.inc_value("bloomcrawl/local_requests")
+        self.outbox.counts["local"] += 1
+        self.stats.inc_value("scheduler/enqueued")
+        self.stats.inc_value("scheduler/enqueued/memory")
         return True
 
     def next_request(self) -> Request | None:
@@ -377,8 +529,13 @@ class Scheduler:
         leases the next request in the same round trip; the lease reaches the
         engine through ``engine.crawl()``. (Before :meth:`open` started the
         I/O thread the exchange runs inline and its lease is returned here.)
+        Requests this worker keeps (:meth:`_keep`) come after its leases.
         """
         if not self._local:
+            if self._held:
+                self.stats.inc_value("scheduler/dequeued")
+                self.stats.inc_value("scheduler/dequeued/memory")
+                return heapq.heappop(self._held)[2]
             self._starved = True
             self._exchange(lease=bool(self._ready_now()))
         if self._local:
@@ -389,6 +546,33 @@ class Scheduler:
             self._starved = False
             return request
         return None
+
+    def _join_crawl(self, spider: str) -> bytes:
+        """The id of the crawl this worker joins: FRONTIER_CRAWL_ID, or the one in Redis.
+
+        The first worker of a crawl sets ``<spider>:crawl``; the others read
+        it; it is deleted when a worker closes with the frontier finished, so
+        the next crawl starts its start URLs again.
+        """
+        if self.config.crawl_id:
+            return self.config.crawl_id.encode()
+        key = keys.crawl_key(spider)
+        self.server.set(key, uuid.uuid4().hex, nx=True)
+        value = self.server.get(key)
+        return value.encode() if isinstance(value, str) else bytes(value or b"")
+
+    def _end_crawl(self) -> None:
+        if self.config.crawl_id or not self.crawl_id:
+            return
+        key = keys.crawl_key(self._spider().name)
+        try:
+            finished = self._frontier().size(with_leases=True) == 0
+            if finished and self.server.get(key) == self.crawl_id:
+                self.server.delete(key)
+        except REDIS_ERRORS as exc:
+            logger.warning("could not end the crawl %s (%s): the next crawl's start URLs"
+                           " count as seen", self.crawl_id.decode(), exc,
+                           extra={"spider": self.spider})
 
     def __len__(self) -> int:
         """Requests queued in Redis for this spider (all workers); asks Redis."""
@@ -537,7 +721,10 @@ class Scheduler:
         self._close_engine("bloomfilter_full")
 
     def _close_engine(self, reason: str) -> None:
-        engine = self.crawler.engine
+        try:
+            engine = self.crawler.engine
+        except RuntimeError:  # Scrapy >= 2.14 before the crawl started: nothing to close
+            return
         if engine is None or self._closing:
             return
         close_async = getattr(engine, "close_spider_async", None)
@@ -554,7 +741,7 @@ class Scheduler:
             self._inflight[lease.token] = lease.partition
             self._leased_at[lease.token] = lease.at
             try:
-                request = request_from_json(lease.payload, self._spider())
+                request = request_from_json(lease.payload, self._spider(), self.allowed)
             except Exception as exc:  # a corrupt or hostile entry must not stop the crawl
                 logger.error("dropping an unreadable queue entry %r: %s", lease.payload[:200],
                              exc, extra={"spider": self.spider})
@@ -638,7 +825,8 @@ class Scheduler:
         lease = request.meta.pop(LEASE_META_KEY, None)
         if outcome == "response":
             self.outbox.counts["pages"] += 1
-        elif outcome in ("spider_error", "download_error"):
+        elif outcome == "download_error":
+            # a raising callback is counted once, by the spider_error signal
             self.outbox.counts["errors"] += 1
         if lease is not None:
             # sent with the next lease (next_request), or within ACK_DELAY anyway:

@@ -43,7 +43,9 @@ STATS_METRICS: dict[str, tuple[str, str]] = {
     "bad_start_urls": ("bloomcrawl_bad_start_urls_total",
                        "Malformed start-URL entries skipped."),
     "unserializable": ("bloomcrawl_unserializable_requests_total",
-                       "Requests that could not be serialized for the queue and were dropped."),
+                       "Requests the frontier could not share, refused (FRONTIER_STRICT)."),
+    "local": ("bloomcrawl_local_requests_total",
+              "Requests the frontier could not share, crawled by the worker that made them."),
 }
 JOB_STATES = scrapyd.JOB_STATES
 NODE_PAGES_METRIC = "bloomcrawl_node_pages_total"

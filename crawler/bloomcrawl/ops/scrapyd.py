@@ -6,8 +6,10 @@ on any failure; :meth:`Node.status` asks ``daemonstatus.json`` and never
 raises (a node that does not answer is ``up=False`` with the reason). The
 functions below act on many nodes at once, concurrently, in node order:
 :func:`deploy` uploads one egg (built once by :func:`build_egg`, as
-``scrapyd-deploy --build-egg`` does), :func:`schedule` starts one job per
-node, :func:`job_states` and :func:`node_statuses` ask how they are doing.
+``scrapyd-deploy --build-egg`` does) and fails on a node where the project's
+spiders do not import (:class:`ProjectLoadError`), :func:`schedule` starts
+one job per node, :func:`job_states` and :func:`node_statuses` ask how they
+are doing.
 
 The CLI, the exporter and ``bloomcrawl status`` all go through this module;
 node URLs and their metric labels (``host:port``) come from here too.
@@ -16,16 +18,22 @@ node URLs and their metric labels (``host:port``) come from here too.
 from __future__ import annotations
 
 import base64
+import configparser
 import http.client
+import io
 import json
+import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,6 +72,66 @@ class ScrapydError(OpsError):
         super().__init__(message)
         self.url = url
         self.reason = reason
+
+
+class ProjectLoadError(ScrapydError):
+    """A node stored the egg, but the project's spiders do not load there.
+
+    scrapyd runs ``scrapy list`` on every egg it is given; ``reason`` is one
+    line saying what went wrong (the module that does not import),
+    ``traceback`` scrapyd's whole answer. The message names the node.
+    """
+
+    def __init__(self, url: str, reason: str, traceback: str) -> None:
+        super().__init__(url, reason)
+        self.traceback = traceback
+
+
+#: the last line of an ImportError's traceback
+_IMPORT_ERROR = re.compile(r"^(?P<kind>ModuleNotFoundError|ImportError): (?P<message>.*)$")
+_NO_MODULE = re.compile(r"No module named '(?P<module>[^']+)'")
+#: a traceback's frame in a file of the egg: ``File ".../eggs/p/1.egg/p/spiders/x.py", line 2``
+_EGG_FRAME = re.compile(r'^File "[^"]*\.egg/(?P<path>[^"]+)", line (?P<line>\d+)')
+
+
+def load_failure(traceback: str, own_packages: Iterable[str] = ()) -> str:
+    """One line out of the traceback of a failed ``scrapy list``: what does not import.
+
+    ``own_packages``: the egg's top-level packages. A module missing from those
+    is the project's own, which no requirements.txt brings.
+    """
+    lines = [line.strip() for line in traceback.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        found = _IMPORT_ERROR.match(line)
+        if found is None:
+            continue
+        hint = ""
+        missing = _NO_MODULE.search(found["message"])
+        if found["kind"] == "ModuleNotFoundError" and missing is not None:
+            if missing["module"].split(".")[0] in set(own_packages):
+                hint = " (a module of the project that is not in the egg: a package needs an" \
+                       " __init__.py)"
+            else:
+                hint = " (add it to requirements.txt)"
+        return "the project's spiders do not import on this node: %s%s" % (
+            found["message"], hint)
+    # where in the project it went wrong: the last frame in the egg (a SyntaxError's file)
+    where = ""
+    for line in reversed(lines):
+        frame = _EGG_FRAME.match(line)
+        if frame is not None:
+            where = " (%s, line %s)" % (frame["path"], frame["line"])
+            break
+    return "the project's spiders fail to load on this node: %s%s" % (
+        lines[-1] if lines else "scrapy list failed", where)
+
+
+def egg_packages(egg: bytes) -> set[str]:
+    """The top-level packages and modules of an egg."""
+    with zipfile.ZipFile(io.BytesIO(egg)) as archive:
+        names = archive.namelist()
+    return {name.split("/")[0].removesuffix(".py") for name in names
+            if not name.startswith("EGG-INFO/")}
 
 
 @dataclass
@@ -131,10 +199,11 @@ class Node:
         if data is not None:
             body = urllib.parse.urlencode(data).encode()
             content_type = "application/x-www-form-urlencoded"
-        answer = self._call(path, body, content_type, timeout)
+        return self._checked(path, self._call(path, body, content_type, timeout))
+
+    def _checked(self, path: str, answer: Any) -> dict[str, Any]:
         if not isinstance(answer, dict) or answer.get("status") != "ok":
-            message = answer.get("message", answer) if isinstance(answer, dict) else answer
-            raise ScrapydError(self.url + "/" + path, str(message).strip()[-1500:])
+            raise ScrapydError(self.url + "/" + path, _message(answer).strip()[-1500:])
         return answer
 
     def status(self, timeout: float = STATUS_TIMEOUT) -> NodeStatus:
@@ -161,13 +230,39 @@ class Node:
         return status
 
     def add_version(self, project: str, version: str, egg: bytes) -> dict[str, Any]:
+        """Upload ``egg``; :class:`ProjectLoadError` when its spiders do not load on the node.
+
+        scrapyd keeps an egg whose ``scrapy list`` failed, as the project's newest
+        version: that version is deleted again, so that the node goes on with the
+        version it had and no job ever starts the broken one.
+        """
         body, content_type = multipart({"project": project, "version": version},
                                        {"egg": ("project.egg", egg)})
-        return self.request("addversion.json", body=body, content_type=content_type)
+        answer = self._call("addversion.json", body, content_type, HTTP_TIMEOUT)
+        message = _message(answer)
+        if (isinstance(answer, dict) and answer.get("status") == "error"
+                and "Traceback (most recent call last)" in message):
+            reason = load_failure(message, egg_packages(egg))
+            try:
+                self.request("delversion.json", {"project": project, "version": version})
+            except ScrapydError as exc:
+                reason += f" (the version stays on the node: {exc.reason})"
+            raise ProjectLoadError(self.url, reason, message)
+        return self._checked("addversion.json", answer)
+
+    def list_spiders(self, project: str, version: str | None = None) -> list[str]:
+        query = {"project": project, **({"_version": version} if version else {})}
+        answer = self.request("listspiders.json?" + urllib.parse.urlencode(query))
+        return [str(name) for name in answer.get("spiders", [])]
 
     def list_jobs(self, project: str, timeout: float = 10.0) -> dict[str, Any]:
         return self.request(f"listjobs.json?project={urllib.parse.quote(project)}",
                             timeout=timeout)
+
+
+def _message(answer: Any) -> str:
+    """The ``message`` of a JSON answer (the answer itself when it has none)."""
+    return str(answer.get("message", answer) if isinstance(answer, dict) else answer)
 
 
 def _int(value: Any) -> int:
@@ -224,8 +319,20 @@ def node_statuses(nodes: Sequence[Node], timeout: float = STATUS_TIMEOUT) -> lis
 
 def deploy(nodes: Sequence[Node], project: str, version: str, egg: bytes
            ) -> list[tuple[Node, dict[str, Any] | None, str | None]]:
-    """Upload ``egg`` as ``project`` ``version`` to every node: (node, answer, error)."""
-    return for_each_node(nodes, lambda node: node.add_version(project, version, egg))
+    """Upload ``egg`` as ``project`` ``version`` to every node: (node, answer, error).
+
+    An answer's ``spider_names`` are the spiders the node lists for that
+    version (absent when it would not say).
+    """
+    def upload(node: Node) -> dict[str, Any]:
+        answer = node.add_version(project, version, egg)
+        try:
+            answer["spider_names"] = node.list_spiders(project, version)
+        except ScrapydError:
+            pass  # deployed all the same: the answer has the count
+        return answer
+
+    return for_each_node(nodes, upload)
 
 
 def schedule(nodes: Sequence[Node], project: str, spider: str,
@@ -257,18 +364,60 @@ def job_states(nodes: Sequence[Node], project: str, jobs: dict[str, str]) -> dic
     return states
 
 
+def _not_in_egg(directory: str, names: list[str]) -> set[str]:
+    """What a copy of a project for its egg leaves out: hidden entries (.git, .scrapy's cache),
+    virtualenvs, bytecode, and earlier builds at the top."""
+    top = (Path(directory) / "scrapy.cfg").is_file()
+    return {name for name in names
+            if name.startswith(".") or name == "__pycache__"
+            or (Path(directory, name) / "pyvenv.cfg").is_file()
+            or (top and (name in ("build", "dist") or name.endswith((".egg-info", ".egg"))))}
+
+
 def build_egg(project_dir: Path, out: Path) -> None:
-    """``scrapyd-deploy --build-egg``: the same egg ``scrapyd-deploy`` would upload."""
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "scrapyd_client.deploy", "--build-egg", str(out)],
-            cwd=project_dir, capture_output=True, text=True, timeout=BUILD_EGG_TIMEOUT)
-    except subprocess.TimeoutExpired as exc:
-        raise OpsError(f"building the egg in {project_dir} timed out after"
-                       f" {BUILD_EGG_TIMEOUT:g}s") from exc
+    """``scrapyd-deploy --build-egg``: the same egg ``scrapyd-deploy`` would upload.
+
+    It is built in a copy of the project: scrapyd-deploy writes a ``setup.py``
+    there when the project has none (``find_packages()``, the settings module
+    of scrapy.cfg as its entry point), and setuptools ``build/`` and an
+    ``.egg-info``; the project's own directory is left as it is. The egg must
+    hold the settings module its entry point names.
+    """
+    with tempfile.TemporaryDirectory(prefix="bloomcrawl-build-") as tmp:
+        copy = Path(tmp) / project_dir.name
+        shutil.copytree(project_dir, copy, ignore=_not_in_egg, symlinks=True)
+        try:
+            result = subprocess.run(
+                [sys.executable, "-m", "scrapyd_client.deploy", "--build-egg", str(out)],
+                cwd=copy, capture_output=True, text=True, timeout=BUILD_EGG_TIMEOUT)
+        except subprocess.TimeoutExpired as exc:
+            raise OpsError(f"building the egg of {project_dir} timed out after"
+                           f" {BUILD_EGG_TIMEOUT:g}s") from exc
     if result.returncode != 0 or not out.is_file():
-        raise OpsError(f"building the egg in {project_dir} failed:\n"
+        raise OpsError(f"building the egg of {project_dir} failed:\n"
                        f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    check_egg(out, project_dir)
+
+
+def check_egg(egg: Path, project_dir: Path) -> None:
+    """:class:`OpsError` unless ``egg`` holds the settings module of its ``scrapy`` entry point."""
+    with zipfile.ZipFile(egg) as archive:
+        names = set(archive.namelist())
+        entry_points = (archive.read("EGG-INFO/entry_points.txt").decode(errors="replace")
+                        if "EGG-INFO/entry_points.txt" in names else "")
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read_string(entry_points)
+    except configparser.Error:
+        parser.clear()
+    settings = parser.get("scrapy", "settings", fallback="").strip()
+    if not settings:
+        raise OpsError(f"the egg of {project_dir} has no scrapy settings entry point: its"
+                       " setup.py must declare entry_points={'scrapy': ['settings = ...']}")
+    module = settings.replace(".", "/")
+    if not names & {module + ".py", module + ".pyc", module + "/__init__.py"}:
+        raise OpsError(f"the egg of {project_dir} lacks its settings module {settings}: the"
+                       f" packages of its setup.py must include {settings.rsplit('.', 1)[0]}")
 
 
 # --- node URLs and labels -----------------------------------------------------------

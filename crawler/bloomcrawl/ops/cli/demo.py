@@ -65,7 +65,7 @@ def demo(paths: Paths, *, workers: int, local: bool, project: str, pages: int | 
     crawl_url, stats_url = start_site(paths, workers=workers, local=local, pages=pages,
                                       delay_ms=delay_ms, redis=redis)
     target = resolve_target(paths, need_nodes=True)
-    if deploy_project(paths, target.nodes, project) != 0:
+    if deploy_project(paths, target, project) != 0:
         return 1
     client = target.redis()
     clear_spider(client, DEFAULT_SPIDER)

@@ -1,14 +1,19 @@
 """``deploy``, ``schedule``, ``seed``, ``crawl``, ``clear``: the project and its crawls.
 
-``deploy`` builds the egg once (``scrapyd-deploy --build-egg``) and uploads it
-to every node, failing when any node fails; ``schedule`` starts a job on every
-node; ``seed`` pushes start URLs; ``crawl`` does both; ``clear`` deletes every
-key of a spider (its filters, queues, leases, start URLs, stats and items).
+``deploy`` builds the egg once (``scrapyd-deploy --build-egg``) of the bundled
+project or of a user's (``--project-dir``: the directory of its scrapy.cfg),
+installs that project's requirements.txt for the cluster's workers, and
+uploads the egg to every node, failing when any node fails, or when the
+spiders do not import on it; ``schedule`` starts a job on every node;
+``seed`` pushes start URLs; ``crawl`` does both; ``clear`` deletes every key
+of a spider (its filters, queues, leases, start URLs, stats and items).
 """
 
 from __future__ import annotations
 
 import argparse
+import configparser
+import os
 import re
 import tempfile
 import time
@@ -23,30 +28,105 @@ from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.connection import redis_errors
 from bloomcrawl.ops import inspection, scrapyd
 from bloomcrawl.ops.cli.status import watch
-from bloomcrawl.ops.cli.target import TargetOptions, resolve_target
+from bloomcrawl.ops.cli.target import Target, TargetOptions, resolve_target
+from bloomcrawl.ops.cluster.envfile import read_env_file
+from bloomcrawl.ops.cluster.local import LocalCluster
 from bloomcrawl.ops.cluster.state import Paths
 from bloomcrawl.ops.console import OpsError, say
+from bloomcrawl.ops.requirements import REQUIREMENTS_FILE
 
 DEFAULT_PROJECT = "bloomcrawl"
 DEFAULT_SPIDER = "site"
 
 
-def deploy_project(paths: Paths, nodes: Sequence[scrapyd.Node], project: str,
-                   version: str | None = None, egg: Path | None = None) -> int:
-    """Upload ``egg`` (by default the project's, built now) to every node; 1 if any failed."""
+def check_project_dir(path: Path) -> Path:
+    """``path``, absolute; :class:`OpsError` naming it unless it is a directory with scrapy.cfg."""
+    if not path.exists():
+        raise OpsError(f"--project-dir {path}: no such directory")
+    if not path.is_dir():
+        raise OpsError(f"--project-dir {path}: not a directory")
+    if not (path / "scrapy.cfg").is_file():
+        raise OpsError(f"--project-dir {path}: no scrapy.cfg in it (give the directory of the"
+                       " Scrapy project's scrapy.cfg)")
+    return path.resolve()
+
+
+def project_name(project_dir: Path) -> str:
+    """``project`` of the ``[deploy]`` section of scrapy.cfg, as scrapyd-deploy reads it
+    (environment variables expanded); else the directory's name."""
+    config = project_dir / "scrapy.cfg"
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(config)
+    except configparser.Error as exc:
+        raise OpsError(f"{config}: {str(exc).splitlines()[0]}") from exc
+    name = os.path.expandvars(parser.get("deploy", "project", fallback="")).strip()
+    return name or project_dir.name
+
+
+def install_requirements(paths: Paths, target: Target, requirements: Path) -> None:
+    """Install what ``requirements`` needs for the workers of the cluster ``up`` started.
+
+    Local: into :attr:`Paths.project_packages`; compose: into every worker
+    container. Nodes given by address (``--nodes``, ``SCRAPYD_NODES``,
+    ``--scrapyd-service``) are not bloomcrawl's to install on: the upload's
+    import check then tells whether they have what the spiders import.
+    """
+    cluster = target.cluster
+    if cluster is None or not target.nodes_recorded:
+        say(f"{requirements.name}: not installed (nodes given by address; bloomcrawl installs"
+            " it on the cluster `up` started): the upload checks that the spiders import")
+        return
+    if cluster.mode == "local":
+        wheelhouse = LocalCluster(paths, read_env_file(paths.env_file)).install_requirements(
+            requirements)
+        where = f"for the local workers in {paths.project_packages}"
+    else:
+        if target.compose is None:
+            raise OpsError("the recorded cluster runs in containers, but no compose file is"
+                           f" known for it ({paths.cluster_file})")
+        wheelhouse = target.compose.install_requirements(requirements)
+        where = f"in {len(target.nodes)} worker container(s)"
+    done = (f"installed {', '.join(wheelhouse.names)} {where}" if wheelhouse.names
+            else "nothing to install")
+    have = f" (the workers have {', '.join(wheelhouse.provided)})" if wheelhouse.provided else ""
+    say(f"{requirements.name}: {done}{have}")
+
+
+def deploy_project(paths: Paths, target: Target, project: str | None = None, *,
+                   project_dir: Path | None = None, version: str | None = None,
+                   egg: Path | None = None, requirements: bool = True) -> int:
+    """Build the egg and upload it to every node; 1 if any failed.
+
+    ``project_dir``: the user's Scrapy project (the directory of its
+    scrapy.cfg); by default the bundled one. ``project``: the scrapyd project
+    name, by default that of scrapy.cfg's ``[deploy]`` section, else the
+    directory's name. ``egg`` is uploaded instead of a build. With
+    ``requirements``, the project's requirements.txt is installed for the
+    workers first (:func:`install_requirements`).
+    """
+    source = (check_project_dir(project_dir) if project_dir is not None
+              else paths.project_dir() if egg is None else None)
+    project = project or (project_name(source) if source is not None else DEFAULT_PROJECT)
     # like scrapyd-deploy: a timestamp, so scrapyd (which runs the highest) runs the newest
     version = version or str(int(time.time()))
     with tempfile.TemporaryDirectory(prefix="bloomcrawl-egg-") as tmp:
         if egg is None:
+            assert source is not None
             egg = Path(tmp) / f"{project}-{version}.egg"
-            scrapyd.build_egg(paths.project_dir(), egg)
+            scrapyd.build_egg(source, egg)
         content = egg.read_bytes()
-    results = scrapyd.deploy(nodes, project, version, content)
+    if requirements and source is not None and (source / REQUIREMENTS_FILE).is_file():
+        install_requirements(paths, target, source / REQUIREMENTS_FILE)
+    results = scrapyd.deploy(target.nodes, project, version, content)
     failed = 0
     for node, answer, error in results:
         if answer is None:
             failed += 1
             say(f"FAIL {error}")  # names the node
+        elif "spider_names" in answer:
+            say("ok   {}: {} {}, spiders: {}".format(node.url, project, version,
+                                                     ", ".join(answer["spider_names"]) or "none"))
         else:
             say("ok   {}: {} {}, spiders: {}".format(node.url, project, version,
                                                      answer.get("spiders")))
@@ -146,7 +226,8 @@ def _partitioned(prefix: str) -> tuple[str, re.Pattern[str]]:
 def _names_of(frontier: keys.FrontierKeys) -> tuple[set[str], list[tuple[str, re.Pattern[str]]]]:
     exact = {frontier.meta, frontier.stats, frontier.stats_applied, frontier.pages_by_node,
              frontier.start_urls, frontier.start_leases, frontier.start_deadlines,
-             frontier.start_counter, frontier.items, frontier.item_ids}
+             frontier.start_counter, frontier.items, frontier.item_ids,
+             keys.crawl_key(frontier.spider)}
     tag = "{%s:" % frontier.filter
     return exact, [_partitioned(tag), _partitioned("%s:%s" % (frontier.queue, tag))]
 
@@ -209,9 +290,12 @@ def clear_spider(client: redis.Redis, spider: str) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace, paths: Paths) -> int:
+    # the project first: a wrong directory is the error, whether a cluster runs or not
+    project_dir = check_project_dir(args.project_dir) if args.project_dir else None
     target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=True)
-    return deploy_project(paths, target.nodes, args.project, args.version,
-                          Path(args.egg) if args.egg else None)
+    return deploy_project(paths, target, args.project, project_dir=project_dir,
+                          version=args.version, egg=Path(args.egg) if args.egg else None,
+                          requirements=not args.no_requirements)
 
 
 def cmd_schedule(args: argparse.Namespace, paths: Paths) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from bloomcrawl import __version__
 from bloomcrawl.core import defaults, keys
@@ -85,9 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     # --- the project and its crawls (cli/jobs.py)
     p = sub.add_parser("deploy", help="build the egg and upload it to every node;"
-                       " fails if any node fails")
+                       " fails if any node fails or the spiders do not import on it")
     _add_nodes(p)
-    p.add_argument("--project", default=jobs.DEFAULT_PROJECT)
+    p.add_argument("--project-dir", type=Path, help="your Scrapy project: the directory of"
+                   " its scrapy.cfg (default: the bundled project, crawler/)")
+    p.add_argument("--project", help="the scrapyd project name (default: `project` of"
+                   " scrapy.cfg's [deploy] section, else the directory's name)")
+    p.add_argument("--no-requirements", action="store_true", help="do not install the"
+                   " project's requirements.txt for the workers")
     p.add_argument("--version", dest="version", help="default: the time, as scrapyd-deploy does")
     p.add_argument("--egg", help="upload this egg instead of building one")
     p.set_defaults(func=jobs.cmd_deploy)

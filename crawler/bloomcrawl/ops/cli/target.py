@@ -60,6 +60,9 @@ class Target:
     compose: Compose | None
     #: the URL is the recorded compose Redis Cluster's: reach its nodes on 127.0.0.1
     compose_redis_cluster: bool = False
+    #: the nodes are the recorded cluster's own (not given by --nodes, SCRAPYD_NODES or
+    #: --scrapyd-service): ``deploy`` may install a project's requirements on them
+    nodes_recorded: bool = False
 
     def redis(self) -> redis.Redis:
         """A client to the cluster's Redis, which answered a PING.
@@ -141,6 +144,7 @@ def resolve_target(paths: Paths, options: TargetOptions | None = None, *,
         raise no_cluster(paths, "--redis-url URL (REDIS_URL)")
     compose = Compose(paths) if cluster is not None and cluster.mode == "docker" else None
     urls: list[str] = []
+    recorded = False
     if options.nodes:
         urls = _split(options.nodes)
     elif os.environ.get("SCRAPYD_NODES"):
@@ -152,10 +156,12 @@ def resolve_target(paths: Paths, options: TargetOptions | None = None, *,
             raise OpsError(f"scrapyd service {options.scrapyd_service!r}: {exc}") from exc
     elif cluster is not None and need_nodes:
         urls = compose.worker_urls() if compose is not None else cluster.scrapyd_urls()
+        recorded = True
     if need_nodes and not urls:
         if cluster is None:
             raise no_cluster(paths, "--nodes URL,... (SCRAPYD_NODES)")
         raise OpsError(f"the cluster recorded in {paths.state_dir} has no scrapyd node:"
                        " `make up`, or pass --nodes URL,... (SCRAPYD_NODES)")
     nodes = [scrapyd.Node(url, username, password) for url in urls]
-    return Target(redis_url, nodes, cluster, compose, compose_redis_cluster)
+    return Target(redis_url, nodes, cluster, compose, compose_redis_cluster,
+                  nodes_recorded=recorded)

@@ -4,6 +4,12 @@ On a Redis Cluster (``up --redis cluster``, recorded in the state directory)
 every command also reads ``docker-compose.cluster.yml``, which makes the
 service ``redis`` node 1 of six and adds ``redis-2`` .. ``redis-6`` and the
 one-shot ``redis-cluster-init``.
+
+A project's requirements reach the workers at deploy time
+(:meth:`Compose.install_requirements`): the containers have no package index
+to reach, so the wheels are built on the host, with a Python of the image's
+version, and installed in each running worker container into
+:data:`PROJECT_PACKAGES`, the image's PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -12,8 +18,10 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +30,14 @@ from bloomcrawl.ops.cluster.envfile import read_env_file
 from bloomcrawl.ops.cluster.processes import run
 from bloomcrawl.ops.cluster.state import REDIS_CLUSTER, Paths, recorded_redis
 from bloomcrawl.ops.console import OpsError, say
+from bloomcrawl.ops.requirements import (
+    Wheelhouse,
+    build_wheelhouse,
+    install_command,
+    send_wheels,
+    wheel_builder,
+    worker_environment,
+)
 
 COMPOSE_SERVICE = "worker"
 HEALTH_TIMEOUT = 300.0
@@ -31,6 +47,12 @@ REDIS_CLUSTER_INIT = "redis-cluster-init"
 #: services that run once and must exit 0 (``wait_healthy`` waits for that)
 ONE_SHOT_SERVICES = (REDIS_CLUSTER_INIT,)
 REDIS_CONTAINER_PORT = 6379
+#: where a worker's scrapyd finds the projects' packages: PYTHONPATH in deploy/Dockerfile.
+#: In the container's filesystem, as the eggs are (/var/lib/scrapyd/eggs): a new or
+#: recreated container gets both from the next deploy.
+PROJECT_PACKAGES = "/opt/bloomcrawl/project-packages"
+#: worker containers installed into at once
+MAX_PARALLEL_INSTALLS = 8
 
 
 def docker_reachable() -> bool:
@@ -146,6 +168,41 @@ class Compose:
                 host = "127.0.0.1"
             urls.append((number, "http://{}:{}".format(host, bindings[0]["HostPort"])))
         return [url for _, url in sorted(urls)]
+
+    def install_requirements(self, requirements: Path) -> Wheelhouse:
+        """Install what ``requirements`` needs in every running worker container.
+
+        The first container tells its Python version and packages; the wheels
+        are built here (:func:`~bloomcrawl.ops.requirements.wheel_builder`) and
+        sent to each container, whose own bloomcrawl installs them into
+        :data:`PROJECT_PACKAGES`.
+        """
+        running = [c for c in self.containers(COMPOSE_SERVICE) if c["State"].get("Running")]
+        if not running:
+            raise OpsError("no worker container is running: `make up`")
+        workers = worker_environment(["docker", "exec", running[0]["Id"], "python"])
+        python = wheel_builder(workers.python_version, self.paths.root / ".cache")
+        with tempfile.TemporaryDirectory(prefix="bloomcrawl-wheels-") as tmp:
+            wheelhouse = build_wheelhouse(python, requirements, Path(tmp), workers)
+            if wheelhouse.wheels:
+                def install(container: dict[str, Any]) -> None:
+                    name = container["Name"].lstrip("/")
+                    command = install_command(["docker", "exec", "-i", container["Id"], "python"],
+                                              PROJECT_PACKAGES)
+                    try:
+                        send_wheels(command, wheelhouse.wheels,
+                                    what=f"installing the project's requirements in {name}")
+                    except OpsError as exc:
+                        if "No module named bloomcrawl.ops.requirements" not in str(exc):
+                            raise
+                        raise OpsError(f"{name} runs a worker image older than this bloomcrawl,"
+                                       " which cannot take a project's requirements: rebuild it"
+                                       " (`bloomcrawl up --build`), then deploy again") from exc
+
+                with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_INSTALLS, len(running)),
+                                        thread_name_prefix="install") as pool:
+                    list(pool.map(install, running))  # raises the first failure
+        return wheelhouse
 
     def has_redis_cluster(self) -> bool:
         """Whether the project has a Redis Cluster node's container or volume (redis-2 ...).

@@ -6,6 +6,11 @@ demand, each started through :mod:`bloomcrawl.ops.cluster.processes` on its
 ``.env`` port when free (else any free port) and recorded in the cluster's
 state as soon as it is ready, so that ``down`` stops exactly those. Data and
 logs are under ``.run/local/``.
+
+The scrapyd nodes run with ``.run/local/site-packages`` on their PYTHONPATH
+(scrapyd passes it on to ``scrapy list`` and to its jobs): ``deploy`` installs
+a project's requirements there (:meth:`LocalCluster.install_requirements`),
+never into the interpreter's own environment.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +38,12 @@ from bloomcrawl.ops.cluster.processes import (
 from bloomcrawl.ops.cluster.state import Cluster, Paths, load_cluster, save_cluster
 from bloomcrawl.ops.console import OpsError, say
 from bloomcrawl.ops.noproxy import http_ok
+from bloomcrawl.ops.requirements import (
+    Wheelhouse,
+    build_wheelhouse,
+    install_wheels,
+    worker_environment,
+)
 
 DEMO_SITE_NEEDS = "the demo site needs aiohttp: pip install 'bloomcrawl[demo]'"
 
@@ -155,6 +167,9 @@ class LocalCluster:
         node_dir = self.dir / name
         env = self._child_env(cluster.redis_url)
         env["HOME"] = str(node_dir)  # Scrapy keeps job state under ~/.local/state
+        # the projects' requirements: `deploy` installs them there, any time later
+        self.paths.project_packages.mkdir(parents=True, exist_ok=True)
+        env["PYTHONPATH"] = str(self.paths.project_packages)
         process = start_scrapyd(node_dir, port=port, username=cluster.username,
                                 password=cluster.password, env=env,
                                 log=self.dir / f"{name}.log", name=name, settings={
@@ -213,6 +228,19 @@ class LocalCluster:
         say("%d scrapyd node(s): %s" % (len(urls), " ".join(urls)))
         say("new nodes have no project yet: `make deploy` reaches every node")
         return 0
+
+    def install_requirements(self, requirements: Path) -> Wheelhouse:
+        """Install what ``requirements`` needs for the nodes, in :attr:`Paths.project_packages`.
+
+        The wheels are built and installed by the nodes' interpreter, which is
+        this one; what it has already is not installed again.
+        """
+        python = [self.python]
+        workers = worker_environment(python)
+        with tempfile.TemporaryDirectory(prefix="bloomcrawl-wheels-") as tmp:
+            wheelhouse = build_wheelhouse(python, requirements, Path(tmp), workers)
+            install_wheels(python, wheelhouse.wheels, self.paths.project_packages)
+        return wheelhouse
 
     def start_demo(self, cluster: Cluster, pages: int | None = None,
                    delay_ms: float | None = None) -> str:

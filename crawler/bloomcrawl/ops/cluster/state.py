@@ -62,6 +62,12 @@ class Paths:
     def local_dir(self) -> Path:
         return self.state_dir / "local"
 
+    @property
+    def project_packages(self) -> Path:
+        """The local cluster's scrapyd nodes run with it on their PYTHONPATH: ``deploy``
+        installs the projects' requirements there (and ``down`` deletes it with the eggs)."""
+        return self.local_dir / "site-packages"
+
     def project_dir(self) -> Path:
         """The Scrapy project scrapyd-deploy packages (the directory of scrapy.cfg)."""
         package_parent = Path(bloomcrawl.__file__).resolve().parent.parent

@@ -1,0 +1,164 @@
+"""When a page is done: its callback output handled, its requests queued, its items stored.
+
+A leased request's lease is acked only when its page is done. Scrapy's
+scraper pulls a callback's output ahead of handling it (up to
+2 x CONCURRENT_ITEMS outputs wait in a queue, and items go through the item
+pipeline concurrently), so the end of the callback's output is not the end
+of the page: an ack sent then could reach Redis before the page's items
+were stored or its links queued, and a worker killed in that gap would lose
+them. :class:`PageTracker` counts what each page still has in hand:
+
+* each item until ``item_scraped``, ``item_dropped`` or ``item_error``
+  names its response;
+* each request until the engine took it (``request_scheduled``, then the
+  scheduler queued it, dropped it or filtered it in the same call);
+* each *held* request: a request the frontier cannot share, crawled by this
+  worker (:mod:`bloomcrawl.crawl.scheduler`), which keeps its parent page's
+  lease until it is itself done, so that a worker killed before then leaves
+  the parent to be crawled again, and the held request made again.
+
+When the output has ended and nothing is in hand, :data:`request_finished`
+goes out for the page's request.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+
+from bloomcrawl.crawl.lease import HOLD_META_KEY, LEASE_META_KEY, PARENT_META_KEY, request_finished
+from bloomcrawl.crawl.redis_io import call_later
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+
+@dataclass
+class Page:
+    """One tracked response: its request and what it still has in hand."""
+
+    request: Request
+    number: int
+    in_hand: int = 0
+    ended: bool = False
+    outcome: str = "response"
+    #: the response objects whose item signals count for this page
+    responses: list[int] = field(default_factory=list)
+
+
+def tracked(request: Request | None) -> bool:
+    """Whether the page of ``request`` must report when it is done (leased or held)."""
+    return request is not None and (LEASE_META_KEY in request.meta
+                                    or HOLD_META_KEY in request.meta)
+
+
+class PageTracker:
+    """Counts each tracked page's outputs in hand; one per crawler (:meth:`of`)."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        self._numbers = itertools.count(1)
+        self._pages: dict[int, Page] = {}
+        self._by_response: dict[int, Page] = {}
+        s = crawler.signals
+        for signal in (signals.item_scraped, signals.item_dropped, signals.item_error):
+            s.connect(self._item_done, signal=signal)
+        s.connect(self._request_scheduled, signal=signals.request_scheduled)
+
+    @classmethod
+    def of(cls, crawler: Crawler) -> PageTracker:
+        tracker: PageTracker | None = getattr(crawler, "_bloomcrawl_pages", None)
+        if tracker is None:
+            tracker = cls(crawler)
+            crawler._bloomcrawl_pages = tracker  # type: ignore[attr-defined]
+        return tracker
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+    # -- the spider middleware -----------------------------------------------------
+
+    def open(self, response: Any) -> Page:
+        """The page of ``response``, tracked from now until it is done."""
+        page = self._by_response.get(id(response))
+        if page is None:
+            page = Page(response.request, next(self._numbers))
+            self._pages[page.number] = page
+            self._by_response[id(response)] = page
+            page.responses.append(id(response))
+        return page
+
+    def find(self, response: Any) -> Page | None:
+        return self._by_response.get(id(response))
+
+    def child_request(self, page: Page, request: Request) -> None:
+        request.meta[PARENT_META_KEY] = page.number
+        page.in_hand += 1
+
+    def child_item(self, page: Page) -> None:
+        page.in_hand += 1
+
+    def ended(self, page: Page, outcome: str) -> None:
+        """The callback's output ended (or it raised: ``spider_error``)."""
+        page.ended = True
+        if outcome != "response":
+            page.outcome = outcome
+        self._maybe_done(page)
+
+    # -- held requests (the scheduler) --------------------------------------------
+
+    def hold(self, request: Request) -> None:
+        """``request`` stays with this worker: its parent page waits for it."""
+        if HOLD_META_KEY in request.meta:  # a retry of a held request: already held
+            return
+        parent = self._pages.get(request.meta.get(PARENT_META_KEY, 0))
+        if parent is not None:
+            parent.in_hand += 1
+        # 0: no parent to hold (a start request), but its page is still tracked and counted
+        request.meta[HOLD_META_KEY] = parent.number if parent is not None else 0
+
+    def release(self, request: Request) -> None:
+        """A held request is done (its own page, or its download failed for good)."""
+        parent = self._pages.get(request.meta.pop(HOLD_META_KEY, 0))
+        if parent is not None:
+            parent.in_hand -= 1
+            self._maybe_done(parent)
+
+    # -- signals ---------------------------------------------------------------------
+
+    def _item_done(self, item: Any = None, response: Any = None, **kwargs: Any) -> None:
+        page = self._by_response.get(id(response))
+        if page is not None:
+            page.in_hand -= 1
+            self._maybe_done(page)
+
+    def _request_scheduled(self, request: Request, **kwargs: Any) -> None:
+        parent = self._pages.get(request.meta.get(PARENT_META_KEY, 0))
+        if parent is None:
+            return
+        # the engine queues (or drops) the request right after this signal, in the same
+        # call: the parent is done with it once that call returned
+        call_later(0, self._request_taken, parent)
+
+    def _request_taken(self, parent: Page) -> None:
+        parent.in_hand -= 1
+        self._maybe_done(parent)
+
+    def _maybe_done(self, page: Page) -> None:
+        if not page.ended or page.in_hand > 0 or page.number not in self._pages:
+            return
+        del self._pages[page.number]
+        for key in page.responses:
+            self._by_response.pop(key, None)
+        self.finish(page.request, page.outcome)
+
+    def finish(self, request: Request, outcome: str) -> None:
+        """The outcome of ``request`` is final: ack its lease, release its parent."""
+        if tracked(request):
+            self.crawler.signals.send_catch_log(request_finished, request=request,
+                                                outcome=outcome)
+            self.release(request)

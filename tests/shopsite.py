@@ -1,0 +1,156 @@
+"""A small shop on 127.0.0.1 for the user project in ``tests/userproject``.
+
+Pages: ``/`` links every category and the search form; ``/category/<name>``
+(``?page=N``) lists products a page at a time; ``/product/<id>`` has a
+name, a price, its category, its reviews page and two related products;
+``/product/<id>/reviews``; ``/sitemap.xml`` lists every product; ``/search``
+is a form whose POST lists a category's products; ``/deals``. Every request
+is counted by method and path (query included), so a test can check that a
+crawl fetched each page exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from aiohttp import web
+
+from bloomcrawl.ops.site_server import ThreadedSite
+
+CATEGORIES = ("books", "games", "tools")
+PER_PAGE = 5
+
+
+class ShopServer:
+    def __init__(self, products: int = 60) -> None:
+        self.products = products
+        self.hits: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    # -- the catalogue -----------------------------------------------------------
+
+    def category_of(self, product: int) -> str:
+        return CATEGORIES[product % len(CATEGORIES)]
+
+    def in_category(self, name: str) -> list[int]:
+        return [p for p in range(self.products) if self.category_of(p) == name]
+
+    def pages_of(self, name: str) -> int:
+        return max(1, -(-len(self.in_category(name)) // PER_PAGE))
+
+    def all_pages(self) -> set[str]:
+        """Every ``GET`` page a full crawl reaches (what the tests expect once each)."""
+        pages = {"/"}
+        for name in CATEGORIES:
+            pages.add("/category/%s" % name)
+            pages.update("/category/%s?page=%d" % (name, n)
+                         for n in range(2, self.pages_of(name) + 1))
+        for p in range(self.products):
+            pages.update(("/product/%d" % p, "/product/%d/reviews" % p))
+        return pages
+
+    # -- serving -------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        app = web.Application()
+        app.middlewares.append(self._count)
+        app.router.add_get("/", self._home)
+        app.router.add_get("/category/{name}", self._category)
+        app.router.add_get("/product/{id:\\d+}", self._product)
+        app.router.add_get("/product/{id:\\d+}/reviews", self._reviews)
+        app.router.add_get("/sitemap.xml", self._sitemap)
+        app.router.add_route("*", "/search", self._search)
+        app.router.add_get("/deals", self._deals)
+        return app
+
+    def reset(self) -> None:
+        with self._lock:
+            self.hits.clear()
+
+    def snapshot(self) -> Counter[str]:
+        with self._lock:
+            return Counter(self.hits)
+
+    @web.middleware
+    async def _count(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        with self._lock:
+            self.hits["%s %s" % (request.method, request.path_qs)] += 1
+        return await handler(request)
+
+    @staticmethod
+    def _html(body: str) -> web.Response:
+        return web.Response(text="<html><body>%s</body></html>" % body,
+                            content_type="text/html")
+
+    async def _home(self, request: web.Request) -> web.Response:
+        links = "".join('<a href="/category/%s">%s</a>' % (c, c) for c in CATEGORIES)
+        return self._html(links + '<a href="/search">search</a>')
+
+    async def _category(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in CATEGORIES:
+            raise web.HTTPNotFound()
+        page = int(request.query.get("page", "1"))
+        products = self.in_category(name)[(page - 1) * PER_PAGE: page * PER_PAGE]
+        body = "".join('<a href="/product/%d">product %d</a>' % (p, p) for p in products)
+        if page < self.pages_of(name):
+            body += '<a rel="next" href="/category/%s?page=%d">next</a>' % (name, page + 1)
+        body += '<a href="/">home</a>'
+        return self._html(body)
+
+    async def _product(self, request: web.Request) -> web.Response:
+        p = int(request.match_info["id"])
+        if p >= self.products:
+            raise web.HTTPNotFound()
+        related = "".join('<a href="/product/%d">related</a>' % ((p + k) % self.products)
+                          for k in (1, 7))
+        category = self.category_of(p)
+        return self._html(
+            '<h1 class="name">Product %d</h1><span class="price">EUR %d.50</span>'
+            '<a class="category" data-name="%s" href="/category/%s">%s</a>'
+            '<a class="reviews" href="/product/%d/reviews">reviews</a>%s'
+            % (p, 10 + p, category, category, category, p, related))
+
+    async def _reviews(self, request: web.Request) -> web.Response:
+        p = int(request.match_info["id"])
+        return self._html("<ul>%s</ul>" % "".join(
+            '<li class="review">review %d of %d</li>' % (r, p) for r in range(p % 4)))
+
+    async def _sitemap(self, request: web.Request) -> web.Response:
+        base = "http://%s" % request.host
+        urls = "".join("<url><loc>%s/product/%d</loc></url>" % (base, p)
+                       for p in range(self.products))
+        return web.Response(
+            text='<?xml version="1.0" encoding="UTF-8"?>'
+                 '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">%s</urlset>'
+                 % urls, content_type="application/xml")
+
+    async def _search(self, request: web.Request) -> web.Response:
+        if request.method == "POST":
+            query = (await request.post()).get("q", "")
+        else:
+            query = request.query.get("q", "")
+        form = ('<form id="search" action="/search" method="post"><select name="q">%s'
+                '</select><input type="submit"></form>'
+                % "".join('<option value="%s">%s</option>' % (c, c) for c in CATEGORIES))
+        results = "".join('<a class="result" href="/product/%d">%d</a>' % (p, p)
+                          for p in self.in_category(str(query)))
+        return self._html(form + results)
+
+    async def _deals(self, request: web.Request) -> web.Response:
+        return self._html("<ul><li class='deal'>half price</li></ul>")
+
+
+class RunningShop(ThreadedSite[ShopServer]):
+    @property
+    def url(self) -> str:
+        return "http://127.0.0.1:%d" % self.port
+
+    def hits(self) -> Counter[str]:
+        return self.server.snapshot()
+
+
+def serve_shop(products: int = 60) -> RunningShop:
+    return RunningShop(ShopServer(products), host="127.0.0.1", port=0, what="the shop site").start()

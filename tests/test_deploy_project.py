@@ -1,0 +1,302 @@
+"""``bloomcrawl deploy --project-dir``: a user's own Scrapy project on real scrapyd nodes.
+
+``tests/userproject`` has no setup.py, and spiders that import ``pricefmt``,
+which its requirements.txt names (``./vendor/pricefmt``) and the test
+interpreter does not have. The nodes are real scrapyd processes on free
+ports (:class:`test_scrapyd_packaging.Scrapyd`); the CLI runs in-process.
+The project is copied first: pip builds ./vendor/pricefmt in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_scrapyd_packaging import PASSWORD, USERNAME, Scrapyd
+
+from bloomcrawl.ops import cli, requirements, scrapyd
+from bloomcrawl.ops.cluster.compose import PROJECT_PACKAGES
+from bloomcrawl.ops.cluster.state import Cluster, Paths, save_cluster
+from bloomcrawl.ops.console import OpsError
+
+from conftest import ROOT, RedisServer, free_port
+
+USERPROJECT = ROOT / "tests" / "userproject"
+SPIDERS = ["catalog", "deals", "redis_catalog", "sitemap"]
+NO_PRICEFMT = ("the project's spiders do not import on this node: No module named 'pricefmt'"
+               " (add it to requirements.txt)")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """tests/userproject, copied to a directory whose name is not the project's."""
+    dest = tmp_path / "my-shop"
+    shutil.copytree(USERPROJECT, dest, ignore=shutil.ignore_patterns(
+        "__pycache__", "build", "*.egg-info"))
+    return dest
+
+
+@pytest.fixture
+def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Paths:
+    """The CLI's state and .env in ``tmp_path``; no cluster recorded yet."""
+    env_file = tmp_path / ".env"
+    env_file.write_text(f"SCRAPYD_USERNAME={USERNAME}\nSCRAPYD_PASSWORD={PASSWORD}\n")
+    monkeypatch.setenv("BLOOMCRAWL_ROOT", str(ROOT))
+    monkeypatch.setenv("BLOOMCRAWL_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("BLOOMCRAWL_ENV_FILE", str(env_file))
+    monkeypatch.setenv("SCRAPYD_USERNAME", USERNAME)
+    monkeypatch.setenv("SCRAPYD_PASSWORD", PASSWORD)
+    for name in ("SCRAPYD_NODES", "REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    return Paths.from_environment()
+
+
+@contextlib.contextmanager
+def running_nodes(tmp_path: Path, redis_url: str, pythonpath: Path | None = None,
+                  count: int = 2) -> Iterator[list[Scrapyd]]:
+    """``count`` scrapyd nodes, every one stopped at the end however it ends."""
+    started: list[Scrapyd] = []
+    try:
+        for i in range(1, count + 1):
+            started.append(Scrapyd(tmp_path / f"node-{i}", redis_url, pythonpath))
+        yield started
+    finally:
+        for node in started:
+            node.stop()
+
+
+@pytest.fixture
+def bare_nodes(tmp_path: Path, redis_server: RedisServer) -> Iterator[list[Scrapyd]]:
+    """Two scrapyd nodes with nothing on their PYTHONPATH."""
+    with running_nodes(tmp_path, redis_server.url) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def local_cluster(tmp_path: Path, redis_server: RedisServer,
+                  paths: Paths) -> Iterator[list[Scrapyd]]:
+    """Two scrapyd nodes recorded as a local cluster, started as the local cluster starts
+    its nodes: with the projects' requirements directory on their PYTHONPATH."""
+    with running_nodes(tmp_path, redis_server.url, paths.project_packages) as nodes:
+        records = [dataclasses.replace(node.process.record, name=f"scrapyd-{i}")
+                   for i, node in enumerate(nodes, 1)]
+        save_cluster(paths, Cluster("local", redis_server.url, USERNAME, PASSWORD,
+                                    processes=records, ports={"redis": redis_server.port}))
+        yield nodes
+
+
+def deploy(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str], str]:
+    """``bloomcrawl deploy ARGS`` in-process: (exit code, stdout lines, stderr)."""
+    code = cli.main(["deploy", *args])
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err
+
+
+def test_the_egg_of_a_project_without_setup_py_holds_its_package(
+        project: Path, tmp_path: Path) -> None:
+    egg = tmp_path / "shopcrawl.egg"
+    scrapyd.build_egg(project, egg)
+    with zipfile.ZipFile(egg) as archive:
+        names = set(archive.namelist())
+        entry_points = archive.read("EGG-INFO/entry_points.txt").decode()
+        info = archive.read("EGG-INFO/PKG-INFO").decode()
+    assert {"shopcrawl/__init__.py", "shopcrawl/settings.py", "shopcrawl/items.py",
+            "shopcrawl/spiders/__init__.py"} <= names
+    assert {f"shopcrawl/spiders/{spider}.py" for spider in SPIDERS} <= names
+    assert "settings = shopcrawl.settings" in entry_points
+    assert "Name: project\n" in info  # the setup.py scrapyd-deploy writes when there is none
+    # the dependency is not in the egg: requirements.txt brings it
+    assert not [n for n in names if n.startswith(("vendor/", "pricefmt/"))], names
+    # built in a copy: the project's directory is left as it was
+    assert sorted(p.name for p in project.iterdir()) == [
+        "requirements.txt", "scrapy.cfg", "shopcrawl", "vendor"]
+
+
+def test_deploy_fails_naming_the_module_the_spiders_cannot_import(
+        project: Path, paths: Paths, bare_nodes: list[Scrapyd],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    urls = ",".join(node.url for node in bare_nodes)
+    code, out, err = deploy(capsys, "--nodes", urls, "--project-dir", str(project),
+                            "--version", "1")
+    assert code == 1, (out, err)
+    assert out == [
+        "requirements.txt: not installed (nodes given by address; bloomcrawl installs it on"
+        " the cluster `up` started): the upload checks that the spiders import",
+        *[f"FAIL {node.url}: {NO_PRICEFMT}" for node in bare_nodes],
+        "deployed shopcrawl 1 to 0 of 2 node(s)"]
+    # the broken version was deleted again: no job can ever start it
+    for node in bare_nodes:
+        assert "shopcrawl" not in node.node.request("listprojects.json")["projects"]
+
+
+@pytest.mark.slow
+def test_deploy_installs_the_requirements_for_a_local_cluster_then_a_job_runs(
+        project: Path, paths: Paths, local_cluster: list[Scrapyd], redis_server: RedisServer,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # --no-requirements: nothing installed, and the check of the upload says what is missing
+    code, out, _ = deploy(capsys, "--project-dir", str(project), "--no-requirements",
+                          "--version", "1")
+    assert code == 1
+    assert out[:2] == [f"FAIL {node.url}: {NO_PRICEFMT}" for node in local_cluster], out
+
+    code, out, err = deploy(capsys, "--project-dir", str(project), "--version", "2")
+    assert code == 0, (out, err)
+    assert out == [
+        f"requirements.txt: installed pricefmt 1.0.0 for the local workers in"
+        f" {paths.project_packages} (the workers have scrapy {version('scrapy')},"
+        f" scrapy-redis {version('scrapy-redis')})",
+        *[f"ok   {node.url}: shopcrawl 2, spiders: {', '.join(SPIDERS)}"
+          for node in local_cluster],
+        "deployed shopcrawl 2 to 2 of 2 node(s)"]
+    installed = sorted(p.name for p in paths.project_packages.iterdir())
+    assert installed == ["pricefmt", "pricefmt-1.0.0.dist-info"], installed
+    for node in local_cluster:
+        assert node.node.list_spiders("shopcrawl") == SPIDERS
+        assert node.node.request("listversions.json?project=shopcrawl")["versions"] == ["2"]
+
+    # schedule --project: a job of the project on every node imports pricefmt and ends
+    closed = f"http://127.0.0.1:{free_port()}"
+    assert cli.main(["schedule", "--project", "shopcrawl", "--spider", "catalog",
+                     "--max-idle", "1", "-a", f"shop_url={closed}",
+                     "-s", f"REDIS_URL={redis_server.url}"]) == 0
+    jobs = dict(line.split() for line in capsys.readouterr().out.splitlines())
+    assert sorted(jobs) == sorted(node.url for node in local_cluster)
+    for node in local_cluster:
+        log = wait_for_job(node, jobs[node.url])
+        assert "No module named" not in log and "Spider closed (finished)" in log, log[-3000:]
+
+
+def version(name: str) -> str:
+    return requirements.worker_environment([sys.executable]).packages[name]
+
+
+def wait_for_job(node: Scrapyd, job: str, timeout: float = 90) -> str:
+    """The log of ``job`` once it finished."""
+    deadline = time.monotonic() + timeout
+    while not [j for j in node.node.list_jobs("shopcrawl")["finished"] if j["id"] == job]:
+        assert time.monotonic() < deadline, node.node.list_jobs("shopcrawl")
+        time.sleep(0.3)
+    return (node.workdir / "logs" / "shopcrawl" / "catalog" / f"{job}.log").read_text()
+
+
+@pytest.mark.parametrize(("name", "reason"), [
+    ("no-such-project", "no such directory"),
+    ("empty", "no scrapy.cfg in it (give the directory of the Scrapy project's scrapy.cfg)"),
+])
+def test_a_project_dir_that_is_not_a_project_is_a_one_line_error(
+        name: str, reason: str, tmp_path: Path, paths: Paths,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / name
+    if name == "empty":
+        path.mkdir()
+    code, out, err = deploy(capsys, "--project-dir", str(path))
+    assert (code, out) == (1, [])
+    assert err == f"bloomcrawl deploy: --project-dir {path}: {reason}\n"
+
+
+MODULE_MISSING = """Traceback (most recent call last):
+  File "/n/eggs/shopcrawl/1.egg/shopcrawl/spiders/catalog.py", line 8, in <module>
+    from shopcrawl.util import money
+ModuleNotFoundError: No module named 'shopcrawl.util'
+"""
+SYNTAX_ERROR = """Traceback (most recent call last):
+  File "<frozen zipimport>", line 695, in _compile_source
+  File "/n/eggs/shopcrawl/1.egg/shopcrawl/spiders/deals.py", line 2
+    def (:
+        ^
+SyntaxError: invalid syntax
+"""
+
+
+@pytest.mark.parametrize(("traceback", "line"), [
+    (MODULE_MISSING, "the project's spiders do not import on this node: No module named"
+     " 'shopcrawl.util' (a module of the project that is not in the egg: a package needs an"
+     " __init__.py)"),
+    (SYNTAX_ERROR, "the project's spiders fail to load on this node: SyntaxError: invalid"
+     " syntax (shopcrawl/spiders/deals.py, line 2)"),
+    ("ImportError: cannot import name 'parse' from 'pricefmt'\n",
+     "the project's spiders do not import on this node: cannot import name 'parse' from"
+     " 'pricefmt'"),
+], ids=["own-module", "syntax-error", "import-error"])
+def test_a_failed_scrapy_list_is_told_in_one_line(traceback: str, line: str) -> None:
+    assert scrapyd.load_failure(traceback, {"shopcrawl"}) == line
+
+
+# --- requirements.txt as the workers read it -------------------------------------------
+
+
+WORKERS = requirements.WorkerEnvironment("3.11.7", {"scrapy": "2.19.0", "scrapy-redis": "0.9.1"})
+
+
+def test_requirements_the_workers_have_are_left_out_and_includes_are_followed(
+        tmp_path: Path) -> None:
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "base.txt").write_text("Scrapy_Redis  # theirs\n-c pins.txt\n")
+    (tmp_path / "requirements.txt").write_text(
+        "# comment\nScrapy>=2.11 \\\n  ; python_version >= '3'\n./vendor/pricefmt\n"
+        "-r more/base.txt\nscrapy[extra]\nlxml==5.0 --hash=sha256:00\n")
+    found = requirements.read_requirements(tmp_path / "requirements.txt", WORKERS)
+    assert found.provided == ["Scrapy 2.19.0", "Scrapy_Redis 0.9.1"]
+    assert found.lines == ["./vendor/pricefmt", f"-c {tmp_path / 'more' / 'pins.txt'}",
+                           "scrapy[extra]", "lxml==5.0 --hash=sha256:00"]
+
+
+def test_a_requirement_that_would_replace_a_workers_package_is_an_error(
+        tmp_path: Path) -> None:
+    (tmp_path / "requirements.txt").write_text("pricefmt\nscrapy==2.11.0\n")
+    with pytest.raises(OpsError) as caught:
+        requirements.read_requirements(tmp_path / "requirements.txt", WORKERS)
+    assert str(caught.value) == (
+        f"{tmp_path / 'requirements.txt'}:2: 'scrapy==2.11.0' asks for another scrapy than the"
+        " workers' 2.19.0, which scrapyd and bloomcrawl run on: a project's requirements"
+        " cannot replace the workers' own packages")
+
+
+def make_wheel(directory: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    """A pure-Python wheel of ``files``, written by hand."""
+    info = f"{name}-{version}.dist-info"
+    contents = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\n"
+                f"Version: {version}\n", f"{info}/WHEEL": "Wheel-Version: 1.0\n"
+                "Generator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    contents[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in [*contents, f"{info}/RECORD"])
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in contents.items():
+            archive.writestr(path, text)
+    return wheel
+
+
+def test_a_worker_container_installs_wheels_from_stdin_replacing_older_versions(
+        tmp_path: Path) -> None:
+    """What ``deploy`` runs in each worker container, run by this interpreter."""
+    target = tmp_path / "project-packages"
+    command = requirements.install_command([sys.executable], str(target))
+    old = make_wheel(tmp_path, "pricefmt", "1.0.0", {"pricefmt/__init__.py": "",
+                                                     "pricefmt/legacy.py": ""})
+    requirements.send_wheels(command, [old], what="installing 1.0.0")
+    assert (target / "pricefmt" / "legacy.py").is_file()
+    new_dir = tmp_path / "new"
+    new_dir.mkdir()
+    new = make_wheel(new_dir, "pricefmt", "1.1.0", {"pricefmt/__init__.py": "VERSION = 2\n"})
+    requirements.send_wheels(command, [new], what="installing 1.1.0")
+    assert sorted(p.name for p in target.iterdir()) == ["pricefmt", "pricefmt-1.1.0.dist-info"]
+    assert sorted(p.name for p in (target / "pricefmt").iterdir() if p.suffix == ".py") == [
+        "__init__.py"]
+    result = subprocess.run([sys.executable, "-c", "import pricefmt; print(pricefmt.VERSION)"],
+                            env={"PYTHONPATH": str(target)}, capture_output=True, text=True,
+                            check=True)
+    assert result.stdout == "2\n"
+
+
+def test_the_worker_image_has_the_project_packages_on_its_pythonpath() -> None:
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert f"ENV PYTHONPATH={PROJECT_PACKAGES}\n" in dockerfile
+    assert f"install -d -o scrapyd -g scrapyd {PROJECT_PACKAGES}\n" in dockerfile

@@ -1,0 +1,91 @@
+"""What the scheduler does with requests ordinary spiders make: kept, not dropped."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from scrapy import Request
+
+from bloomcrawl.core import keys
+from bloomcrawl.crawl.lease import HOLD_META_KEY
+
+from test_scheduler import drain, finish, make_scheduler
+
+
+def start_request(url: str) -> Request:
+    """What Scrapy's default ``start()`` makes of a start URL (StartSpiderMiddleware marks it)."""
+    return Request(url, dont_filter=True, meta={"is_start_request": True})
+
+
+def test_a_request_the_frontier_cannot_share_is_crawled_by_its_worker(
+        redis_server, redis_client) -> None:
+    s = make_scheduler(redis_server.url)
+    lock = threading.Lock()
+    assert s.enqueue_request(Request("http://a.test/locked", meta={"lock": lock})) is True
+    # filtered against what this worker kept
+    assert s.enqueue_request(Request("http://a.test/locked", meta={"lock": lock})) is False
+    assert s.has_pending_requests()
+    got = s.next_request()
+    assert got is not None and got.url == "http://a.test/locked" and got.meta["lock"] is lock
+    assert HOLD_META_KEY in got.meta  # its page is tracked, so it is counted when done
+    assert s.stats.get_value("bloomcrawl/local_requests") == 1
+    finish(s, got)
+    s.send_pending()
+    shared = redis_client.hgetall("unit:stats")
+    assert shared[b"local"] == b"1" and shared[b"pages"] == b"1", shared
+    assert s.next_request() is None
+    assert s.frontier is not None and s.frontier.size(with_leases=True) == 0
+
+
+def test_strict_mode_refuses_it_instead(redis_server, redis_client) -> None:
+    s = make_scheduler(redis_server.url, FRONTIER_STRICT=True)
+    assert s.enqueue_request(Request("http://a.test/locked", meta={"lock": object()})) is False
+    assert s.next_request() is None
+    assert s.stats.get_value("bloomcrawl/unserializable") == 1
+    assert s.stats.get_value("bloomcrawl/local_requests") is None
+
+
+def test_start_requests_are_queued_once_per_crawl_whichever_workers_start_them(
+        redis_server, redis_client) -> None:
+    workers = [make_scheduler(redis_server.url) for _ in range(3)]
+    for s in workers:
+        assert s.crawl_id == workers[0].crawl_id != b""
+        s.enqueue_request(start_request("http://a.test/"))
+        s.send_pending()
+    got = [r for s in workers for r in drain(s)]
+    assert [r.url for r in got] == ["http://a.test/"]
+    # other dont_filter requests are not deduplicated
+    workers[0].enqueue_request(Request("http://a.test/again", dont_filter=True))
+    workers[1].enqueue_request(Request("http://a.test/again", dont_filter=True))
+    for s in workers[:2]:
+        s.send_pending()
+    again = [(s, r) for s in workers for r in drain(s)]
+    assert [r.url for _, r in again] == ["http://a.test/again"] * 2
+    owner = next(s for s in workers if s._inflight)
+    for s, r in [(owner, got[0]), *again]:
+        finish(s, r)
+    for s in workers:
+        s.send_pending()
+    for s in workers:
+        s.close("finished")
+    # the crawl ended with its frontier empty: the next one starts its start URLs again
+    assert redis_client.get(keys.crawl_key("unit")) is None
+    fresh = make_scheduler(redis_server.url)
+    assert fresh.crawl_id not in (b"", workers[0].crawl_id)
+    fresh.enqueue_request(start_request("http://a.test/"))
+    fresh.send_pending()
+    assert [r.url for r in drain(fresh)] == ["http://a.test/"]
+
+
+def test_an_explicit_crawl_id_is_shared_by_the_workers_given_it(redis_server) -> None:
+    first = make_scheduler(redis_server.url, FRONTIER_CRAWL_ID="nightly-42")
+    second = make_scheduler(redis_server.url, FRONTIER_CRAWL_ID="nightly-42")
+    for s in (first, second):
+        s.enqueue_request(start_request("http://a.test/start"))
+        s.send_pending()
+    assert len(drain(first) + drain(second)) == 1
+    other: Any = make_scheduler(redis_server.url, FRONTIER_CRAWL_ID="nightly-43")
+    other.enqueue_request(start_request("http://a.test/start"))
+    other.send_pending()
+    assert [r.url for r in drain(other)] == ["http://a.test/start"]

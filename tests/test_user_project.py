@@ -1,0 +1,227 @@
+"""A user's own Scrapy project on the cluster: ``tests/userproject``, not the bundled spider.
+
+Real ``scrapy crawl`` workers (2-3 at once) crawl a local shop
+(:mod:`shopsite`) with the project's CrawlSpider, SitemapSpider, a
+RedisCrawlSpider from scrapy-redis and a plain Spider with start_urls and a
+FormRequest; every page must be fetched exactly once and every item stored.
+Scrapy's tool commands (shell, parse, fetch, check) run in the project too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from shopsite import RunningShop, serve_shop
+
+from crawl_helpers import ROOT, Worker, check_exits, frontier_left, run_workers, stopped_at_exit
+
+USERPROJECT = ROOT / "tests" / "userproject"
+#: the project's own dependency (requirements.txt), not installed in the test venv
+PRICEFMT = USERPROJECT / "vendor" / "pricefmt"
+PRODUCTS = 60
+CRAWL_TIMEOUT_S = 120
+
+
+@pytest.fixture
+def shop() -> Iterator[RunningShop]:
+    with serve_shop(PRODUCTS) as site:
+        yield site
+
+
+def workers(n: int, spider: str, redis_url: str, tmp_path: Path, shop: RunningShop,
+            settings: dict[str, str] | None = None, first: int = 0) -> list[Worker]:
+    args = {} if spider == "redis_catalog" else {"shop_url": shop.url}
+    return [Worker("w%d" % i, redis_url, tmp_path, settings or {}, spider=spider, args=args,
+                   project=USERPROJECT, pythonpath=(PRICEFMT,))
+            for i in range(first, first + n)]
+
+
+def shared_stats(client: redis.Redis, spider: str) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in client.hgetall(spider + ":stats").items()}
+
+
+def items_of(client: redis.Redis, spider: str) -> list[dict[str, object]]:
+    return [json.loads(raw) for raw in client.lrange(spider + ":items", 0, -1)]
+
+
+def check_once(hits: Counter[str], expected: Counter[str]) -> None:
+    """Every expected request exactly as often as expected, and nothing else."""
+    wrong = {k: (hits.get(k, 0), n) for k, n in expected.items() if hits.get(k, 0) != n}
+    extra = {k: n for k, n in hits.items() if k not in expected}
+    assert not wrong and not extra, {"(got, expected)": wrong, "unexpected": extra}
+
+
+def get_pages(shop: RunningShop) -> Counter[str]:
+    return Counter({"GET " + p: 1 for p in shop.server.all_pages()})
+
+
+def test_crawlspider_with_items_in_cb_kwargs_crawls_every_page_once(
+        redis_server, redis_client, shop: RunningShop, tmp_path: Path) -> None:
+    with stopped_at_exit(workers(3, "catalog", redis_server.url, tmp_path, shop)) as ws:
+        run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    check_once(shop.hits(), get_pages(shop))
+    items = items_of(redis_client, "catalog")
+    assert sorted(i["url"] for i in items) == sorted(
+        "%s/product/%d" % (shop.url, p) for p in range(PRODUCTS))
+    # the half-filled item came back an Item, its Decimal price, dataclass and set with it
+    assert all(i["price"] == "%d.50" % (10 + int(str(i["url"]).rsplit("/", 1)[1]))
+               for i in items)
+    assert all(i["reviews"] == int(str(i["url"]).rsplit("/", 1)[1]) % 4 for i in items)
+    stats = shared_stats(redis_client, "catalog")
+    assert stats["pages"] == sum(get_pages(shop).values())
+    assert stats.get("errors", 0) == 0 and stats.get("local", 0) == 0, stats
+    assert frontier_left(redis_client, "catalog") == 0
+    # the CrawlSpider's rule requests (callback _callback) went through the shared queue
+    assert sum(w.stats().get("scheduler/enqueued/redis", 0) for w in ws) >= PRODUCTS
+
+
+def test_sitemap_spider_crawls_every_product_once(redis_server, redis_client,
+                                                   shop: RunningShop, tmp_path: Path) -> None:
+    with stopped_at_exit(workers(2, "sitemap", redis_server.url, tmp_path, shop)) as ws:
+        run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    expected = Counter({"GET /sitemap.xml": 1})
+    for p in range(PRODUCTS):
+        expected.update({"GET /product/%d" % p: 1, "GET /product/%d/reviews" % p: 1})
+    check_once(shop.hits(), expected)
+    items = items_of(redis_client, "sitemap")
+    assert len(items) == PRODUCTS == len({i["url"] for i in items})
+    assert shared_stats(redis_client, "sitemap").get("errors", 0) == 0
+
+
+def test_redis_crawl_spider_from_scrapy_redis_with_form_requests(
+        redis_server, redis_client, shop: RunningShop, tmp_path: Path) -> None:
+    redis_client.rpush("redis_catalog:start_urls", shop.url + "/")
+    with stopped_at_exit(workers(2, "redis_catalog", redis_server.url, tmp_path, shop)) as ws:
+        run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    expected = get_pages(shop) + Counter({"GET /search": 1, "POST /search": 3})
+    check_once(shop.hits(), expected)
+    items = items_of(redis_client, "redis_catalog")
+    products = [i for i in items if i.get("spider") == "redis_catalog"]
+    reviews = [i for i in items if "reviews_of" in i]
+    results = [i for i in items if "result" in i]
+    assert len(products) == len(reviews) == len(results) == PRODUCTS, Counter(
+        tuple(sorted(i)) for i in items)
+    assert shared_stats(redis_client, "redis_catalog").get("errors", 0) == 0
+
+
+def test_start_urls_once_per_crawl_and_a_request_that_cannot_be_shared_is_crawled(
+        redis_server, redis_client, shop: RunningShop, tmp_path: Path) -> None:
+    """A plain Spider's start URLs (dont_filter) once across workers; a lock in meta stays local."""
+    with stopped_at_exit(workers(2, "deals", redis_server.url, tmp_path, shop)) as ws:
+        run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    once = Counter({"GET /search": 1, "GET /category/books": 1, "POST /search": 3,
+                    "GET /deals": 1})
+    check_once(shop.hits(), once)
+    items = items_of(redis_client, "deals")
+    assert sorted(str(i.get("search")) for i in items if "search" in i) == [
+        "books", "games", "tools"]
+    assert [i for i in items if "deals" in i] == [{"deals": ["half price"], "locked": True}]
+    stats = shared_stats(redis_client, "deals")
+    assert stats["local"] == 1, stats
+    log = "".join(w.text() for w in ws)
+    assert "meta['lock']" in log and "this worker crawls it itself" in log
+    assert redis_client.get("deals:crawl") is None  # the crawl ended with the frontier empty
+
+    # a new crawl fetches the start URLs again; the rest is in the filter (the lock's
+    # request is filtered only by its worker: it is crawled again)
+    with stopped_at_exit(workers(1, "deals", redis_server.url, tmp_path, shop, first=2)) as ws:
+        run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    check_once(shop.hits(), once + Counter({"GET /search": 1, "GET /category/books": 1,
+                                            "GET /deals": 1}))
+
+
+def test_strict_mode_closes_the_spider_on_a_request_it_cannot_share(
+        redis_server, redis_client, shop: RunningShop, tmp_path: Path) -> None:
+    with stopped_at_exit(workers(1, "deals", redis_server.url, tmp_path, shop,
+                                 {"FRONTIER_STRICT": "True"})) as ws:
+        run_workers(ws, CRAWL_TIMEOUT_S)
+    assert ws[0].proc.returncode == 0
+    assert ws[0].stats().get("finish_reason") == "unshareable_request", ws[0].text()[-2000:]
+    assert shop.hits()["GET /deals"] == 0
+    assert shared_stats(redis_client, "deals")["unserializable"] == 1
+
+
+def test_no_item_is_lost_when_a_worker_dies_with_items_in_its_pipeline(
+        redis_server, redis_client, shop: RunningShop, tmp_path: Path) -> None:
+    """The lease of a page is acked only after its items were stored.
+
+    Each item spends 1 s in a pipeline; the first worker is SIGKILLed with
+    items in flight. Their pages' leases expire and a second worker crawls
+    them again: every product's item is stored, once.
+    """
+    settings = {"ENRICH_DELAY": "1.0", "SCHEDULER_LEASE_TIMEOUT": "3",
+                "ITEM_PIPELINES": json.dumps({"shopcrawl.pipelines.EnrichPipeline": 100,
+                                              "bloomcrawl.crawl.pipelines.RedisItemsPipeline":
+                                              300})}
+    first = workers(1, "catalog", redis_server.url, tmp_path, shop, settings)
+    with stopped_at_exit(first):
+        deadline = time.monotonic() + CRAWL_TIMEOUT_S
+        while redis_client.llen("catalog:items") < 10 and time.monotonic() < deadline:
+            assert first[0].proc.poll() is None, first[0].text()[-3000:]
+            time.sleep(0.05)
+        first[0].kill()
+    stored_at_kill = redis_client.llen("catalog:items")
+    assert 10 <= stored_at_kill < PRODUCTS
+    second = workers(1, "catalog", redis_server.url, tmp_path, shop, settings, first=1)
+    with stopped_at_exit(second):
+        run_workers(second, CRAWL_TIMEOUT_S)
+    check_exits(second)
+    items = items_of(redis_client, "catalog")
+    urls = Counter(str(i["url"]) for i in items)
+    missing = {"%s/product/%d" % (shop.url, p) for p in range(PRODUCTS)} - set(urls)
+    assert not missing, sorted(missing)
+    assert max(urls.values()) == 1  # each stored once, also when its page was crawled twice
+    assert all(i["enriched"] for i in items)
+    assert frontier_left(redis_client, "catalog") == 0
+
+
+# --- Scrapy's tool commands in the project ------------------------------------------
+
+
+def scrapy_tool(args: list[str], redis_url: str, shop: RunningShop,
+                tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, HOME=str(tmp_path), SHOP_URL=shop.url,
+               PYTHONPATH=os.pathsep.join([str(PRICEFMT), str(ROOT / "crawler")]))
+    env.pop("SCRAPY_SETTINGS_MODULE", None)
+    return subprocess.run([sys.executable, "-m", "scrapy", *args, "-s", "REDIS_URL=" + redis_url],
+                          cwd=USERPROJECT, env=env, capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["parse", "--spider=catalog", "-c", "parse_product", "{shop}/product/3"],
+     "/product/3/reviews"),
+    (["fetch", "--nolog", "{shop}/product/4"], "EUR 14.50"),
+    (["check", "deals"], "OK"),
+    (["shell", "{shop}/product/5", "-c", "response.css('h1.name::text').get()"],
+     "Product 5"),
+])
+def test_scrapy_tool_commands_work_and_leave_the_frontier_alone(
+        redis_server, redis_client, shop: RunningShop, tmp_path: Path, args: list[str],
+        expect: str) -> None:
+    redis_client.rpush("catalog:start_urls", shop.url + "/never-crawled-by-a-tool")
+    argv = [a.replace("{shop}", shop.url) for a in args]
+    result = scrapy_tool(argv, redis_server.url, shop, tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert expect in output, output[-3000:]
+    # nothing of the cluster's was taken or marked seen
+    assert redis_client.lrange("catalog:start_urls", 0, -1) == [
+        (shop.url + "/never-crawled-by-a-tool").encode()]
+    assert not [k for k in redis_client.scan_iter() if b"bloomfilter" in k or k.endswith(
+        b":crawl")], list(redis_client.scan_iter())
+    assert "GET /never-crawled-by-a-tool" not in shop.hits()

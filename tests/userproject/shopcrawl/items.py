@@ -1,0 +1,29 @@
+"""The project's items: a Scrapy Item filled over two pages, and a dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+
+import scrapy
+
+
+class ProductItem(scrapy.Item):
+    url = scrapy.Field()
+    name = scrapy.Field()
+    price = scrapy.Field()
+    currency = scrapy.Field()
+    category = scrapy.Field()
+    reviews = scrapy.Field()
+    seen_at = scrapy.Field()
+    spider = scrapy.Field()
+    enriched = scrapy.Field()
+
+
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    """Where a product was found: passed along in meta."""
+
+    category: str
+    page: int
+    found_at: datetime.datetime
