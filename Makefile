@@ -33,7 +33,7 @@ system-deps: ## install redis-server, prometheus (promtool) and docker-compose f
 		docker-compose=docker-compose
 
 test: venv system-deps ## run the test suite (starts its own redis-server, scrapyd, prometheus)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
 
 # the lowest versions pyproject allows (constraints/lowest.txt): the floors must be true
 LOWEST_VENV := .venv-lowest
