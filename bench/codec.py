@@ -15,7 +15,8 @@ microseconds per request, this process only (no Redis), for:
 
 Each beside today's JSON path, copied below as ``legacy_request_to_json`` /
 ``legacy_request_from_json`` (git b3fb3c4). The share of a worker's CPU is
-arithmetic, not a measurement: (encode + decode) x REQUESTS_PER_PAGE over
+arithmetic, not a measurement: encode x REQUESTS_PER_PAGE (the requests a
+page yields) plus one decode (the page's own leased request), over
 WORKER_CPU_PER_PAGE_MS. Timings are the best of several runs of a loop; they
 depend on what else the machine does: compare rows of one run. Nothing here
 asserts anything.
@@ -253,7 +254,9 @@ class Result:
 
     def share(self, encode_us: float, decode_us: float) -> float:
         """Fraction of a worker's CPU per page spent encoding and decoding its requests."""
-        return (encode_us + decode_us) * REQUESTS_PER_PAGE / (WORKER_CPU_PER_PAGE_MS * 1e3)
+        # a page's callback yields REQUESTS_PER_PAGE requests, each encoded; the worker
+        # decodes one: the page's own leased request
+        return (encode_us * REQUESTS_PER_PAGE + decode_us) / (WORKER_CPU_PER_PAGE_MS * 1e3)
 
 
 def measure(case: Case, spider: ShopSpider, sizes: Sizes) -> Result:
@@ -312,9 +315,9 @@ def report(args: argparse.Namespace, sizes: Sizes, results: list[Result]) -> Non
     emit(f"Python {platform.python_version()}, Scrapy {scrapy.__version__}; {os.cpu_count()}"
          f" CPUs; load average {' '.join('%.2f' % x for x in os.getloadavg())}; best of"
          f" {sizes.repeat} loops of {sizes.number} requests")
-    emit("us per request; x = codec / legacy (today's JSON path); CPU share = (encode +"
-         f" decode) x {REQUESTS_PER_PAGE} requests per page over {WORKER_CPU_PER_PAGE_MS:g} ms"
-         " of worker CPU per page (arithmetic)")
+    emit("us per request; x = codec / legacy (today's JSON path); CPU share = (encode x"
+         f" {REQUESTS_PER_PAGE} requests a page yields + decode of its one leased request) over"
+         f" {WORKER_CPU_PER_PAGE_MS:g} ms of worker CPU per page (arithmetic)")
     emit()
     header = ["case", "encode legacy", "encode codec", "x", "decode legacy", "decode codec",
               "x", "bytes legacy", "bytes codec", "CPU/page legacy", "CPU/page codec",

@@ -5,10 +5,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 from scrapy import Request
 
 from bloomcrawl.core import keys
+from bloomcrawl.core.errors import SettingError
 from bloomcrawl.crawl.lease import HOLD_META_KEY
+from bloomcrawl.crawl.scheduler import check_middlewares
 
 from test_scheduler import drain, finish, make_scheduler
 
@@ -89,3 +92,43 @@ def test_an_explicit_crawl_id_is_shared_by_the_workers_given_it(redis_server) ->
     other.enqueue_request(start_request("http://a.test/start"))
     other.send_pending()
     assert [r.url for r in drain(other)] == ["http://a.test/start"]
+
+
+def test_a_worker_without_the_frontier_middlewares_refuses_to_open(redis_server) -> None:
+    s = make_scheduler(redis_server.url)
+    assert s.spider is not None
+    with pytest.raises(SettingError, match="SPIDER_MIDDLEWARES lacks"
+                                           " bloomcrawl.crawl.middleware.FrontierSpiderMiddleware"):
+        s.open(s.spider)
+    with_spider_mw = make_scheduler(redis_server.url, SPIDER_MIDDLEWARES={
+        "bloomcrawl.crawl.middleware.FrontierSpiderMiddleware": 10})
+    with pytest.raises(SettingError, match="DOWNLOADER_MIDDLEWARES lacks"):
+        check_middlewares(with_spider_mw.crawler.settings)
+    both = make_scheduler(redis_server.url, SPIDER_MIDDLEWARES={
+        "bloomcrawl.crawl.middleware.FrontierSpiderMiddleware": 10},
+        DOWNLOADER_MIDDLEWARES={"bloomcrawl.crawl.middleware.FrontierDownloaderMiddleware": 10})
+    check_middlewares(both.crawler.settings)  # no error
+
+
+def test_a_raising_callback_counts_one_error(redis_server, redis_client) -> None:
+    """Scrapy sends spider_error, and the middleware reports the outcome: one error."""
+    from scrapy import signals
+    from scrapy.http import HtmlResponse
+    from twisted.python.failure import Failure
+
+    s = make_scheduler(redis_server.url)
+    s.enqueue_request(Request("http://a.test/boom"))
+    s.send_pending()
+    (request,) = drain(s)
+    response = HtmlResponse(request.url, request=request, body=b"<html></html>")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failure = Failure()
+    s.crawler.signals.send_catch_log(signals.spider_error, failure=failure, response=response,
+                                     spider=s.spider)
+    finish(s, request, "spider_error")
+    s.send_pending()
+    shared = redis_client.hgetall("unit:stats")
+    assert shared[b"errors"] == b"1", shared
+    assert s.frontier is not None and s.frontier.size(with_leases=True) == 0  # acked

@@ -87,7 +87,10 @@ def test_crawlspider_with_items_in_cb_kwargs_crawls_every_page_once(
 
 def test_sitemap_spider_crawls_every_product_once(redis_server, redis_client,
                                                    shop: RunningShop, tmp_path: Path) -> None:
-    with stopped_at_exit(workers(2, "sitemap", redis_server.url, tmp_path, shop)) as ws:
+    """With scrapy-redis's own RedisPipeline storing the items, as its users have it."""
+    settings = {"ITEM_PIPELINES": json.dumps({"scrapy_redis.pipelines.RedisPipeline": 300})}
+    with stopped_at_exit(workers(2, "sitemap", redis_server.url, tmp_path, shop,
+                                 settings)) as ws:
         run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
     expected = Counter({"GET /sitemap.xml": 1})
