@@ -74,7 +74,7 @@ def test_start_requests_are_queued_once_per_crawl_whichever_workers_start_them(
     for s in workers:
         s.close("finished")
     # the crawl ended with its frontier empty: the next one starts its start URLs again
-    assert redis_client.get(keys.crawl_key("unit")) is None
+    assert redis_client.hget(keys.crawl_key("unit"), "id") is None
     fresh = make_scheduler(redis_server.url)
     assert fresh.crawl_id not in (b"", workers[0].crawl_id)
     fresh.enqueue_request(start_request("http://a.test/"))

@@ -136,7 +136,7 @@ def test_start_urls_once_per_crawl_and_a_request_that_cannot_be_shared_is_crawle
     assert stats["local"] == 1, stats
     log = "".join(w.text() for w in ws)
     assert "meta['lock']" in log and "this worker crawls it itself" in log
-    assert redis_client.get("deals:crawl") is None  # the crawl ended with the frontier empty
+    assert redis_client.hget("deals:crawl", "id") is None  # the crawl ended with the frontier empty
 
     # a new crawl fetches the start URLs again; the rest is in the filter (the lock's
     # request is filtered only by its worker: it is crawled again)

@@ -137,7 +137,7 @@ def filter_name_from_meta(key: str) -> str:
 #   <queue>:{NAME:P}:seq        string  lease token counter
 #   <spider>:stats              hash  pages, items, filtered, requeued, errors,
 #                                     bad_start_urls, unserializable, local (HINCRBY)
-#   <spider>:crawl              string  the id of the crawl under way: dont_filter start
+#   <spider>:crawl              hash  id: the crawl under way (crawl_id.lua): dont_filter start
 #                                     requests go through the filter under it
 #   {<spider>:stats}:applied    hash  worker -> number of its last exchange counted
 #                                     (a resent exchange is counted once)

@@ -79,6 +79,7 @@ from bloomcrawl.core.politeness import (
     filter_fingerprint,
     host_of,
 )
+from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 from bloomcrawl.crawl.config import (
     FilterConfig,
     FrontierConfig,
@@ -107,6 +108,8 @@ if TYPE_CHECKING:
     from bloomcrawl.core.bloom import BloomFilter
 
 logger = logging.getLogger(__name__)
+
+_CRAWL_ID = Script("crawl_id.lua")
 
 MAX_BATCH = 500
 #: requests leased in one exchange at the most
@@ -556,9 +559,8 @@ class Scheduler:
         """
         if self.config.crawl_id:
             return self.config.crawl_id.encode()
-        key = keys.crawl_key(spider)
-        self.server.set(key, uuid.uuid4().hex, nx=True)
-        value = self.server.get(key)
+        (value,) = run_scripts(self.server, [ScriptCall(
+            _CRAWL_ID, [keys.crawl_key(spider)], ["join", uuid.uuid4().hex])])
         return value.encode() if isinstance(value, str) else bytes(value or b"")
 
     def _end_crawl(self) -> None:
@@ -566,9 +568,8 @@ class Scheduler:
             return
         key = keys.crawl_key(self._spider().name)
         try:
-            finished = self._frontier().size(with_leases=True) == 0
-            if finished and self.server.get(key) == self.crawl_id:
-                self.server.delete(key)
+            if self._frontier().size(with_leases=True) == 0:
+                run_scripts(self.server, [ScriptCall(_CRAWL_ID, [key], ["end", self.crawl_id])])
         except REDIS_ERRORS as exc:
             logger.warning("could not end the crawl %s (%s): the next crawl's start URLs"
                            " count as seen", self.crawl_id.decode(), exc,
