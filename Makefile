@@ -40,7 +40,8 @@ LOWEST_VENV := .venv-lowest
 LOWEST_TESTS := tests/test_scheduler.py tests/test_frontier_protocol.py tests/test_scripts.py \
 	tests/test_bloom.py tests/test_dupefilter.py tests/test_frontier_crawl.py tests/faults \
 	tests/test_redis_cluster_crawl.py tests/test_politeness.py tests/test_politeness_crawl.py \
-	tests/test_politeness_feedback_crawl.py
+	tests/test_politeness_feedback_crawl.py tests/test_codec.py tests/test_scheduler_user_requests.py \
+	tests/test_user_project.py
 
 $(LOWEST_VENV)/.installed: pyproject.toml constraints/lowest.txt
 	$(PYTHON) -m venv $(LOWEST_VENV)

@@ -47,7 +47,6 @@ import itertools
 import logging
 import os
 import socket
-import sys
 import time
 import uuid
 from collections import deque
@@ -151,21 +150,28 @@ def tool_command(crawler: Crawler) -> str | None:
     """The Scrapy command trying this crawler's spider out, if any (None: a crawl).
 
     ``scrapy parse``, ``fetch`` and ``check`` replace the spider class's
-    ``start`` with one of their own; ``scrapy shell`` opens the spider from
-    :mod:`scrapy.shell`, which is then on the stack.
+    ``start`` with one of their own; ``scrapy shell`` is found later, by
+    :func:`opened_by_shell`.
     """
     spidercls = getattr(crawler, "spidercls", None)
     module = getattr(getattr(spidercls, "start", None), "__module__", "") or ""
     if module.startswith("scrapy.commands."):
         name = module.rpartition(".")[2]
         return name if name in TOOL_COMMANDS else None
-    # scrapy shell opens the spider itself (close_if_idle=False), from scrapy.shell
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_globals.get("__name__") == "scrapy.shell":
-            return "shell"
-        frame = frame.f_back  # type: ignore[assignment]
     return None
+
+
+def opened_by_shell(crawler: Crawler) -> bool:
+    """``scrapy shell`` (and ``inspect_response``) open the spider never to close when idle.
+
+    Known only once the engine made its slot, right before it opens the
+    scheduler: :meth:`Scheduler.open` asks.
+    """
+    try:
+        slot = getattr(crawler.engine, "_slot", None)
+    except RuntimeError:  # no engine yet
+        return False
+    return slot is not None and getattr(slot, "close_if_idle", True) is False
 
 
 def local_scheduler(crawler: Crawler) -> Any:
@@ -281,6 +287,8 @@ class Scheduler:
         self._held_kinds: set[str] = set()
         # dont_filter start requests are deduplicated among the workers of one crawl
         self.crawl_id = b""
+        # scrapy shell: Scrapy's own scheduler does the work (see open)
+        self.tool: Any = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Any:
@@ -302,6 +310,12 @@ class Scheduler:
 
     def open(self, spider: Spider) -> None:
         """Called by the engine when the spider opens."""
+        if opened_by_shell(self.crawler):
+            logger.info("scrapy shell: crawling with a local scheduler; the shared frontier"
+                        " is not touched", extra={"spider": spider})
+            self.tool = local_scheduler(self.crawler)
+            self.tool.open(spider)
+            return
         check_middlewares(self.crawler.settings)
         self.open_frontier(spider)
         self._start_background()
@@ -388,6 +402,9 @@ class Scheduler:
         Redis and puts the leases it did not finish straight back into the
         queue; without SCHEDULER_PERSIST, deletes the frontier.
         """
+        if self.tool is not None:
+            self.tool.close(reason)
+            return
         self._closing = True
         for loop in self._loops:
             if loop.running:
@@ -427,6 +444,8 @@ class Scheduler:
 
     def has_pending_requests(self) -> bool:
         """True while this worker holds requests or Redis may have some for it."""
+        if self.tool is not None:
+            return bool(self.tool.has_pending_requests())
         return bool(self._local or self._held or self.outbox.outgoing or self._ready_now()
                     or self.outbox.exchanging)
 
@@ -441,6 +460,8 @@ class Scheduler:
         the filter under the crawl's id: each start URL once per crawl,
         whichever workers start it.
         """
+        if self.tool is not None:
+            return bool(self.tool.enqueue_request(request))
         meta = request.meta
         if meta.pop(LOCAL_META_KEY, False):
             partition, token = meta[LEASE_META_KEY]
@@ -534,6 +555,9 @@ class Scheduler:
         I/O thread the exchange runs inline and its lease is returned here.)
         Requests this worker keeps (:meth:`_keep`) come after its leases.
         """
+        if self.tool is not None:
+            request: Request | None = self.tool.next_request()
+            return request
         if not self._local:
             if self._held:
                 self.stats.inc_value("scheduler/dequeued")
@@ -577,6 +601,8 @@ class Scheduler:
 
     def __len__(self) -> int:
         """Requests queued in Redis for this spider (all workers); asks Redis."""
+        if self.tool is not None:
+            return len(self.tool)
         return self._frontier().size()
 
     # -- exchanges --------------------------------------------------------------------
