@@ -1,6 +1,10 @@
+#!lua flags=allow-oom
 -- Extend the deadlines of leases still held (XX: never recreate a lost one).
 -- KEYS[1] deadlines zset; ARGV[1] lease ms, ARGV[2..] tokens.
 -- Returns the tokens that were no longer held (their leases expired and were reaped).
+-- allow-oom: it only moves the scores of existing members, so it runs while Redis
+-- refuses writes for memory (noeviction): a worker whose page waits to store its items
+-- keeps its leases through the outage instead of seeing them crawled again.
 local t = redis.call('TIME')
 local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
 local lost = {}
