@@ -173,12 +173,14 @@ class CrawlOptions:
         return settings
 
     def spider_arguments(self, urls: Sequence[str]) -> list[tuple[str, str]]:
-        """The arguments; ``allowed_domains`` defaults to the hosts of ``urls``."""
+        """The arguments; for the bundled project, ``allowed_domains`` defaults to the hosts
+        of ``urls``. A user's spider gets only what was given: its ``allowed_domains`` is
+        its own (a string argument would replace a list)."""
         spider_args = parse_pairs(self.arguments, "spider argument")
         names = {name for name, _ in spider_args}
         if self.allowed_domains:
             spider_args.append(("allowed_domains", self.allowed_domains))
-        elif urls and "allowed_domains" not in names:
+        elif urls and "allowed_domains" not in names and self.project == DEFAULT_PROJECT:
             hosts = sorted({urllib.parse.urlsplit(u).hostname or "" for u in urls} - {""})
             spider_args.append(("allowed_domains", ",".join(hosts)))
         if self.depth_limit is not None:
