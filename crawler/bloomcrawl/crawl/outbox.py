@@ -213,6 +213,16 @@ class Outbox:
         self.outgoing[:0] = again
         return len(again)
 
+    def settle(self) -> None:
+        """The I/O thread stopped: the exchange under way has run in Redis.
+
+        Its reply reaches the reactor later (callFromThread), after a closing
+        scheduler sent what is still owed; until then :meth:`send` would find
+        an exchange under way and send nothing, and what was owed meanwhile
+        (counts, acks, links) would never go.
+        """
+        self.exchanging = False
+
     def cancel(self) -> None:
         """Closing: no more retries."""
         self.closing = True

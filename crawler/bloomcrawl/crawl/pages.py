@@ -64,6 +64,8 @@ class PageTracker:
         self._numbers = itertools.count(1)
         self._pages: dict[int, Page] = {}
         self._by_response: dict[int, Page] = {}
+        # requests the engine is scheduling right now (id -> their parent page)
+        self._taking: dict[int, Page] = {}
         s = crawler.signals
         for signal in (signals.item_scraped, signals.item_dropped, signals.item_error):
             s.connect(self._item_done, signal=signal)
@@ -115,7 +117,7 @@ class PageTracker:
         """``request`` stays with this worker: its parent page waits for it."""
         if HOLD_META_KEY in request.meta:  # a retry of a held request: already held
             return
-        parent = self._pages.get(request.meta.get(PARENT_META_KEY, 0))
+        parent = self._taking.get(id(request))
         if parent is not None:
             parent.in_hand += 1
         # 0: no parent to hold (a start request), but its page is still tracked and counted
@@ -137,14 +139,18 @@ class PageTracker:
             self._maybe_done(page)
 
     def _request_scheduled(self, request: Request, **kwargs: Any) -> None:
-        parent = self._pages.get(request.meta.get(PARENT_META_KEY, 0))
+        # popped: a redirect or retry of this request copies its meta, and must not
+        # count for the parent again
+        parent = self._pages.get(request.meta.pop(PARENT_META_KEY, 0))
         if parent is None:
             return
         # the engine queues (or drops) the request right after this signal, in the same
         # call: the parent is done with it once that call returned
-        call_later(0, self._request_taken, parent)
+        self._taking[id(request)] = parent
+        call_later(0, self._request_taken, id(request), parent)
 
-    def _request_taken(self, parent: Page) -> None:
+    def _request_taken(self, key: int, parent: Page) -> None:
+        self._taking.pop(key, None)
         parent.in_hand -= 1
         self._maybe_done(parent)
 

@@ -415,6 +415,7 @@ class Scheduler:
         self._poll_call = self._ack_call = self._wake_call = self._idle_call = None
         self.outbox.cancel()
         self.io.stop()  # from here on, Redis work runs inline
+        self.outbox.settle()
         frontier = self._frontier()
         outbox = self.outbox
         try:
