@@ -18,27 +18,31 @@ Layout (key names in :mod:`bloomcrawl.core.keys`, sizing in
   per item instead of k.
 * Slices are stored in chunks of at most ``chunk_bytes`` (well below Redis's
   512 MiB string limit). ``bits_set`` is counted exactly by the same call.
+
+Creating or opening a filter (its metadata and partitions) is
+:mod:`bloomcrawl.core.bloom_creation`; reading its size and fill is
+:mod:`bloomcrawl.core.bloom_info`. :class:`BloomFilter` is the one handle on
+all of it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from bloomcrawl.core import defaults, keys
-from bloomcrawl.core.connection import describe_redis, is_cluster, redis_errors
-from bloomcrawl.core.errors import (
-    BloomFilterError,
-    FilterMismatchError,
-    InvalidFilterParameters,
+from bloomcrawl.core.bloom_creation import (
+    create_or_open,
+    has_redisbloom,
+    parse_stored_params,
+    resolve_auto_backend,
 )
+from bloomcrawl.core.bloom_info import BloomInfo, filter_info
+from bloomcrawl.core.connection import describe_redis, redis_errors
+from bloomcrawl.core.errors import BloomFilterError, InvalidFilterParameters
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 from bloomcrawl.core.sizing import (
     BACKENDS,
@@ -46,30 +50,16 @@ from bloomcrawl.core.sizing import (
     FINGERPRINT_BYTES,
     REDISBLOOM_TIGHTENING,
     FilterParams,
-    SlicePlan,
-    blocked_false_positive_rate,
 )
 
+__all__ = [
+    "BloomFilter",
+    "BloomInfo",
+    "has_redisbloom",
+    "normalise_fingerprint",
+    "partition_of",
+]
 
-@dataclass
-class BloomInfo:
-    """A filter's size and fill, summed over its partitions."""
-
-    capacity: int
-    error_rate: float
-    hashes: int
-    bits: int
-    bits_set: int
-    fill_ratio: float
-    items: int
-    estimated_false_positive_rate: float
-    slices: int
-    memory_bytes: int
-    partitions: int = 1
-    checked: int = 0
-    filtered: int = 0
-    slice_capacity: int = 0
-    partition_slices: list[int] = field(default_factory=list)
 
 def normalise_fingerprint(fp: bytes | str) -> bytes:
     """20 bytes for any fingerprint: SHA-1 digests pass through unchanged.
@@ -93,23 +83,6 @@ def partition_of(fp: bytes, partitions: int) -> int:
 
 _ADD = {b: Script.for_backend(b, "bloom_add.lua") for b in BACKENDS}
 _CONTAINS = {b: Script.for_backend(b, "bloom_contains.lua") for b in BACKENDS}
-
-
-def has_redisbloom(server: Any) -> bool:
-    """True when the server (on a cluster: a master) has the bf module loaded."""
-    try:
-        # redis-py < 5.1 has no module_list on RedisCluster, nor a route for MODULE LIST
-        route = {"target_nodes": server.get_primaries()[0]} if is_cluster(server) else {}
-        modules = server.execute_command("MODULE LIST", **route)
-    except redis.ResponseError:
-        return False
-    for module in modules:
-        if not isinstance(module, dict):  # no reply callback: [name, value, ...]
-            module = dict(zip(module[::2], module[1::2], strict=False))
-        name = module.get(b"name", module.get("name"))
-        if name in (b"bf", "bf"):
-            return True
-    return False
 
 
 class BloomFilter:
@@ -159,30 +132,8 @@ class BloomFilter:
         self.server = server
         self.key = key
         if backend == "auto":
-            params = self._resolve_auto(params)
+            params = resolve_auto_backend(server, key, params)
         self.params = self._open(params)
-
-    def _resolve_auto(self, params: FilterParams) -> FilterParams:
-        """auto: an existing filter keeps its backend; a new one uses RedisBloom if loaded."""
-        with redis_errors(self.server):
-            raw = self.server.hget(keys.meta_key(self.key), "params")
-            if raw is not None:
-                try:
-                    stored = json.loads(raw).get("backend", "bitmap")
-                except (ValueError, AttributeError):
-                    return params
-            else:
-                stored = "redisbloom" if has_redisbloom(self.server) else "bitmap"
-        if stored == params.backend:
-            return params
-        changes: dict[str, Any] = {"backend": stored}
-        if stored == "redisbloom":
-            changes["tightening"] = REDISBLOOM_TIGHTENING
-            if params.bit_exponent is not None or float(params.growth) != int(params.growth):
-                return params  # cannot: stay on the bitmap backend
-        else:
-            changes["tightening"] = defaults.FILTER_TIGHTENING
-        return dataclasses.replace(params, **changes)
 
     @classmethod
     def open(cls, server: redis.Redis, key: str) -> BloomFilter:
@@ -201,78 +152,14 @@ class BloomFilter:
         self = cls.__new__(cls)
         self.server = server
         self.key = key
-        self.params = self._stored_params(raw)
+        self.params = parse_stored_params(server, key, raw)
         return self
 
-    # -- creation -------------------------------------------------------
-
-    def _stored_params(self, raw: bytes | str) -> FilterParams:
-        """The parameters stored in the meta hash; unreadable ones are an error naming the key."""
-        try:
-            return FilterParams.from_json(raw)
-        except (ValueError, TypeError) as exc:
-            raise FilterMismatchError(
-                "Bloom filter %r at %s has unreadable metadata (%s); it was not written by"
-                " this version of bloomcrawl" % (self.key, describe_redis(self.server), exc)
-            ) from exc
-
     def _open(self, params: FilterParams, rewrite_partitions: bool = False) -> FilterParams:
-        meta = keys.meta_key(self.key)
-        with redis_errors(self.server):
-            self.server.hsetnx(meta, "params", params.to_json())
-            stored_raw = self.server.hget(meta, "params")
-        assert stored_raw is not None
-        stored = self._stored_params(stored_raw)
-        if getattr(self, "_adopt_partition_by", False):
-            params = dataclasses.replace(params, partition_by=stored.partition_by)
-        diffs = stored.differences(params)
-        if diffs:
-            raise FilterMismatchError(
-                "Bloom filter %r at %s exists with other parameters (%s); its bits were left"
-                " untouched. Use the stored parameters, another key, or clear the filter."
-                % (self.key, describe_redis(self.server), "; ".join(diffs))
-            )
-        self._ensure_partitions(stored, force=rewrite_partitions)
-        return stored
-
-    def _ensure_partitions(self, params: FilterParams, force: bool = False) -> None:
-        """Write each partition's plan; idempotent, since it follows from the parameters."""
-        plan = params.plan()
-        block_bytes = params.block_bits // 8
-        fields: dict[str, Any] = {
-            "block_bytes": block_bytes,
-            "chunk_blocks": params.chunk_bytes // block_bytes,
-            "max_slices": len(plan),
-            "slices": 1,
-            "filtered": 0,
-        }
-        for i, s in enumerate(plan):
-            fields["plan:%d" % i] = "%d %d %d" % (s.capacity, s.hashes, s.blocks)
-        with redis_errors(self.server):
-            if not force and self.server.hget(keys.meta_key(self.key), "ready") == b"1":
-                return
-            if params.backend == "redisbloom" and not has_redisbloom(self.server):
-                raise BloomFilterError(
-                    "Bloom filter %r uses the redisbloom backend, but Redis at %s has no bf"
-                    " module loaded" % (self.key, describe_redis(self.server)))
-            pipe = self.server.pipeline(transaction=False)
-            for p in range(params.partitions):
-                state = keys.state_key(self.key, p)
-                for name, value in fields.items():
-                    pipe.hsetnx(state, name, value)
-            pipe.execute()
-            if params.backend == "redisbloom":
-                first = plan[0]
-                for p in range(params.partitions):
-                    try:
-                        self.server.execute_command(  # type: ignore[no-untyped-call]
-                            "BF.RESERVE", keys.redisbloom_key(self.key, p),
-                            repr(first.error_rate), first.capacity,
-                            "EXPANSION", int(params.growth))
-                    except redis.ResponseError as exc:
-                        if "exists" not in str(exc).lower():
-                            raise
-            self.server.hset(keys.meta_key(self.key), "ready", 1)
+        # a handle made by open() has no _adopt_partition_by: it adopts nothing
+        return create_or_open(self.server, self.key, params,
+                              adopt_partition_by=getattr(self, "_adopt_partition_by", False),
+                              rewrite_partitions=rewrite_partitions)
 
     # -- operations -----------------------------------------------------
 
@@ -339,108 +226,9 @@ class BloomFilter:
         return out
 
     def info(self) -> BloomInfo:
-        """Size and fill from the exact counters (no BITCOUNT), summed over partitions."""
-        if self.params.backend == "redisbloom":
-            return self._redisbloom_info()
-        params = self.params
-        computed = params.plan()
-        chunk_blocks = params.chunk_bytes // (params.block_bits // 8)
-
-        def stored_plan(state: dict[bytes, bytes], s: int) -> SlicePlan:
-            """The plan the scripts use is the one stored with the partition."""
-            raw = state.get(b"plan:%d" % s)
-            if raw is None:
-                return computed[s]
-            capacity, hashes, blocks = (int(x) for x in raw.split())
-            return SlicePlan(capacity, computed[s].error_rate, hashes, blocks)
-
-        with redis_errors(self.server):
-            pipe = self.server.pipeline(transaction=False)
-            for p in range(params.partitions):
-                pipe.hgetall(keys.state_key(self.key, p))
-            states = pipe.execute()
-            pipe = self.server.pipeline(transaction=False)
-            for p, state in enumerate(states):
-                for s in range(int(state.get(b"slices", 1))):
-                    for c in range(math.ceil(stored_plan(state, s).blocks / chunk_blocks)):
-                        pipe.strlen(keys.chunk_key(self.key, p, s, c))
-            memory = sum(pipe.execute())
-        bits = bits_set = items = checked = filtered = 0
-        fp_sum = 0.0
-        slices_per_partition = []
-        slice_capacity = 0
-        for state in states:
-            nslices = int(state.get(b"slices", 1))
-            slices_per_partition.append(nslices)
-            miss = 1.0
-            for s in range(nslices):
-                sp = stored_plan(state, s)
-                s_items = int(state.get(b"items:%d" % s, 0))
-                bits += sp.bits
-                slice_capacity += sp.capacity
-                bits_set += int(state.get(b"bits_set:%d" % s, 0))
-                items += s_items
-                if s_items:
-                    miss *= 1 - blocked_false_positive_rate(sp.bits / s_items, sp.hashes,
-                                                            params.block_bits)
-            fp_sum += 1 - miss
-            filtered += int(state.get(b"filtered", 0))
-        checked = items + filtered
-        return BloomInfo(
-            capacity=params.capacity,
-            error_rate=params.error_rate,
-            hashes=stored_plan(states[0], 0).hashes,
-            bits=bits,
-            bits_set=bits_set,
-            fill_ratio=bits_set / bits if bits else 0.0,
-            items=items,
-            estimated_false_positive_rate=fp_sum / params.partitions,
-            slices=max(slices_per_partition),
-            memory_bytes=memory,
-            partitions=params.partitions,
-            checked=checked,
-            filtered=filtered,
-            slice_capacity=slice_capacity,
-            partition_slices=slices_per_partition,
-        )
-
-    def _redisbloom_info(self) -> BloomInfo:
-        """BF.INFO per partition; bits set and false-positive rate are estimates here."""
-        params = self.params
-        first = params.plan()[0]
-        k = max(1, math.ceil(math.log(2) * -math.log(first.error_rate) / math.log(2) ** 2))
-        with redis_errors(self.server):
-            pipe = self.server.pipeline(transaction=False)
-            for p in range(params.partitions):
-                pipe.hgetall(keys.state_key(self.key, p))
-                pipe.execute_command("BF.INFO", keys.redisbloom_key(self.key, p))  # type: ignore[no-untyped-call]
-            replies = pipe.execute()
-        bits = bits_set = items = checked = filtered = memory = capacity = 0
-        fp_sum = 0.0
-        slices = []
-        for state, raw in zip(replies[::2], replies[1::2], strict=True):
-            pairs = raw.items() if isinstance(raw, dict) else zip(raw[::2], raw[1::2], strict=True)
-            fields = {(name.decode() if isinstance(name, bytes) else name): value
-                      for name, value in pairs}
-            size = int(fields["Size"])
-            n = int(fields["Number of items inserted"])
-            m = size * 8
-            part_set = round(m * (1 - math.exp(-k * n / m))) if m else 0
-            bits += m
-            bits_set += part_set
-            items += n
-            memory += size
-            capacity += int(fields["Capacity"])
-            slices.append(int(fields["Number of filters"]))
-            fp_sum += (part_set / m) ** k if m else 0.0
-            filtered += int(state.get(b"filtered", 0))
-        checked = items + filtered
-        return BloomInfo(
-            capacity=params.capacity, error_rate=params.error_rate, hashes=k, bits=bits,
-            bits_set=bits_set, fill_ratio=bits_set / bits if bits else 0.0, items=items,
-            estimated_false_positive_rate=fp_sum / params.partitions, slices=max(slices),
-            memory_bytes=memory, partitions=params.partitions, checked=checked,
-            filtered=filtered, slice_capacity=capacity, partition_slices=slices)
+        """Size and fill from the exact counters (no BITCOUNT), summed over partitions;
+        estimates on the redisbloom backend (:mod:`bloomcrawl.core.bloom_info`)."""
+        return filter_info(self.server, self.key, self.params)
 
     def clear(self) -> None:
         """Delete the filter's bits, counters and metadata."""

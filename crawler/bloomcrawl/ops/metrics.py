@@ -25,7 +25,7 @@ from collections.abc import Callable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from bloomcrawl.core import keys
-from bloomcrawl.core.bloom import BloomInfo
+from bloomcrawl.core.bloom_info import BloomInfo
 from bloomcrawl.core.politeness import DomainState, PolitenessSummary
 from bloomcrawl.ops import inspection, scrapyd
 

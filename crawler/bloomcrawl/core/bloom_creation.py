@@ -1,0 +1,142 @@
+"""Creating a Bloom filter in Redis, or opening the one there: what the metadata says.
+
+A filter's parameters are written once (``HSETNX``) and every opener compares
+its own with them, so two workers configured differently never share bits
+unknowingly (:class:`~bloomcrawl.core.errors.FilterMismatchError`). Each
+partition's plan follows from the parameters, so any opener can write it
+again, idempotently; ``ready`` is set last, once the partitions exist.
+:class:`bloomcrawl.core.bloom.BloomFilter` is the usual way in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import redis
+
+from bloomcrawl.core import defaults, keys
+from bloomcrawl.core.connection import describe_redis, is_cluster, redis_errors
+from bloomcrawl.core.errors import BloomFilterError, FilterMismatchError
+from bloomcrawl.core.sizing import REDISBLOOM_TIGHTENING, FilterParams
+
+
+def has_redisbloom(server: Any) -> bool:
+    """True when the server (on a cluster: a master) has the bf module loaded."""
+    try:
+        # redis-py < 5.1 has no module_list on RedisCluster, nor a route for MODULE LIST
+        route = {"target_nodes": server.get_primaries()[0]} if is_cluster(server) else {}
+        modules = server.execute_command("MODULE LIST", **route)
+    except redis.ResponseError:
+        return False
+    for module in modules:
+        if not isinstance(module, dict):  # no reply callback: [name, value, ...]
+            module = dict(zip(module[::2], module[1::2], strict=False))
+        name = module.get(b"name", module.get("name"))
+        if name in (b"bf", "bf"):
+            return True
+    return False
+
+
+def resolve_auto_backend(server: redis.Redis, key: str, params: FilterParams) -> FilterParams:
+    """auto: an existing filter keeps its backend; a new one uses RedisBloom if loaded."""
+    with redis_errors(server):
+        raw = server.hget(keys.meta_key(key), "params")
+        if raw is not None:
+            try:
+                stored = json.loads(raw).get("backend", "bitmap")
+            except (ValueError, AttributeError):
+                return params
+        else:
+            stored = "redisbloom" if has_redisbloom(server) else "bitmap"
+    if stored == params.backend:
+        return params
+    changes: dict[str, Any] = {"backend": stored}
+    if stored == "redisbloom":
+        changes["tightening"] = REDISBLOOM_TIGHTENING
+        if params.bit_exponent is not None or float(params.growth) != int(params.growth):
+            return params  # cannot: stay on the bitmap backend
+    else:
+        changes["tightening"] = defaults.FILTER_TIGHTENING
+    return dataclasses.replace(params, **changes)
+
+
+def parse_stored_params(server: redis.Redis, key: str, raw: bytes | str) -> FilterParams:
+    """The parameters stored in the meta hash; unreadable ones are an error naming the key."""
+    try:
+        return FilterParams.from_json(raw)
+    except (ValueError, TypeError) as exc:
+        raise FilterMismatchError(
+            "Bloom filter %r at %s has unreadable metadata (%s); it was not written by"
+            " this version of bloomcrawl" % (key, describe_redis(server), exc)
+        ) from exc
+
+
+def create_or_open(server: redis.Redis, key: str, params: FilterParams, *,
+                   adopt_partition_by: bool = False,
+                   rewrite_partitions: bool = False) -> FilterParams:
+    """Store ``params`` unless the filter has some already; the parameters it has.
+
+    Other stored parameters raise :class:`FilterMismatchError` and touch
+    nothing. ``adopt_partition_by``: take the stored ``partition_by`` rather
+    than compare it (the opener did not choose one).
+    """
+    meta = keys.meta_key(key)
+    with redis_errors(server):
+        server.hsetnx(meta, "params", params.to_json())
+        stored_raw = server.hget(meta, "params")
+    assert stored_raw is not None
+    stored = parse_stored_params(server, key, stored_raw)
+    if adopt_partition_by:
+        params = dataclasses.replace(params, partition_by=stored.partition_by)
+    diffs = stored.differences(params)
+    if diffs:
+        raise FilterMismatchError(
+            "Bloom filter %r at %s exists with other parameters (%s); its bits were left"
+            " untouched. Use the stored parameters, another key, or clear the filter."
+            % (key, describe_redis(server), "; ".join(diffs))
+        )
+    write_partitions(server, key, stored, force=rewrite_partitions)
+    return stored
+
+
+def write_partitions(server: redis.Redis, key: str, params: FilterParams,
+                     force: bool = False) -> None:
+    """Write each partition's plan; idempotent, since it follows from the parameters."""
+    plan = params.plan()
+    block_bytes = params.block_bits // 8
+    fields: dict[str, Any] = {
+        "block_bytes": block_bytes,
+        "chunk_blocks": params.chunk_bytes // block_bytes,
+        "max_slices": len(plan),
+        "slices": 1,
+        "filtered": 0,
+    }
+    for i, s in enumerate(plan):
+        fields["plan:%d" % i] = "%d %d %d" % (s.capacity, s.hashes, s.blocks)
+    with redis_errors(server):
+        if not force and server.hget(keys.meta_key(key), "ready") == b"1":
+            return
+        if params.backend == "redisbloom" and not has_redisbloom(server):
+            raise BloomFilterError(
+                "Bloom filter %r uses the redisbloom backend, but Redis at %s has no bf"
+                " module loaded" % (key, describe_redis(server)))
+        pipe = server.pipeline(transaction=False)
+        for p in range(params.partitions):
+            state = keys.state_key(key, p)
+            for name, value in fields.items():
+                pipe.hsetnx(state, name, value)
+        pipe.execute()
+        if params.backend == "redisbloom":
+            first = plan[0]
+            for p in range(params.partitions):
+                try:
+                    server.execute_command(  # type: ignore[no-untyped-call]
+                        "BF.RESERVE", keys.redisbloom_key(key, p),
+                        repr(first.error_rate), first.capacity,
+                        "EXPANSION", int(params.growth))
+                except redis.ResponseError as exc:
+                    if "exists" not in str(exc).lower():
+                        raise
+        server.hset(keys.meta_key(key), "ready", 1)

@@ -1,0 +1,149 @@
+"""A Bloom filter's size and fill, read from the counters its scripts keep.
+
+Read-only and cheap whatever the filter holds: the bitmap backend's figures
+come from each partition's exact counters (``bits_set:<i>``, ``items:<i>``)
+and the chunks' lengths, never a ``BITCOUNT``; the RedisBloom backend's from
+``BF.INFO``, where bits set and the false-positive rate are estimates.
+:meth:`bloomcrawl.core.bloom.BloomFilter.info` is the usual way in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import redis
+
+from bloomcrawl.core import keys
+from bloomcrawl.core.connection import redis_errors
+from bloomcrawl.core.sizing import FilterParams, SlicePlan, blocked_false_positive_rate
+
+
+@dataclass
+class BloomInfo:
+    """A filter's size and fill, summed over its partitions."""
+
+    capacity: int
+    error_rate: float
+    hashes: int
+    bits: int
+    bits_set: int
+    fill_ratio: float
+    items: int
+    estimated_false_positive_rate: float
+    slices: int
+    memory_bytes: int
+    partitions: int = 1
+    checked: int = 0
+    filtered: int = 0
+    slice_capacity: int = 0
+    partition_slices: list[int] = field(default_factory=list)
+
+
+def filter_info(server: redis.Redis, key: str, params: FilterParams) -> BloomInfo:
+    """The figures of filter ``key``, created with ``params``, by its backend."""
+    if params.backend == "redisbloom":
+        return redisbloom_info(server, key, params)
+    return bitmap_info(server, key, params)
+
+
+def bitmap_info(server: redis.Redis, key: str, params: FilterParams) -> BloomInfo:
+    """Size and fill from the exact counters (no BITCOUNT), summed over partitions."""
+    computed = params.plan()
+    chunk_blocks = params.chunk_bytes // (params.block_bits // 8)
+
+    def stored_plan(state: dict[bytes, bytes], s: int) -> SlicePlan:
+        """The plan the scripts use is the one stored with the partition."""
+        raw = state.get(b"plan:%d" % s)
+        if raw is None:
+            return computed[s]
+        capacity, hashes, blocks = (int(x) for x in raw.split())
+        return SlicePlan(capacity, computed[s].error_rate, hashes, blocks)
+
+    with redis_errors(server):
+        pipe = server.pipeline(transaction=False)
+        for p in range(params.partitions):
+            pipe.hgetall(keys.state_key(key, p))
+        states = pipe.execute()
+        pipe = server.pipeline(transaction=False)
+        for p, state in enumerate(states):
+            for s in range(int(state.get(b"slices", 1))):
+                for c in range(math.ceil(stored_plan(state, s).blocks / chunk_blocks)):
+                    pipe.strlen(keys.chunk_key(key, p, s, c))
+        memory = sum(pipe.execute())
+    bits = bits_set = items = checked = filtered = 0
+    fp_sum = 0.0
+    slices_per_partition = []
+    slice_capacity = 0
+    for state in states:
+        nslices = int(state.get(b"slices", 1))
+        slices_per_partition.append(nslices)
+        miss = 1.0
+        for s in range(nslices):
+            sp = stored_plan(state, s)
+            s_items = int(state.get(b"items:%d" % s, 0))
+            bits += sp.bits
+            slice_capacity += sp.capacity
+            bits_set += int(state.get(b"bits_set:%d" % s, 0))
+            items += s_items
+            if s_items:
+                miss *= 1 - blocked_false_positive_rate(sp.bits / s_items, sp.hashes,
+                                                        params.block_bits)
+        fp_sum += 1 - miss
+        filtered += int(state.get(b"filtered", 0))
+    checked = items + filtered
+    return BloomInfo(
+        capacity=params.capacity,
+        error_rate=params.error_rate,
+        hashes=stored_plan(states[0], 0).hashes,
+        bits=bits,
+        bits_set=bits_set,
+        fill_ratio=bits_set / bits if bits else 0.0,
+        items=items,
+        estimated_false_positive_rate=fp_sum / params.partitions,
+        slices=max(slices_per_partition),
+        memory_bytes=memory,
+        partitions=params.partitions,
+        checked=checked,
+        filtered=filtered,
+        slice_capacity=slice_capacity,
+        partition_slices=slices_per_partition,
+    )
+
+
+def redisbloom_info(server: redis.Redis, key: str, params: FilterParams) -> BloomInfo:
+    """BF.INFO per partition; bits set and false-positive rate are estimates here."""
+    first = params.plan()[0]
+    k = max(1, math.ceil(math.log(2) * -math.log(first.error_rate) / math.log(2) ** 2))
+    with redis_errors(server):
+        pipe = server.pipeline(transaction=False)
+        for p in range(params.partitions):
+            pipe.hgetall(keys.state_key(key, p))
+            pipe.execute_command("BF.INFO", keys.redisbloom_key(key, p))  # type: ignore[no-untyped-call]
+        replies = pipe.execute()
+    bits = bits_set = items = checked = filtered = memory = capacity = 0
+    fp_sum = 0.0
+    slices = []
+    for state, raw in zip(replies[::2], replies[1::2], strict=True):
+        pairs = raw.items() if isinstance(raw, dict) else zip(raw[::2], raw[1::2], strict=True)
+        fields = {(name.decode() if isinstance(name, bytes) else name): value
+                  for name, value in pairs}
+        size = int(fields["Size"])
+        n = int(fields["Number of items inserted"])
+        m = size * 8
+        part_set = round(m * (1 - math.exp(-k * n / m))) if m else 0
+        bits += m
+        bits_set += part_set
+        items += n
+        memory += size
+        capacity += int(fields["Capacity"])
+        slices.append(int(fields["Number of filters"]))
+        fp_sum += (part_set / m) ** k if m else 0.0
+        filtered += int(state.get(b"filtered", 0))
+    checked = items + filtered
+    return BloomInfo(
+        capacity=params.capacity, error_rate=params.error_rate, hashes=k, bits=bits,
+        bits_set=bits_set, fill_ratio=bits_set / bits if bits else 0.0, items=items,
+        estimated_false_positive_rate=fp_sum / params.partitions, slices=max(slices),
+        memory_bytes=memory, partitions=params.partitions, checked=checked,
+        filtered=filtered, slice_capacity=capacity, partition_slices=slices)
