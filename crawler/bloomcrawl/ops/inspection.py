@@ -22,25 +22,70 @@ key of the wrong type, a counter that is not a number) never hide the
 others: what cannot be read is left out of that spider's state and recorded
 as a :class:`Problem`; only Redis being unreachable fails a whole snapshot
 (:class:`~bloomcrawl.core.errors.RedisUnavailableError`).
+
+The servers themselves (names, memory, which failures mean Redis is out of
+reach) are :mod:`bloomcrawl.ops.redis_masters`; the records a snapshot fills
+in are :mod:`bloomcrawl.ops.spider_state`. This module reads the spiders.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
-from redis.exceptions import ClusterError, RedisClusterException
 
 from bloomcrawl.core import defaults, keys
-from bloomcrawl.core.bloom import BloomFilter, BloomInfo
-from bloomcrawl.core.connection import REDIS_ERRORS, describe_redis, is_cluster, redis_errors
-from bloomcrawl.core.errors import BloomFilterError, RedisUnavailableError
-from bloomcrawl.core.politeness import PolitenessSummary, politeness_summary
+from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.errors import BloomFilterError
+from bloomcrawl.core.politeness import politeness_summary
 from bloomcrawl.core.sizing import FilterParams
+from bloomcrawl.ops.redis_masters import (
+    UNREACHABLE,
+    RedisMemory,
+    RedisNode,
+    key_owner,
+    masters,
+    node_name,
+    reachable,
+    redis_nodes,
+    redis_time_ms,
+    total_memory,
+    unless_unreachable,
+)
+from bloomcrawl.ops.spider_state import NodeFill, PartitionFill, Problem, SpiderState
+
+__all__ = [
+    "MAX_NODES_PER_SPIDER",
+    "MAX_SCAN_CALLS",
+    "META_PATTERN",
+    "QUEUE_TYPES",
+    "SCAN_COUNT",
+    "TOP_DOMAINS",
+    "NodeFill",
+    "PartitionFill",
+    "Problem",
+    "RedisMemory",
+    "RedisNode",
+    "RedisSnapshot",
+    "SpiderState",
+    "find_meta_keys",
+    "find_spiders",
+    "frontier_keys",
+    "key_owner",
+    "node_name",
+    "partition_fill",
+    "reachable",
+    "redis_nodes",
+    "redis_time_ms",
+    "snapshot",
+    "spider_from_filter_name",
+    "spider_state",
+    "spider_states",
+    "total_memory",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -56,167 +101,6 @@ MAX_NODES_PER_SPIDER = 256
 TOP_DOMAINS = 10
 
 _FILTER_PREFIX, _FILTER_SUFFIX = defaults.FILTER_KEY.split("%(spider)s")
-#: what means Redis itself is gone (the whole snapshot fails), not one spider's keys:
-#: on a cluster also CLUSTERDOWN/MASTERDOWN replies and a slot no master serves
-_UNREACHABLE = (RedisUnavailableError, redis.ConnectionError, redis.TimeoutError, ClusterError,
-                RedisClusterException)
-@dataclass(frozen=True)
-class Problem:
-    """Something wrong with one spider's keys; ``kind`` is short and fixed (log once per kind).
-
-    ``read_error``: a key or value could not be read (counted in the exporter's
-    ``bloomcrawl_spider_read_errors``); otherwise it is a note, such as a
-    filter still being created.
-    """
-
-    kind: str
-    message: str
-    read_error: bool = True
-
-
-@dataclass(frozen=True)
-class PartitionFill:
-    """One filter partition's exact counters (bitmap backend), and the master holding it.
-
-    ``node`` is the ``host:port`` of the master owning the partition's slot (the
-    one server without a cluster).
-    """
-
-    partition: int
-    node: str
-    items: int
-    bits: int
-    bits_set: int
-
-    @property
-    def fill_ratio(self) -> float:
-        return self.bits_set / self.bits if self.bits else 0.0
-
-
-@dataclass
-class NodeFill:
-    """The partitions of one filter that one master holds, summed."""
-
-    node: str
-    partitions: int = 0
-    items: int = 0
-    bits: int = 0
-    bits_set: int = 0
-
-    @property
-    def fill_ratio(self) -> float:
-        return self.bits_set / self.bits if self.bits else 0.0
-
-
-@dataclass
-class SpiderState:
-    """One spider's frontier: its Bloom filter, queue, leases and shared stats.
-
-    Fields that need the scheduler's entries in the meta hash (``queue`` and
-    friends) are ``None`` for a filter used by the dupefilter alone.
-    ``pages_by_node`` maps a worker's host name (``socket.gethostname()``, which
-    is also scrapyd's default ``node_name``) to the pages it crawled.
-    """
-
-    spider: str
-    filter_name: str
-    meta_key: str
-    queue_key: str | None = None
-    queue_type: str | None = None
-    stats_key: str | None = None
-    #: ``bitmap`` or ``redisbloom``, from the stored parameters
-    backend: str | None = None
-    pages_by_node_key: str | None = None
-    filter: BloomInfo | None = None
-    #: requests queued: in the hosts' queues, and in the partitions' queues of before
-    #: per-host queues that no worker has moved yet
-    queue_length: int | None = None
-    leased: int | None = None
-    leases_expired: int | None = None
-    start_urls: int | None = None
-    #: start URLs a worker took and has not queued yet (``{<start_urls>}:deadlines``)
-    start_urls_leased: int | None = None
-    items_stored: int | None = None
-    #: ids of the items stored once each (``{<items>}:ids``); never trimmed
-    item_ids: int | None = None
-    #: leases ever handed out: the sum of the partitions' lease counters
-    leases_total: int | None = None
-    #: worker runs whose stats exchanges are recorded (``<stats>:applied``)
-    stats_workers: int | None = None
-    #: the shared stats that could be read (all of them, 0 when never counted)
-    stats: dict[str, int] = field(default_factory=dict)
-    pages_by_node: dict[str, int] = field(default_factory=dict)
-    #: each partition's counters and master (bitmap backend; empty for RedisBloom)
-    partition_fill: list[PartitionFill] = field(default_factory=list)
-    #: hosts queued, held back and in flight, and the busiest hosts' state
-    #: (``None``: no queue recorded, or unreadable)
-    politeness: PolitenessSummary | None = None
-    issues: list[Problem] = field(default_factory=list)
-
-    @property
-    def fill_by_node(self) -> dict[str, NodeFill]:
-        """The filter's partitions summed per master, by ``host:port``."""
-        out: dict[str, NodeFill] = {}
-        for part in self.partition_fill:
-            node = out.setdefault(part.node, NodeFill(part.node))
-            node.partitions += 1
-            node.items += part.items
-            node.bits += part.bits
-            node.bits_set += part.bits_set
-        return dict(sorted(out.items()))
-
-    @property
-    def max_partition_fill_ratio(self) -> float | None:
-        """Fill of the fullest partition (a hot partition shows here); ``None``: unknown."""
-        return max((p.fill_ratio for p in self.partition_fill), default=None)
-
-    @property
-    def requeued(self) -> int:
-        """Expired leases put back into the queue, from the shared stats."""
-        return self.stats.get("requeued", 0)
-
-    @property
-    def problems(self) -> list[str]:
-        """What is wrong with this spider's keys, as sentences."""
-        return [issue.message for issue in self.issues]
-
-    @property
-    def read_errors(self) -> int:
-        """Keys or values of this spider that could not be read."""
-        return sum(1 for issue in self.issues if issue.read_error)
-
-    def unreadable(self, kind: str, message: str) -> None:
-        self.issues.append(Problem(kind, message))
-
-    def note(self, kind: str, message: str) -> None:
-        self.issues.append(Problem(kind, message, read_error=False))
-
-
-@dataclass
-class RedisMemory:
-    """``INFO memory`` figures, in bytes; ``max_bytes`` is 0 when no maxmemory is set."""
-
-    used_bytes: int
-    max_bytes: int
-    peak_bytes: int
-
-
-@dataclass
-class RedisNode:
-    """One server holding data: a master of a cluster, or the one Redis.
-
-    ``name`` is ``host:port`` (a Unix socket's path). A server that did not
-    answer this pass has ``up`` False, ``error`` saying why, and no figures.
-    """
-
-    name: str
-    up: bool
-    memory: RedisMemory | None = None
-    #: keys it holds (``DBSIZE``)
-    keys: int | None = None
-    error: str | None = None
-    #: what it raised, for :func:`snapshot` to raise again
-    exception: BaseException | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -231,6 +115,7 @@ class RedisSnapshot:
     memory: RedisMemory
     redis_time_ms: int
     nodes: list[RedisNode] = field(default_factory=list)
+
 
 
 # --- Redis ---------------------------------------------------------------------
@@ -261,50 +146,11 @@ def spider_from_filter_name(name: str) -> str:
     return core or name
 
 
-@contextmanager
-def reachable(client: redis.Redis) -> Iterator[None]:
-    """:func:`~bloomcrawl.core.connection.redis_errors`, and a cluster client's own
-    failures (no master serves a slot, no node answers: not RedisErrors) alike."""
-    try:
-        with redis_errors(client):
-            yield
-    except RedisClusterException as exc:
-        raise RedisUnavailableError(
-            "cannot reach Redis Cluster at %s: %s" % (describe_redis(client), exc)) from exc
-
-
-def node_name(client: redis.Redis) -> str:
-    """``host:port`` of a single Redis (a Unix socket's path): the ``node`` label."""
-    kwargs = getattr(client, "connection_pool", None)
-    kwargs = getattr(kwargs, "connection_kwargs", {})
-    if "path" in kwargs:
-        return str(kwargs["path"])
-    return "%s:%s" % (kwargs.get("host", "localhost"), kwargs.get("port", 6379))
-
-
-def _masters(client: redis.Redis) -> list[tuple[str, dict[str, Any]]]:
-    """``(host:port, call options)`` of each server holding data: every master of a
-    cluster (as the client's slot map has them now), or the one Redis."""
-    if not is_cluster(client):
-        return [(node_name(client), {})]
-    masters = sorted(client.get_primaries(), key=lambda node: node.name)  # type: ignore[attr-defined]
-    return [(node.name, {"target_nodes": node}) for node in masters]
-
-
-def key_owner(client: redis.Redis) -> Callable[[str], str]:
-    """A function naming the master (``host:port``) that holds a key."""
-    if not is_cluster(client):
-        name = node_name(client)
-        return lambda key: name
-    nodes = client.nodes_manager  # type: ignore[attr-defined]
-    return lambda key: str(nodes.get_node_from_slot(client.keyslot(key)).name)  # type: ignore[attr-defined]
-
-
 def find_meta_keys(client: redis.Redis) -> list[str]:
     """Names of every filter meta hash, by ``SCAN`` on every master (sorted, no duplicates)."""
     found: set[str] = set()
     with reachable(client):
-        for name, target in _masters(client):
+        for name, target in masters(client):
             cursor: Any = 0
             for _ in range(MAX_SCAN_CALLS):
                 cursor, batch = client.scan(cursor, match=META_PATTERN, count=SCAN_COUNT,
@@ -326,48 +172,6 @@ def find_meta_keys(client: redis.Redis) -> list[str]:
     return sorted(found)
 
 
-def redis_time_ms(client: redis.Redis) -> int:
-    """Redis's clock in milliseconds (lease deadlines use it; on a cluster, one master's)."""
-    with reachable(client):
-        seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
-def redis_nodes(client: redis.Redis) -> list[RedisNode]:
-    """``INFO memory`` and ``DBSIZE`` of each master (of the one Redis), by name.
-
-    A master that fails is returned with ``up`` False; this never raises for one
-    server's failure, so the others are still reported.
-    """
-    out = []
-    for name, target in _masters(client):
-        try:
-            with reachable(client):
-                info = client.info("memory", **target)
-                count = client.dbsize(**target)
-        except REDIS_ERRORS as exc:
-            out.append(RedisNode(name, up=False, error=str(exc) or type(exc).__name__,
-                                 exception=exc))
-            continue
-        out.append(RedisNode(name, up=True, keys=_int(count), memory=RedisMemory(
-            used_bytes=_int(info.get("used_memory")),
-            max_bytes=_int(info.get("maxmemory")),
-            peak_bytes=_int(info.get("used_memory_peak")),
-        )))
-    return out
-
-
-def total_memory(nodes: Sequence[RedisNode]) -> RedisMemory:
-    """The memory of the masters that answered, summed; ``max_bytes`` 0 if any is unlimited."""
-    up = [node.memory for node in nodes if node.memory is not None]
-    limits = [memory.max_bytes for memory in up]
-    return RedisMemory(
-        used_bytes=sum(memory.used_bytes for memory in up),
-        max_bytes=0 if not limits or 0 in limits else sum(limits),
-        peak_bytes=sum(memory.peak_bytes for memory in up),
-    )
-
-
 def _read_meta(client: redis.Redis, meta_keys: Sequence[str]) -> list[dict[str, str] | None]:
     """Each meta hash as text, ``None`` where it is gone or is not a hash."""
     if not meta_keys:
@@ -377,7 +181,7 @@ def _read_meta(client: redis.Redis, meta_keys: Sequence[str]) -> list[dict[str, 
         pipe = client.pipeline(transaction=False)
         for key in meta_keys:
             pipe.hgetall(key)
-        replies = _unless_unreachable(pipe.execute(raise_on_error=False))
+        replies = unless_unreachable(pipe.execute(raise_on_error=False))
     out: list[dict[str, str] | None] = []
     for reply in replies:
         if isinstance(reply, dict) and reply:
@@ -385,15 +189,6 @@ def _read_meta(client: redis.Redis, meta_keys: Sequence[str]) -> list[dict[str, 
         else:
             out.append(None)
     return out
-
-
-def _unless_unreachable(replies: list[Any]) -> list[Any]:
-    """The replies of a pipeline run with ``raise_on_error=False``, unless one says that
-    Redis (a master, the cluster) is out of reach: then that error is raised."""
-    for reply in replies:
-        if isinstance(reply, _UNREACHABLE):
-            raise reply
-    return replies
 
 
 def frontier_keys(filter_name: str, meta: dict[str, str], spider: str,
@@ -438,7 +233,7 @@ def _read_filter(client: redis.Redis, state: SpiderState, meta: dict[str, str]
         state.filter = BloomFilter.open(client, state.filter_name).info()
         if params.backend == "bitmap":
             state.partition_fill = partition_fill(client, state.filter_name, params)
-    except _UNREACHABLE:
+    except UNREACHABLE:
         raise
     except (BloomFilterError, redis.RedisError, ArithmeticError, LookupError, ValueError,
             TypeError) as exc:  # WRONGTYPE, or counters that are not numbers
@@ -548,7 +343,7 @@ def _state_from_meta(
                 pipe.hlen(frontier.leases(p))
                 pipe.zcount(frontier.deadlines(p), "-inf", now_ms)
                 pipe.get(frontier.lease_counter(p))
-        replies = _unless_unreachable(pipe.execute(raise_on_error=False))
+        replies = unless_unreachable(pipe.execute(raise_on_error=False))
 
     stats_reply, node_pages, start_urls, start_leased, items, ids, workers = replies[:7]
     _read_stats(state, frontier.stats, stats_reply)
@@ -578,7 +373,7 @@ def _read_politeness(client: redis.Redis, state: SpiderState, frontier: keys.Fro
     """The spider's politeness summary, its ``top_domains`` busiest hosts included."""
     try:
         state.politeness = politeness_summary(client, frontier, top_k=top_domains)
-    except _UNREACHABLE:
+    except UNREACHABLE:
         raise
     except (redis.RedisError, ArithmeticError, LookupError, ValueError,
             TypeError) as exc:  # WRONGTYPE, or a count or delay that is not a number
@@ -638,7 +433,7 @@ def spider_states(client: redis.Redis, meta_keys: Iterable[str], *,
         try:
             with reachable(client):
                 out.append(_state_from_meta(client, meta_key, meta, now_ms, top_domains))
-        except _UNREACHABLE:
+        except UNREACHABLE:
             raise
         except Exception as exc:  # whatever a malformed spider does, the others are reported
             filter_name = keys.filter_name_from_meta(meta_key)
