@@ -66,7 +66,7 @@ def test_start_requests_are_queued_once_per_crawl_whichever_workers_start_them(
         s.send_pending()
     again = [(s, r) for s in workers for r in drain(s)]
     assert [r.url for _, r in again] == ["http://a.test/again"] * 2
-    owner = next(s for s in workers if s._inflight)
+    owner = next(s for s in workers if len(s.book))
     for s, r in [(owner, got[0]), *again]:
         finish(s, r)
     for s in workers:

@@ -345,3 +345,34 @@ def politeness_from_settings(settings: BaseSettings, spider: Any = None) -> Poli
         autothrottle = (start, most, target)
     return Politeness(delay=delay, concurrency=concurrency, jitter=jitter, slots=tuple(slots),
                       autothrottle=autothrottle)
+
+
+#: the middlewares that tell the scheduler a request's outcome: without them no lease
+#: is ever acked (setting, class path)
+REQUIRED_MIDDLEWARES = (
+    ("SPIDER_MIDDLEWARES", "bloomcrawl.crawl.middleware.FrontierSpiderMiddleware"),
+    ("DOWNLOADER_MIDDLEWARES", "bloomcrawl.crawl.middleware.FrontierDownloaderMiddleware"),
+)
+
+
+def check_middlewares(settings: Any) -> None:
+    """Refuse to crawl without the frontier's middlewares: every lease would be renewed forever."""
+    from scrapy.utils.misc import load_object
+
+    for setting, path in REQUIRED_MIDDLEWARES:
+        wanted = load_object(path)
+        enabled = settings.getwithbase(setting)
+        found = False
+        for name, order in enabled.items():
+            if order is None:
+                continue
+            try:
+                cls = load_object(name) if isinstance(name, str) else name
+            except (ImportError, NameError, ValueError):
+                continue  # Scrapy says so itself when it builds the middlewares
+            if isinstance(cls, type) and issubclass(cls, wanted):
+                found = True
+        if not found:
+            raise SettingError("SCHEDULER is bloomcrawl's, but %s lacks %s: add %s ="
+                               " {%r: 10} to the project's settings" % (setting, path, setting,
+                                                                         path))

@@ -8,11 +8,38 @@ signal goes out and the scheduler acks the lease.
 
 from __future__ import annotations
 
+from enum import StrEnum
+from typing import NamedTuple
+
+
+class Outcome(StrEnum):
+    """How a leased (or held) request ended; :data:`request_finished` carries it."""
+
+    #: downloaded, its callback's output all handled
+    RESPONSE = "response"
+    #: downloaded, its callback raised (what it yielded before still counts)
+    SPIDER_ERROR = "spider_error"
+    #: the download failed for good (no middleware retried it)
+    DOWNLOAD_ERROR = "download_error"
+    #: a middleware raised IgnoreRequest
+    IGNORED = "ignored"
+
+
+class LeaseRef(NamedTuple):
+    """What a leased request carries in ``meta[LEASE_META_KEY]``: enough to ack it.
+
+    A tuple, so it round-trips through Scrapy's meta copies unchanged.
+    """
+
+    partition: int
+    token: str
+
+
 #: sent when a leased (or held) request's outcome is final; arguments: request, outcome
-#: ("response", "spider_error", "download_error", "ignored")
+#: (an :class:`Outcome`)
 request_finished = object()
 
-#: meta key holding a leased request's ``(partition, token)``
+#: meta key holding a leased request's :class:`LeaseRef`
 LEASE_META_KEY = "_bloomcrawl_lease"
 #: meta key marking a request the scheduler leased and handed back to itself
 LOCAL_META_KEY = "_bloomcrawl_local"

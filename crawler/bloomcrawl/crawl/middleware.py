@@ -20,7 +20,7 @@ from scrapy import Request, signals
 from scrapy.exceptions import IgnoreRequest
 
 from bloomcrawl.crawl import origins
-from bloomcrawl.crawl.lease import INTERNAL_META_KEYS
+from bloomcrawl.crawl.lease import INTERNAL_META_KEYS, Outcome
 from bloomcrawl.crawl.pages import Page, PageTracker, tracked
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class FrontierSpiderMiddleware(_Reporter):
         for output in result:
             yield child(output)
         if page is not None:
-            self.pages.ended(page, "response")
+            self.pages.ended(page, Outcome.RESPONSE)
 
     async def process_spider_output_async(
         self, response: Response, result: AsyncIterator[Any], spider: Spider | None = None
@@ -93,15 +93,15 @@ class FrontierSpiderMiddleware(_Reporter):
         async for output in result:
             yield child(output)
         if page is not None:
-            self.pages.ended(page, "response")
+            self.pages.ended(page, Outcome.RESPONSE)
 
     def process_spider_exception(self, response: Response, exception: Exception,
                                  spider: Spider | None = None) -> None:
         page = self.pages.find(response)
         if page is not None:
-            self.pages.ended(page, "spider_error")  # what it yielded before still counts
+            self.pages.ended(page, Outcome.SPIDER_ERROR)  # what it yielded before still counts
         elif response.request is not None and tracked(response.request):
-            self.pages.finish(response.request, "spider_error")
+            self.pages.finish(response.request, Outcome.SPIDER_ERROR)
 
 
 class FrontierDownloaderMiddleware(_Reporter):
@@ -109,5 +109,6 @@ class FrontierDownloaderMiddleware(_Reporter):
 
     def process_exception(self, request: Request, exception: Exception,
                           spider: Spider | None = None) -> None:
-        outcome = "ignored" if isinstance(exception, IgnoreRequest) else "download_error"
+        outcome = (Outcome.IGNORED if isinstance(exception, IgnoreRequest)
+                   else Outcome.DOWNLOAD_ERROR)
         self.pages.finish(request, outcome)

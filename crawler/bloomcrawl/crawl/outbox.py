@@ -1,21 +1,20 @@
 """What a worker owes Redis, and the one exchange at a time that sends it.
 
-The scheduler buffers here what it must tell Redis: new requests, acks of
-finished leases, shared stats, start-URL leases to ack. :meth:`Outbox.send`
-takes the whole buffer as one :class:`Batch` and runs one
-:meth:`~bloomcrawl.core.frontier.Frontier.exchange` on the I/O thread
-(optionally leasing the next request in the same round trip); the reply
-comes back on the reactor. A batch that fails goes back in front of the
-buffer, nothing of it lost, and the next try waits out the error policy's
-back-off. Shared stats travel numbered, so a resent exchange counts once.
+The scheduler's parts buffer here what the worker must tell Redis: new
+requests, acks of finished leases, shared stats, start-URL leases to ack.
+:meth:`Outbox.send` takes the whole buffer as one :class:`Batch` and runs
+one :meth:`~bloomcrawl.core.frontier.Frontier.exchange` on the I/O thread
+(optionally leasing the next request in the same round trip); the
+:class:`Reply` comes back on the reactor. A batch that fails goes back in
+front of the buffer, nothing of it lost; when to try again is the exchange
+loop's decision. Shared stats travel numbered, so a resent exchange counts
+once.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,16 +22,12 @@ from bloomcrawl.core.connection import ServerChangedError, ServerWatch, server_i
 from bloomcrawl.core.errors import FilterFullError
 from bloomcrawl.core.frontier import Exchanged, Frontier, Lease, Outgoing
 from bloomcrawl.core.politeness import Feedback
-from bloomcrawl.crawl.redis_io import call_later, log_unexpected
 
 if TYPE_CHECKING:
-    from scrapy.statscollectors import StatsCollector
+    from twisted.internet.defer import Deferred
     from twisted.python.failure import Failure
 
-    from bloomcrawl.core.connection import RedisErrorPolicy
     from bloomcrawl.crawl.redis_io import RedisIO
-
-logger = logging.getLogger(__name__)
 
 #: counts Redis confirmed, kept this long (and this many) to be sent again if Redis
 #: turns out to have lost them (a rollback, a restart without persistence)
@@ -56,7 +51,7 @@ class Batch:
     start_tokens: list[str]
     #: requests dropped against the worker's seen cache since the last exchange: given
     #: back if the server turns out to have changed (their fingerprints may be lost)
-    held: list[Any]
+    dropped: list[Any]
     lease_from: int | None
     #: how many requests to lease (from ``lease_from``, then from ``probe`` in order)
     want: int
@@ -73,6 +68,7 @@ class Batch:
 class Reply:
     """What the I/O thread brings back from one exchange."""
 
+    batch: Batch
     done: Exchanged
     leases: list[Lease] = field(default_factory=list)
     #: requests, leases and start URLs anywhere (asked when ``check_idle`` found no lease)
@@ -83,112 +79,156 @@ class Reply:
 
 
 class Outbox:
-    def __init__(self, io: RedisIO, errors: RedisErrorPolicy, stats: StatsCollector,
-                 watch: ServerWatch, *, on_reply: Callable[[Reply, Batch], None],
-                 on_retry: Callable[[], None], on_full: Callable[[FilterFullError], None],
-                 log_extra: dict[str, Any] | None = None) -> None:
+    """The buffers of what this worker owes Redis, and the sending of one batch of them.
+
+    Buffers change only through methods; an exchange's outcome (a
+    :class:`Reply`, or the failure after the batch went back to the
+    buffers) is the Deferred :meth:`send` returns: what to do next is the
+    caller's (:class:`~bloomcrawl.crawl.exchanges.ExchangeLoop`).
+    """
+
+    def __init__(self, io: RedisIO, frontier: Frontier, watch: ServerWatch, *,
+                 stats_interval: float = 0.0, replay_s: float = 0.0) -> None:
         self.io = io
+        self.frontier = frontier
         self.watch = watch
-        self.errors = errors
-        self.stats = stats
-        self.on_reply = on_reply
-        self.on_retry = on_retry
-        self.on_full = on_full
-        self.log_extra = log_extra
-        self.frontier: Frontier | None = None
-        self.outgoing: list[Outgoing] = []
-        self.acks: dict[int, list[str]] = defaultdict(list)
-        self.feedback: dict[int, Feedback] = {}
-        self.counts: dict[str, int] = defaultdict(int)
-        # counts of failed exchanges, resent under their own numbers
-        self.unconfirmed_stats: list[tuple[int, dict[str, int]]] = []
-        # counts Redis confirmed lately: (when, number, counts)
-        self.confirmed_stats: deque[tuple[float, int, dict[str, int]]] = deque()
-        # start URL leases: requests made, not sent yet / sent, to be acked
-        self.start_waiting: list[str] = []
-        self.start_acks: list[str] = []
-        self.held: list[Any] = []
-        #: 0: keep nothing to :meth:`replay`; on Redis Cluster, REPLAY_S
-        self.replay_s = 0.0
-        # requests of confirmed exchanges: (when, requests), newest last
-        self.sent: deque[tuple[float, list[Outgoing]]] = deque()
-        self._sent_count = 0
-        self.exchanging = False
-        self.closing = False
-        self._retry_call: Any = None
-        self._verify_masters = False
-        self._number = 0
         #: 0: counts go with every exchange, numbered (one Redis: the numbers tell
         #: a restarted server that lost writes). On Redis Cluster every exchange of
         #: every worker would hit the one stats slot, and any server change is
         #: handled as a loss anyway: counts go at most this often (and on close)
-        self.stats_interval = 0.0
+        self.stats_interval = stats_interval
+        #: 0: keep nothing to :meth:`replay`; on Redis Cluster, REPLAY_S
+        self.replay_s = replay_s
+        self._outgoing: list[Outgoing] = []
+        self._acks: dict[int, list[str]] = defaultdict(list)
+        self._feedback: dict[int, Feedback] = {}
+        self._counts: dict[str, int] = defaultdict(int)
+        # counts of failed exchanges, resent under their own numbers
+        self._unconfirmed_stats: list[tuple[int, dict[str, int]]] = []
+        # counts Redis confirmed lately: (when, number, counts)
+        self._confirmed_stats: deque[tuple[float, int, dict[str, int]]] = deque()
+        # start URL leases: requests made, not sent yet / sent, to be acked
+        self._start_waiting: list[str] = []
+        self._start_acks: list[str] = []
+        # requests dropped against the seen cache since the last exchange
+        self._dropped: list[Any] = []
+        # requests of confirmed exchanges: (when, requests), newest last
+        self._sent: deque[tuple[float, list[Outgoing]]] = deque()
+        self._sent_count = 0
+        self.exchanging = False
+        self._verify_masters = False
+        self._number = 0
         self._stats_sent_at = float("-inf")
         #: the number of the last exchange whose stats Redis confirmed
         self.confirmed_number = 0
 
+    # -- what is owed ------------------------------------------------------------------
+
+    def add(self, entry: Outgoing) -> int:
+        """A request to enqueue-if-new; returns how many are buffered."""
+        self._outgoing.append(entry)
+        return len(self._outgoing)
+
+    def requests(self) -> int:
+        """Requests buffered, not sent yet."""
+        return len(self._outgoing)
+
+    def drop_requests(self) -> int:
+        """Forget the buffered requests (the filter is full); returns how many."""
+        count = len(self._outgoing)
+        self._outgoing.clear()
+        return count
+
+    def ack(self, partition: int, ack: str) -> None:
+        """A lease of ``partition`` is done (:meth:`LeaseBook.finish`'s ack)."""
+        self._acks[partition].append(ack)
+
+    def drop_acks(self) -> int:
+        """Forget the acks not sent (Redis lost state: their leases expire); how many."""
+        count = sum(len(tokens) for tokens in self._acks.values())
+        self._acks.clear()
+        return count
+
+    def count(self, name: str, value: int = 1) -> None:
+        """Add to a shared stat (``<spider>:stats``), sent with the next exchange."""
+        self._counts[name] += value
+
+    def feedback_for(self, partition: int) -> Feedback:
+        """What this worker saw of the hosts of ``partition``, sent with the next exchange."""
+        return self._feedback.setdefault(partition, Feedback())
+
+    def has_feedback(self) -> bool:
+        return bool(self._feedback)
+
+    def dropped(self, request: Any) -> None:
+        """``request`` was dropped as already sent: kept until Redis answered from the
+        same server (given back by :meth:`take_dropped` if it lost the fingerprint)."""
+        self._dropped.append(request)
+
+    def take_dropped(self) -> list[Any]:
+        dropped, self._dropped = self._dropped, []
+        return dropped
+
+    def start_waiting(self, token: str) -> None:
+        """A start URL lease whose request is buffered: acked once that is sent."""
+        self._start_waiting.append(token)
+
+    def start_done(self, token: str) -> None:
+        """A start URL lease to ack now (its entry was bad, or its request not queued)."""
+        if token in self._start_waiting:
+            self._start_waiting.remove(token)
+        self._start_acks.append(token)
+
+    def take_start_acks(self) -> list[str]:
+        acks, self._start_acks = self._start_acks, []
+        return acks
+
+    def give_back_start_acks(self, acks: list[str]) -> None:
+        self._start_acks[:0] = acks
+
     def owes(self) -> bool:
         """Requests, acks or stats are waiting to be sent."""
-        return bool(self.outgoing or self.acks or self.counts or self.unconfirmed_stats
-                    or self.feedback)
-
-    def busy(self) -> bool:
-        """An exchange is under way or a retry is waiting out its back-off."""
-        return self.exchanging or self._retry_call is not None
+        return bool(self._outgoing or self._acks or self._counts or self._unconfirmed_stats
+                    or self._feedback)
 
     def ack_partition(self) -> int | None:
         """A partition with acks to send: a lease from it carries them in the same call."""
-        return next((p for p, tokens in self.acks.items() if tokens), None)
+        return next((p for p, tokens in self._acks.items() if tokens), None)
+
+    # -- sending -------------------------------------------------------------------------
 
     def send(self, lease_from: int | None = None, *, want: int = 1, check_idle: bool = False,
-             probe: list[int] | None = None, errors: list[Failure] | None = None) -> None:
-        """Start one exchange with all that is owed, unless one is under way.
-
-        ``errors``: the failure is appended there instead of being retried
-        (inline callers that must know).
-        """
-        frontier = self.frontier
-        if frontier is None or self.busy():
-            return
+             probe: list[int] | None = None) -> Deferred[Reply] | None:
+        """Start one exchange with all that is owed (None: nothing to do, or one is under
+        way). The Deferred fires on the reactor with the :class:`Reply`, or with the
+        failure once the batch went back in front of the buffers."""
+        if self.exchanging:
+            return None
         if not (self.owes() or lease_from is not None or check_idle):
-            return
-        stats, self.unconfirmed_stats = self.unconfirmed_stats, []
+            return None
+        stats, self._unconfirmed_stats = self._unconfirmed_stats, []
         now = time.monotonic()
         if self.stats_interval:
-            due = bool(self.counts) and (now - self._stats_sent_at >= self.stats_interval
-                                         or not self.io.threaded)
+            due = bool(self._counts) and (now - self._stats_sent_at >= self.stats_interval
+                                          or not self.io.threaded)
         else:
             # numbered even without counts: the number is how a restarted server
             # tells whether it kept this worker's writes
-            due = bool(self.counts or self.outgoing or self.acks)
+            due = bool(self._counts or self._outgoing or self._acks)
         if due:
             self._number += 1
-            stats.append((self._number, dict(self.counts)))
-            self.counts = defaultdict(int)
+            stats.append((self._number, dict(self._counts)))
+            self._counts = defaultdict(int)
             self._stats_sent_at = now
-        batch = Batch(self.outgoing, self.acks, stats, self.start_waiting, self.held,
-                      lease_from, want, check_idle, self.watch.epoch, probe or [], self.feedback)
-        self.outgoing, self.acks, self.feedback = [], defaultdict(list), {}
-        self.start_waiting, self.held = [], []
+        batch = Batch(self._outgoing, self._acks, stats, self._start_waiting, self._dropped,
+                      lease_from, want, check_idle, self.watch.epoch, probe or [],
+                      self._feedback)
+        self._outgoing, self._acks, self._feedback = [], defaultdict(list), {}
+        self._start_waiting, self._dropped = [], []
         self.exchanging = True
-        d = self.io.run(self._in_thread, frontier, batch)
-        d.addCallbacks(self._done, self._failed, callbackArgs=(batch,),
-                       errbackArgs=(batch, errors))
-        d.addErrback(log_unexpected, logger, self.log_extra)
-
-    def send_now(self) -> None:
-        """Send until nothing is owed, inline (the I/O thread is stopped or never ran).
-
-        Raises the Redis error; what was not sent stays owed.
-        """
-        assert not self.io.threaded, "the I/O thread is running"
-        for _ in range(3):  # an exchange can owe a little more (its duplicates count)
-            if not self.owes():
-                return
-            failure: list[Failure] = []
-            self.send(errors=failure)
-            if failure:
-                failure[0].raiseException()
+        d = self.io.run(self._in_thread, self.frontier, batch)
+        d.addCallbacks(self._done, self._failed, callbackArgs=(batch,), errbackArgs=(batch,))
+        return d
 
     def restate(self, applied: int) -> int:
         """Redis lost state: send again the counts it confirmed beyond number ``applied``.
@@ -196,9 +236,9 @@ class Outbox:
         ``applied`` is the number of this worker's last exchange the shared
         stats hold now; each number is still added once.
         """
-        again = [(number, counts) for _, number, counts in self.confirmed_stats
+        again = [(number, counts) for _, number, counts in self._confirmed_stats
                  if number > applied]
-        self.unconfirmed_stats[:0] = again  # lower numbers first, as the script needs
+        self._unconfirmed_stats[:0] = again  # lower numbers first, as the script needs
         return len(again)
 
     def replay(self) -> int:
@@ -207,10 +247,10 @@ class Outbox:
         Enqueue-if-new drops what Redis kept; returns how many go again (none
         unless :attr:`replay_s` kept them).
         """
-        again = [entry for _, outgoing in self.sent for entry in outgoing]
-        self.sent.clear()
+        again = [entry for _, outgoing in self._sent for entry in outgoing]
+        self._sent.clear()
         self._sent_count = 0
-        self.outgoing[:0] = again
+        self._outgoing[:0] = again
         return len(again)
 
     def settle(self) -> None:
@@ -222,13 +262,6 @@ class Outbox:
         (counts, acks, links) would never go.
         """
         self.exchanging = False
-
-    def cancel(self) -> None:
-        """Closing: no more retries."""
-        self.closing = True
-        if self._retry_call is not None:
-            self._retry_call.cancel()
-            self._retry_call = None
 
     def _in_thread(self, frontier: Frontier, batch: Batch) -> Reply:
         """The Redis side of an exchange (on the I/O thread: touches no buffer)."""
@@ -245,7 +278,7 @@ class Outbox:
         done = frontier.exchange(batch.outgoing, batch.acks, batch.stats,
                                  lease_from=batch.lease_from, want=batch.want,
                                  feedback=batch.feedback)
-        reply = Reply(done, list(done.leases))
+        reply = Reply(batch, done, list(done.leases))
         if batch.lease_from is not None:
             if len(done.leases) < batch.want:
                 reply.ready_in[batch.lease_from] = done.ready_in
@@ -264,12 +297,11 @@ class Outbox:
             reply.frontier_size = frontier.size(with_leases=True)
         return reply
 
-    def _done(self, reply: Reply, batch: Batch) -> None:
+    def _done(self, reply: Reply, batch: Batch) -> Reply:
         self.exchanging = False
-        self.errors.ok()
-        self.start_acks += batch.start_tokens
+        self._start_acks += batch.start_tokens
         now = time.monotonic()
-        history = self.confirmed_stats
+        history = self._confirmed_stats
         history.extend((now, number, counts) for number, counts in batch.stats)
         if batch.stats:
             self.confirmed_number = max(self.confirmed_number, batch.stats[-1][0])
@@ -277,44 +309,23 @@ class Outbox:
                            or history[0][0] < now - STATS_HISTORY_S):
             history.popleft()
         if batch.outgoing and self.replay_s:
-            self.sent.append((now, batch.outgoing))
+            self._sent.append((now, batch.outgoing))
             self._sent_count += len(batch.outgoing)
-        while self.sent and (self._sent_count > REPLAY_MAX
-                             or self.sent[0][0] < now - self.replay_s):
-            self._sent_count -= len(self.sent.popleft()[1])
-        self.on_reply(reply, batch)
+        while self._sent and (self._sent_count > REPLAY_MAX
+                              or self._sent[0][0] < now - self.replay_s):
+            self._sent_count -= len(self._sent.popleft()[1])
+        return reply
 
-    def _failed(self, failure: Failure, batch: Batch, errors: list[Failure] | None) -> None:
+    def _failed(self, failure: Failure, batch: Batch) -> Failure:
         self.exchanging = False
         # nothing of the batch is lost: it goes back in front of what came since
-        self.outgoing[:0] = batch.outgoing
+        self._outgoing[:0] = batch.outgoing
         for p, tokens in batch.acks.items():
-            self.acks[p][:0] = tokens
-        self.unconfirmed_stats[:0] = batch.stats
-        self.start_waiting[:0] = batch.start_tokens
-        self.held[:0] = batch.held
-        if errors is not None:
-            errors.append(failure)
-            return
-        if isinstance(failure.value, FilterFullError):
-            self.on_full(failure.value)
-            return
-        if isinstance(failure.value, ServerChangedError):
-            # nothing of the batch was sent: send it again at once, through on_retry,
-            # which first decides what no longer holds on the new server
-            if self.closing:
-                return
-            if self.io.threaded:
-                self._retry_call = call_later(0, self._retry)
-            else:
-                self.on_retry()
-            return
-        self.stats.inc_value("bloomcrawl/redis_errors")
-        self._verify_masters = self.watch.cluster
-        delay = self.errors.failed(failure.value or RuntimeError(failure))
-        if not self.closing and self.io.threaded:
-            self._retry_call = call_later(delay, self._retry)
-
-    def _retry(self) -> None:
-        self._retry_call = None
-        self.on_retry()
+            self._acks[p][:0] = tokens
+        self._unconfirmed_stats[:0] = batch.stats
+        self._start_waiting[:0] = batch.start_tokens
+        self._dropped[:0] = batch.dropped
+        if not isinstance(failure.value, FilterFullError | ServerChangedError):
+            # after a failure on a cluster, the masters are asked first (see _in_thread)
+            self._verify_masters = self.watch.cluster
+        return failure

@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
-from bloomcrawl.crawl.lease import HOLD_META_KEY, LEASE_META_KEY, PARENT_META_KEY, request_finished
+from bloomcrawl.crawl.lease import (
+    HOLD_META_KEY,
+    LEASE_META_KEY,
+    PARENT_META_KEY,
+    Outcome,
+    request_finished,
+)
 from bloomcrawl.crawl.redis_io import call_later
 
 if TYPE_CHECKING:
@@ -45,7 +51,7 @@ class Page:
     number: int
     in_hand: int = 0
     ended: bool = False
-    outcome: str = "response"
+    outcome: Outcome = Outcome.RESPONSE
     #: the response objects whose item signals count for this page
     responses: list[int] = field(default_factory=list)
 
@@ -104,10 +110,10 @@ class PageTracker:
     def child_item(self, page: Page) -> None:
         page.in_hand += 1
 
-    def ended(self, page: Page, outcome: str) -> None:
+    def ended(self, page: Page, outcome: Outcome) -> None:
         """The callback's output ended (or it raised: ``spider_error``)."""
         page.ended = True
-        if outcome != "response":
+        if outcome != Outcome.RESPONSE:
             page.outcome = outcome
         self._maybe_done(page)
 
@@ -162,7 +168,7 @@ class PageTracker:
             self._by_response.pop(key, None)
         self.finish(page.request, page.outcome)
 
-    def finish(self, request: Request, outcome: str) -> None:
+    def finish(self, request: Request, outcome: Outcome) -> None:
         """The outcome of ``request`` is final: ack its lease, release its parent."""
         if tracked(request):
             self.crawler.signals.send_catch_log(request_finished, request=request,

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.log import failure_to_exc_info
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
+
+if TYPE_CHECKING:
+    from scrapy.statscollectors import StatsCollector
+
+    from bloomcrawl.core.connection import RedisErrorPolicy
 
 try:
     from scrapy.utils.asyncio import call_later, create_looping_call
@@ -30,7 +35,7 @@ except ImportError:  # Scrapy < 2.14
 
         return reactor.callLater(delay, func, *args)  # type: ignore[arg-type]
 
-__all__ = ["RedisIO", "call_later", "create_looping_call", "log_unexpected"]
+__all__ = ["RedisIO", "call_later", "create_looping_call", "log_unexpected", "redis_failed"]
 
 
 class RedisIO:
@@ -66,3 +71,12 @@ def log_unexpected(failure: Failure, logger: logging.Logger,
     """Errback ending every chain: a bug in a callback is logged, never left to the GC."""
     logger.error("bloomcrawl error: %s", failure.getErrorMessage(),
                  exc_info=failure_to_exc_info(failure), extra=extra)
+
+
+def redis_failed(failure: Failure, stats: StatsCollector, errors: RedisErrorPolicy) -> float:
+    """A Redis call failed: counted, and logged once per kind by the one error policy.
+
+    Returns the back-off before the next try.
+    """
+    stats.inc_value("bloomcrawl/redis_errors")
+    return errors.failed(failure.value or RuntimeError(failure))

@@ -1,0 +1,388 @@
+"""The exchange loop: one exchange with Redis at a time, and what to do with its reply.
+
+An exchange (:meth:`Outbox.send`) sends all that the worker owes Redis and,
+when the engine wants work, leases requests in the same round trip. The
+loop decides when one starts (the engine is starved, acks piled up, a
+partition's host is ready, a poll, a retry after a failure) and which
+partitions it leases from, and acts on its :class:`Reply`: leased requests
+go to the :class:`LeaseBook` and the engine, the seen cache and the
+partitions' readiness are updated, the next exchange is started or timed.
+
+Nothing here blocks the reactor: the exchange itself runs on the I/O thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from bloomcrawl.core.bloom import partition_of
+from bloomcrawl.core.connection import ServerChangedError
+from bloomcrawl.core.errors import FilterFullError
+from bloomcrawl.crawl.idle import IDLE_RECHECK_S
+from bloomcrawl.crawl.lease import LOCAL_META_KEY
+from bloomcrawl.crawl.redis_io import call_later, log_unexpected, redis_failed
+from bloomcrawl.crawl.serialization import request_from_json
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy import Request, Spider
+    from scrapy.statscollectors import StatsCollector
+    from twisted.python.failure import Failure
+
+    from bloomcrawl.core.connection import RedisErrorPolicy
+    from bloomcrawl.core.frontier import Frontier, Lease
+    from bloomcrawl.crawl.engine import EngineInterface
+    from bloomcrawl.crawl.idle import IdleCloser
+    from bloomcrawl.crawl.lease import LeaseRef
+    from bloomcrawl.crawl.lease_book import LeaseBook
+    from bloomcrawl.crawl.outbox import Outbox, Reply
+    from bloomcrawl.crawl.readiness import PartitionReadiness
+    from bloomcrawl.crawl.recovery import Recovery
+    from bloomcrawl.crawl.seeds import StartUrls
+    from bloomcrawl.crawl.seen import SeenCache
+    from bloomcrawl.crawl.serialization import ClassAllowList
+
+logger = logging.getLogger(__name__)
+
+#: requests buffered that start an exchange by themselves
+MAX_BATCH = 500
+#: requests leased in one exchange at the most
+MAX_LEASE = 32
+MAX_POLL_DELAY = 1.0
+FIRST_POLL_DELAY = 0.05
+#: acks wait at most this long for an exchange to ride with
+ACK_DELAY = 0.05
+
+
+class ExchangeLoop:
+    """Starts exchanges and acts on their replies; owns the :class:`Outbox`."""
+
+    def __init__(self, *, outbox: Outbox, frontier: Frontier, book: LeaseBook,
+                 readiness: PartitionReadiness, seen: SeenCache, recovery: Recovery,
+                 start_urls: StartUrls, idle: IdleCloser, engine: EngineInterface,
+                 spider: Spider, allowed: ClassAllowList | None, stats: StatsCollector,
+                 errors: RedisErrorPolicy, requeue: Callable[[Request], bool],
+                 concurrency: int, prefetch: int) -> None:
+        self.outbox = outbox
+        self.io = outbox.io
+        self.frontier = frontier
+        self.book = book
+        self.readiness = readiness
+        self.seen = seen
+        self.recovery = recovery
+        self.idle = idle
+        self.engine = engine
+        self.spider = spider
+        self.allowed = allowed
+        self.stats = stats
+        self.errors = errors
+        #: enqueue_request: requests Redis may have lost go through it again
+        self.requeue = requeue
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.log_extra = {"spider": spider}
+        #: the engine asked for a request and got none: the next lease must wake it
+        self.starved = False
+        #: requests, leases and start URLs anywhere in the cluster, as last seen (None: unknown)
+        self.frontier_size: int | None = None
+        self.started = False
+        self.closing = False
+        self.poller = Poller(self, start_urls)
+        self._ack_call: Any = None
+        self._wake_call: Any = None
+        self._wake_at = 0.0
+        self._retry_call: Any = None
+
+    # -- starting and stopping -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Poll for start URLs and work from now on (the I/O thread runs)."""
+        self.started = True
+        self.poller.start()
+
+    def stop(self) -> None:
+        """No more timers or retries: the scheduler is closing."""
+        self.closing = True
+        self.poller.stop()
+        for call in (self._ack_call, self._wake_call, self._retry_call):
+            if call is not None:
+                call.cancel()
+        self._ack_call = self._wake_call = self._retry_call = None
+
+    def busy_here(self) -> bool:
+        """Leased requests wait for the engine, or Redis is owed something or answering."""
+        return bool(self.book.ready() or self.outbox.owes() or self.outbox.exchanging)
+
+    # -- what the scheduler and its parts ask for ----------------------------------------
+
+    def ack(self, ref: LeaseRef | tuple[int, str]) -> None:
+        """The request of lease ``ref`` is done: its ack goes with the next exchange."""
+        ack = self.book.finish(ref)
+        if ack is not None:
+            self.outbox.ack(int(ref[0]), ack)
+
+    def flush_soon(self, delay: float = ACK_DELAY) -> None:
+        """Send what is owed within ``delay`` s (with the next lease, if one comes first)."""
+        if self._ack_call is None and self.started:
+            self._ack_call = call_later(delay, self._flush)
+
+    def _flush(self) -> None:
+        self._ack_call = None
+        self.exchange(lease=self.starved)
+
+    def exchange(self, *, lease: bool = True, check_idle: bool = False) -> None:
+        """Start an exchange of all that is owed, leasing when this worker wants work.
+
+        Nothing starts while one is under way (its reply starts the next) or
+        while a retry waits out its back-off (it will).
+        """
+        if self.outbox.exchanging or self._retry_call is not None:
+            return
+        if self.recovery.needed():
+            # the stats Redis lost go first, in order, before any newer number
+            d = self.recovery.restate()
+            if d is not None:
+                d.addCallbacks(self._recovered, self.redis_failed)
+                d.addErrback(log_unexpected, logger, self.log_extra)
+            return
+        lease_from = None
+        probe: list[int] = []
+        ready = self.readiness.ready_now()
+        if lease and not self.book.ready() and ready:
+            order = self.readiness.lease_order(ready, first=self.outbox.ack_partition())
+            lease_from, probe = order[0], order[1:]
+        elif lease and not self.book.ready():
+            self._wake_when_ready()  # no host is ready yet: ask when the first one is
+        self._send(lease_from, want=self._demand(), check_idle=check_idle, probe=probe)
+
+    def send_now(self) -> None:
+        """Send until nothing is owed, inline (the I/O thread is stopped or never ran).
+
+        Raises the Redis error; what was not sent stays owed.
+        """
+        assert not self.io.threaded, "the I/O thread is running"
+        for _ in range(3):  # an exchange can owe a little more (its duplicates count)
+            if not self.outbox.owes():
+                return
+            failures: list[Failure] = []
+            self._send(None, want=1, check_idle=False, probe=[], failures=failures)
+            if failures:
+                failures[0].raiseException()
+
+    def _send(self, lease_from: int | None, *, want: int, check_idle: bool, probe: list[int],
+              failures: list[Failure] | None = None) -> None:
+        d = self.outbox.send(lease_from, want=want, check_idle=check_idle, probe=probe)
+        if d is None:
+            return
+        d.addCallbacks(self._exchanged, self._failed if failures is None else failures.append)
+        d.addErrback(log_unexpected, logger, self.log_extra)
+
+    def _demand(self) -> int:
+        """How many requests to lease: SCHEDULER_PREFETCH, or the engine's free slots.
+
+        The engine asks for one request at a time and waits for the lease to
+        reach it; leasing only one per exchange would leave download slots
+        idle for a round trip each.
+        """
+        if not self.io.threaded:
+            return self.prefetch
+        active = self.engine.active_downloads()
+        if active is None:  # no engine (yet)
+            return self.prefetch
+        free = self.concurrency - active
+        return max(self.prefetch, min(free - self.book.ready(), MAX_LEASE))
+
+    # -- replies ---------------------------------------------------------------------------
+
+    def _exchanged(self, reply: Reply) -> None:
+        self.errors.ok()
+        batch, done = reply.batch, reply.done
+        if self.seen.follow(self.frontier.filter_generation):
+            logger.warning("the Bloom filter %s was deleted; it was created again",
+                           self.frontier.keys.filter, extra=self.log_extra)
+        self.seen.remember((e.fingerprint for e in batch.outgoing if not e.dont_filter),
+                           sent=len(batch.outgoing))
+        if done.filtered:
+            self.stats.inc_value("dupefilter/filtered", done.filtered)
+            self.stats.inc_value("bloomfilter/filtered", done.filtered)
+            self.outbox.count("filtered", done.filtered)
+        if reply.frontier_size is not None:
+            self.frontier_size = reply.frontier_size
+            if reply.frontier_size == 0 and self.starved:
+                self.idle.recheck_in(IDLE_RECHECK_S)
+        got = self._take(reply.leases)
+        if batch.lease_from is not None:
+            # a partition that gave all it was asked for may have more; one that gave
+            # less is ready when its soonest host is
+            for p, wait in reply.ready_in.items():
+                self.readiness.ready_in(p, wait)
+        if done.queued:
+            partitions = self.frontier.partitions
+            self.readiness.may_have_work({partition_of(e.fingerprint, partitions)
+                                          for e in batch.outgoing})
+        # acks free their hosts' slots
+        self.readiness.may_have_work(p for p, tokens in batch.acks.items() if tokens)
+        if got:
+            self.frontier_size = None
+            self.poller.found()
+            self._wake_engine()
+        # a starved engine gets its next lease now (with what piled up meanwhile: acks,
+        # new links); else what piled up rides with the next lease, or the ack timer's
+        # exchange. After an empty lease, looking for work again is the poller's job.
+        if not self.closing and (
+                (self.starved and self.readiness.ready_now() and not self.book.ready())
+                or self.outbox.requests() >= MAX_BATCH):
+            self.exchange()
+        elif not self.closing and self.outbox.has_feedback():
+            # what holds a host back (a late request, a 429) goes now, not with the next lease
+            self.exchange(lease=self.starved)
+        elif not self.book.ready():
+            self._wake_when_ready()
+
+    def _take(self, leases: list[Lease]) -> int:
+        """Turn leases into requests in the lease book; returns how many."""
+        got = 0
+        for lease in leases:
+            try:
+                request = request_from_json(lease.payload, self.spider, self.allowed)
+            except Exception as exc:  # a corrupt or hostile entry must not stop the crawl
+                logger.error("dropping an unreadable queue entry %r: %s", lease.payload[:200],
+                             exc, extra=self.log_extra)
+                self.stats.inc_value("bloomcrawl/unreadable_requests")
+                self.outbox.count("errors")
+                self.book.take(lease, None)
+                self.ack((lease.partition, lease.token))
+                continue
+            self.book.take(lease, request)
+            got += 1
+        return got
+
+    def _wake_engine(self) -> None:
+        """Hand one leased request to the engine through its public crawl()."""
+        if not self.io.threaded or not self.book.ready() or not self.starved:
+            return
+        if not self.engine.available():
+            return
+        request = self.book.pop_ready()
+        request.meta[LOCAL_META_KEY] = True
+        self.engine.crawl(request)
+
+    def _failed(self, failure: Failure) -> None:
+        """The exchange failed; its batch is back in the buffers."""
+        if isinstance(failure.value, FilterFullError):
+            self._filter_full(failure.value)
+            return
+        if isinstance(failure.value, ServerChangedError):
+            # nothing of the batch was sent: send it again at once; the retry first
+            # decides what no longer holds on the new server (Recovery)
+            if self.closing:
+                return
+            if self.io.threaded:
+                self._retry_call = call_later(0, self._retry)
+            else:
+                self._retry()
+            return
+        delay = redis_failed(failure, self.stats, self.errors)
+        if not self.closing and self.io.threaded:
+            self._retry_call = call_later(delay, self._retry)
+
+    def _retry(self) -> None:
+        self._retry_call = None
+        self.exchange(lease=self.starved)
+
+    def redis_failed(self, failure: Failure) -> None:
+        redis_failed(failure, self.stats, self.errors)
+
+    def _recovered(self, dropped: list[Request]) -> None:
+        for request in dropped:
+            self.requeue(request)
+        self.exchange(lease=self.starved)
+
+    def _filter_full(self, exc: FilterFullError) -> None:
+        """The filter refuses new items: stop the crawl, loudly, rather than drop URLs."""
+        self.stats.inc_value("bloomcrawl/filter_full")
+        logger.error("%s; stopping the crawl (%d new requests of this worker were not"
+                     " queued)", exc, self.outbox.drop_requests(), extra=self.log_extra)
+        if not self.closing:
+            self.engine.close_spider("bloomfilter_full")
+
+    # -- timers: polling and waking ----------------------------------------------------------
+
+    def _wake_when_ready(self) -> None:
+        """Starved and no partition ready now: lease when the soonest host is ready."""
+        if self.closing or not self.starved or not self.io.threaded:
+            return
+        soonest = self.readiness.soonest()
+        if soonest == float("inf"):
+            return
+        if self._wake_call is not None:
+            if self._wake_at <= soonest + 0.001:
+                return
+            self._wake_call.cancel()
+        self._wake_at = soonest
+        self._wake_call = call_later(max(0.0, soonest - time.monotonic()), self._wake)
+
+    def _wake(self) -> None:
+        self._wake_call = None
+        self.exchange(lease=self.starved)
+
+
+class Poller:
+    """Reads start URLs and, when the engine is starved, looks for work.
+
+    Other workers' new requests and acks are not seen by this worker: it
+    asks every 50 ms while it finds something, backing off to
+    MAX_POLL_DELAY while it does not.
+    """
+
+    def __init__(self, loop: ExchangeLoop, start_urls: StartUrls) -> None:
+        self.loop = loop
+        self.start_urls = start_urls
+        self._delay = FIRST_POLL_DELAY
+        self._call: Any = None
+        self._stopped = False
+
+    def start(self) -> None:
+        self._schedule(0)
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    def found(self) -> None:
+        """Work was found: poll often again."""
+        self._delay = FIRST_POLL_DELAY
+
+    def look_soon(self) -> None:
+        """Others are crawling and may queue more: poll now, and often for a while."""
+        if self._delay > 0.2:
+            self._delay = FIRST_POLL_DELAY
+            if self._call is not None:
+                self._call.cancel()
+            self._schedule(0)
+
+    def _schedule(self, delay: float) -> None:
+        if not self._stopped:
+            self._call = call_later(delay, self._poll)
+
+    def _poll(self) -> None:
+        self._call = None
+        loop = self.loop
+        loop.readiness.may_have_work(loop.readiness.waiting_for_others())
+        d = self.start_urls.read()
+        d.addCallbacks(self._read, loop.redis_failed)
+        d.addErrback(log_unexpected, logger, loop.log_extra)
+        loop.exchange(lease=loop.starved, check_idle=loop.starved)
+        self._schedule(self._delay)
+        self._delay = min(MAX_POLL_DELAY, self._delay * 2)
+
+    def _read(self, entries: int) -> None:
+        if entries:
+            self.loop.errors.ok()
+            self._delay = FIRST_POLL_DELAY
+            self.loop.exchange(lease=self.loop.starved)

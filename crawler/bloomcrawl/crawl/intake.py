@@ -1,0 +1,155 @@
+"""What happens to a request the engine gives the scheduler.
+
+:meth:`Intake.enqueue` fingerprints it (Scrapy's request fingerprinter; a
+``dont_filter`` start request under the crawl's id), drops it when this
+worker already sent that fingerprint through the filter
+(:class:`~bloomcrawl.crawl.seen.SeenCache`), and otherwise serializes it
+into the outbox, to be enqueued-if-new with the next exchange. A request
+the frontier cannot share stays with this worker
+(:class:`~bloomcrawl.crawl.held.HeldRequests`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from bloomcrawl.core.bloom import normalise_fingerprint
+from bloomcrawl.core.frontier import Outgoing
+from bloomcrawl.core.politeness import filter_fingerprint, host_of
+from bloomcrawl.crawl.exchanges import MAX_BATCH
+from bloomcrawl.crawl.lease import HOLD_META_KEY, LEASE_META_KEY, LOCAL_META_KEY, LeaseRef
+from bloomcrawl.crawl.serialization import UnserializableRequest, priority_score, request_to_json
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.statscollectors import StatsCollector
+
+    from bloomcrawl.crawl.engine import EngineInterface
+    from bloomcrawl.crawl.exchanges import ExchangeLoop
+    from bloomcrawl.crawl.held import HeldRequests
+    from bloomcrawl.crawl.lease_book import LeaseBook
+    from bloomcrawl.crawl.pages import PageTracker
+    from bloomcrawl.crawl.seen import SeenCache
+    from bloomcrawl.crawl.serialization import ClassAllowList
+
+logger = logging.getLogger(__name__)
+
+
+class Intake:
+    def __init__(self, *, loop: ExchangeLoop, book: LeaseBook, seen: SeenCache,
+                 held: HeldRequests, pages: PageTracker, engine: EngineInterface,
+                 stats: StatsCollector, fingerprinter: Any, spider: Spider,
+                 allowed: ClassAllowList | None, partition_by: str, crawl_id: bytes,
+                 strict: bool) -> None:
+        self.loop = loop
+        self.outbox = loop.outbox
+        self.book = book
+        self.seen = seen
+        self.held = held
+        self.pages = pages
+        self.engine = engine
+        self.stats = stats
+        self.fingerprinter = fingerprinter
+        self.spider = spider
+        self.allowed = allowed
+        self.partition_by = partition_by
+        #: dont_filter start requests are deduplicated among the workers of this crawl
+        self.crawl_id = crawl_id
+        #: FRONTIER_STRICT: a request the frontier cannot share closes the spider
+        self.strict = strict
+
+    def enqueue(self, request: Request) -> bool:
+        """Queue a request in the shared frontier (buffered, sent with the next exchange).
+
+        Returns False when it was not queued (a duplicate this worker already
+        sent). Duplicates found by
+        the filter in Redis are counted in ``dupefilter/filtered`` when the
+        exchange returns. A request the frontier cannot share stays with this
+        worker (:meth:`_keep`). A ``dont_filter`` start request goes through
+        the filter under the crawl's id: each start URL once per crawl,
+        whichever workers start it.
+        """
+        meta = request.meta
+        if meta.pop(LOCAL_META_KEY, False):
+            # a leased request handed to the engine by the loop comes back here
+            self.book.put_back(LeaseRef(*meta[LEASE_META_KEY]), request)
+            return True
+        lease = meta.pop(LEASE_META_KEY, None)
+        outbox = self.outbox
+        host = host_of(request.url)
+        fp = normalise_fingerprint(self.fingerprinter.fingerprint(request))
+        dont_filter = request.dont_filter
+        if dont_filter and meta.get("is_start_request") and self.crawl_id:
+            fp = hashlib.sha1(b"start:" + self.crawl_id + fp).digest()
+            dont_filter = False
+        fp = filter_fingerprint(fp, host, self.partition_by)
+        if not dont_filter and fp in self.seen:
+            outbox.dropped(request)  # until Redis answered from the same server
+            outbox.count("filtered")
+            self.stats.inc_value("dupefilter/filtered")
+            self.stats.inc_value("bloomcrawl/filtered_locally")
+            if lease is not None:
+                self.loop.ack(lease)
+            return False
+        try:
+            payload = request_to_json(request, self.spider, self.allowed)
+        except UnserializableRequest as exc:
+            return self._keep(request, lease, fp, dont_filter, exc)
+        buffered = outbox.add(Outgoing(fp, dont_filter, priority_score(request), payload, host))
+        if lease is not None:
+            # a retry or redirect of a leased request: ack the original once this is queued
+            self.loop.ack(lease)
+        if HOLD_META_KEY in meta:
+            # a retry of a held request that can be shared now: queued, it holds no page
+            self.pages.release(request)
+        self.stats.inc_value("scheduler/enqueued")
+        self.stats.inc_value("scheduler/enqueued/redis")
+        if buffered >= MAX_BATCH:
+            self.loop.exchange()
+        return True
+
+    def _keep(self, request: Request, lease: Any, fp: bytes, dont_filter: bool,
+              exc: UnserializableRequest) -> bool:
+        """A request the frontier cannot share: this worker crawls it itself.
+
+        Nothing is dropped for how it is stored. The page that yielded it
+        keeps its lease until it is done (:meth:`PageTracker.hold`): a worker
+        killed before leaves that page to be crawled again, which makes the
+        request again. It is filtered against what this worker kept, not the
+        shared filter. With FRONTIER_STRICT the spider closes instead.
+        """
+        outbox = self.outbox
+        extra = {"spider": self.spider}
+        if self.strict:
+            logger.error("%s; closing the spider (FRONTIER_STRICT)", exc, extra=extra)
+            self.stats.inc_value("bloomcrawl/unserializable")
+            outbox.count("unserializable")
+            if lease is not None:
+                request.meta[LEASE_META_KEY] = lease  # not acked: it goes back to the queue
+            if not self.loop.closing:
+                self.engine.close_spider("unshareable_request")
+            return False
+        if self.held.first_of_kind(exc.kind):
+            logger.warning("%s: this worker crawls it itself (not shared with other workers,"
+                           " filtered only against what this worker kept); further requests"
+                           " like it are counted in bloomcrawl/local_requests. Make it"
+                           " shareable (FRONTIER_SAFE_CLASSES, a spider method as callback),"
+                           " or set FRONTIER_STRICT to refuse it", exc, extra=extra)
+        if not dont_filter and self.held.seen_before(fp):
+            self.stats.inc_value("dupefilter/filtered")
+            if lease is not None:
+                self.loop.ack(lease)
+            return False
+        if lease is not None:
+            # a retry or redirect of a leased request: it carries the lease until done
+            request.meta[LEASE_META_KEY] = lease
+        else:
+            self.pages.hold(request)
+        self.held.push(request)
+        self.stats.inc_value("bloomcrawl/local_requests")
+        outbox.count("local")
+        self.stats.inc_value("scheduler/enqueued")
+        self.stats.inc_value("scheduler/enqueued/memory")
+        return True

@@ -1,0 +1,189 @@
+"""The leases one worker holds, and the timers that keep them (renewal) and others' (reaping).
+
+:class:`LeaseBook` is the one record of a worker's leases: taken from an
+exchange's reply, handed to the engine, acked when the request's outcome is
+final, given up when Redis says they expired or lost them. It knows nothing
+of Redis; :class:`LeaseUpkeep` renews the book's leases and reaps every
+worker's expired ones on the I/O thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from bloomcrawl.core.connection import server_infos
+from bloomcrawl.crawl.lease import LEASE_META_KEY, LeaseRef
+from bloomcrawl.crawl.redis_io import create_looping_call, log_unexpected, redis_failed
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.statscollectors import StatsCollector
+    from twisted.python.failure import Failure
+
+    from bloomcrawl.core.connection import RedisErrorPolicy, ServerWatch
+    from bloomcrawl.core.frontier import Frontier, Lease
+    from bloomcrawl.crawl.readiness import PartitionReadiness
+    from bloomcrawl.crawl.redis_io import RedisIO
+
+logger = logging.getLogger(__name__)
+
+
+class LeaseBook:
+    """Every lease this worker holds, from its lease to its ack."""
+
+    def __init__(self) -> None:
+        # token -> partition: every lease held (renewed, acked or released)
+        self._held: dict[str, int] = {}
+        # token -> time.monotonic() the lease was asked for: leases not sent out yet
+        self._leased_at: dict[str, float] = {}
+        # token -> when its response came (sent with the ack)
+        self._responded_at: dict[str, float] = {}
+        # leased requests not handed to the engine yet
+        self._ready: deque[tuple[LeaseRef, Request]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def take(self, lease: Lease, request: Request | None) -> None:
+        """A lease came; ``request`` is made of it (None: its entry was unreadable)."""
+        self._held[lease.token] = lease.partition
+        self._leased_at[lease.token] = lease.at
+        if request is not None:
+            self._ready.append((LeaseRef(lease.partition, lease.token), request))
+
+    def ready(self) -> int:
+        """Leased requests waiting to be handed to the engine."""
+        return len(self._ready)
+
+    def pop_ready(self) -> Request:
+        """The next leased request, carrying its lease in meta."""
+        ref, request = self._ready.popleft()
+        request.meta[LEASE_META_KEY] = ref
+        return request
+
+    def put_back(self, ref: LeaseRef, request: Request) -> None:
+        """A leased request handed to the engine came back to the scheduler: it goes next."""
+        self._ready.append((ref, request))
+
+    def finish(self, ref: LeaseRef | tuple[int, str]) -> str | None:
+        """The lease's request is done: the ack to send (None: the lease is not ours).
+
+        The ack carries when the response came: the host's next lease counts
+        from no earlier.
+        """
+        token = ref[1]
+        self._leased_at.pop(token, None)
+        responded = self._responded_at.pop(token, None)
+        if self._held.pop(token, None) is None:
+            return None
+        return token if responded is None else "%s|%r" % (token, responded)
+
+    def leased_at(self, token: str) -> float | None:
+        """When the lease was asked for, while its request has not been reported sent."""
+        return self._leased_at.get(token)
+
+    def went_out(self, token: str, when: float) -> None:
+        """The lease's request was reported sent at ``when``."""
+        self._leased_at[token] = when
+
+    def responded(self, token: str, when: float) -> None:
+        self._responded_at[token] = when
+
+    def held(self) -> dict[str, int]:
+        """token -> partition of every lease held (a copy, for the I/O thread)."""
+        return dict(self._held)
+
+    def lost(self, tokens: list[str]) -> None:
+        """Redis no longer holds these leases for us: never renewed or acked again."""
+        for token in tokens:
+            self._held.pop(token, None)
+            self._leased_at.pop(token, None)
+            self._responded_at.pop(token, None)
+
+    def forget(self) -> int:
+        """Give up every lease (Redis lost state): they expire; returns how many."""
+        count = len(self._held)
+        self._held.clear()
+        self._leased_at.clear()
+        self._responded_at.clear()
+        return count
+
+    def clear(self) -> None:
+        """Closing: the leases went back to the queue, the ready requests with them."""
+        self.forget()
+        self._ready.clear()
+
+
+class LeaseUpkeep:
+    """Renews this worker's leases every lease/3 s; reaps expired leases of every worker."""
+
+    def __init__(self, io: RedisIO, frontier: Frontier, book: LeaseBook,
+                 readiness: PartitionReadiness, watch: ServerWatch, stats: StatsCollector,
+                 errors: RedisErrorPolicy, *, lease_timeout: float, reap_interval: float,
+                 log_extra: dict[str, Any]) -> None:
+        self.io = io
+        self.frontier = frontier
+        self.book = book
+        self.readiness = readiness
+        self.watch = watch
+        self.stats = stats
+        self.errors = errors
+        self.lease_timeout = lease_timeout
+        self.reap_interval = reap_interval
+        self.log_extra = log_extra
+        self._loops: list[Any] = []
+
+    def start(self) -> None:
+        for func, interval in ((self.renew, self.lease_timeout / 3),
+                               (self.reap, self.reap_interval)):
+            loop = create_looping_call(func)
+            loop.start(interval, now=False)
+            self._loops.append(loop)
+
+    @property
+    def running(self) -> bool:
+        return bool(self._loops)
+
+    def stop(self) -> None:
+        for loop in self._loops:
+            if loop.running:
+                loop.stop()
+
+    def renew(self) -> None:
+        """Extend the deadlines of every lease this worker still holds."""
+        if len(self.book):
+            d = self.io.run(self.frontier.renew, self.book.held())
+            d.addCallbacks(self._renewed, self.failed)
+            d.addErrback(log_unexpected, logger, self.log_extra)
+
+    def _renewed(self, lost: list[str]) -> None:
+        self.errors.ok()
+        self.book.lost(lost)  # counted once: a lost lease is no longer ours to renew or ack
+        if lost:
+            self.stats.inc_value("bloomcrawl/leases_lost", len(lost))
+            logger.warning("%d leases expired before renewal; their requests may be crawled"
+                           " twice (raise SCHEDULER_LEASE_TIMEOUT?)", len(lost),
+                           extra=self.log_extra)
+
+    def reap(self) -> None:
+        """Put expired leases (any worker's) back into the queue."""
+        d = self.io.run(self._reap)
+        d.addCallbacks(self.count_requeued, self.failed)
+        d.addErrback(log_unexpected, logger, self.log_extra)
+
+    def _reap(self) -> int:
+        if self.watch.cluster:
+            # a replica promoted over a connection opened before: see ServerWatch
+            self.watch.check_masters(server_infos(self.frontier.server))
+        return self.frontier.reap()
+
+    def count_requeued(self, requeued: int) -> None:
+        if requeued:
+            self.stats.inc_value("bloomcrawl/requeued", requeued)
+            self.readiness.may_have_work()
+            logger.info("requeued %d expired leases", requeued, extra=self.log_extra)
+
+    def failed(self, failure: Failure) -> None:
+        redis_failed(failure, self.stats, self.errors)
