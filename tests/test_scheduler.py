@@ -85,7 +85,7 @@ def test_enqueue_if_new_filters_duplicates_but_not_dont_filter(scheduler: Schedu
     urls = sorted(r.url for r in drain(scheduler))
     assert urls == ["http://a.test/1", "http://a.test/2", "http://a.test/2"]
     assert scheduler.stats.get_value("dupefilter/filtered") == 3
-    assert scheduler.bloom is not None and scheduler.bloom.info().filtered == 3
+    assert scheduler.bloom.info().filtered == 3
 
 
 def test_priority_order_and_callbacks_survive_the_queue(scheduler: Scheduler) -> None:
@@ -138,7 +138,6 @@ def test_leased_request_stays_in_redis_until_acked(scheduler: Scheduler, redis_c
     scheduler.send_pending()
     request = drain(scheduler)[0]
     f = scheduler.frontier.keys
-    assert f is not None
     held = sum(redis_client.zcard(f.deadlines(p)) for p in range(f.partitions))
     assert (held, scheduler.frontier.size()) == (1, 0)
     finish(scheduler, request)
@@ -211,7 +210,7 @@ def test_a_request_the_queue_cannot_hold_is_named_by_its_key_and_kept(
         scheduler: Scheduler) -> None:
     assert scheduler.enqueue_request(Request("http://a.test/x", meta={"sock": object()})) is True
     assert scheduler.stats.get_value("bloomcrawl/local_requests") == 1
-    assert scheduler.frontier is not None and scheduler.frontier.size(with_leases=True) == 0
+    assert scheduler.frontier.size(with_leases=True) == 0
     with pytest.raises(UnserializableRequest, match=r"meta\['sock'\]"):
         request_to_json(Request("http://a.test/x", meta={"sock": object()}), scheduler.spider)
     with pytest.raises(UnserializableRequest, match=r"cb_kwargs\['n'\]\['f'\]"):
@@ -325,7 +324,6 @@ def test_duplicates_this_worker_already_sent_cost_no_round_trip(scheduler: Sched
 def test_filter_deleted_mid_crawl_is_created_again(scheduler: Scheduler) -> None:
     scheduler.enqueue_request(Request("http://a.test/1"))
     scheduler.send_pending()
-    assert scheduler.bloom is not None
     scheduler.bloom.clear()
     scheduler.enqueue_request(Request("http://a.test/2"))
     scheduler.send_pending()
@@ -416,7 +414,9 @@ def test_an_evicting_redis_is_refused_unless_the_loss_is_accepted(redis_server,
             make_scheduler(redis_server.url)
         assert redis_client.keys("*") == []  # refused before writing anything
         s = make_scheduler(redis_server.url, REDIS_ALLOW_EVICTION=True)
-        assert s.frontier is not None
+        # accepted: the frontier opened and works
+        s.enqueue_request(Request("http://a.test/1"))
+        assert [r.url for r in drain(s)] == ["http://a.test/1"]
     finally:
         redis_client.config_set("maxmemory-policy", "noeviction")
 

@@ -39,7 +39,7 @@ def test_a_request_the_frontier_cannot_share_is_crawled_by_its_worker(
     shared = redis_client.hgetall("unit:stats")
     assert shared[b"local"] == b"1" and shared[b"pages"] == b"1", shared
     assert s.next_request() is None
-    assert s.frontier is not None and s.frontier.size(with_leases=True) == 0
+    assert s.frontier.size(with_leases=True) == 0
 
 
 def test_strict_mode_refuses_it_instead(redis_server, redis_client) -> None:
@@ -97,7 +97,6 @@ def test_an_explicit_crawl_id_is_shared_by_the_workers_given_it(redis_server) ->
 
 def test_a_worker_without_the_frontier_middlewares_refuses_to_open(redis_server) -> None:
     s = make_scheduler(redis_server.url)
-    assert s.spider is not None
     with pytest.raises(SettingError, match=re.escape(
             "SPIDER_MIDDLEWARES lacks bloomcrawl.crawl.middleware.FrontierSpiderMiddleware")):
         s.open(s.spider)
@@ -132,4 +131,4 @@ def test_a_raising_callback_counts_one_error(redis_server, redis_client) -> None
     s.send_pending()
     shared = redis_client.hgetall("unit:stats")
     assert shared[b"errors"] == b"1", shared
-    assert s.frontier is not None and s.frontier.size(with_leases=True) == 0  # acked
+    assert s.frontier.size(with_leases=True) == 0  # acked

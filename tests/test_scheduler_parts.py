@@ -1,0 +1,212 @@
+"""The scheduler's parts, each on its own (crawl/lease_book, seen, held, readiness, outbox).
+
+The scheduler's behaviour as a whole is in test_scheduler.py and the crawl
+tests; these pin down what each part promises the others.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from scrapy import Request
+from twisted.python.failure import Failure
+
+from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.connection import ServerWatch
+from bloomcrawl.core.errors import RedisUnavailableError
+from bloomcrawl.core.frontier import Frontier, Lease, Outgoing
+from bloomcrawl.core.keys import FrontierKeys
+from bloomcrawl.crawl.held import HeldRequests
+from bloomcrawl.crawl.lease import LEASE_META_KEY, LeaseRef, Outcome
+from bloomcrawl.crawl.lease_book import LeaseBook
+from bloomcrawl.crawl.outbox import Outbox, Reply
+from bloomcrawl.crawl.readiness import INF, PartitionReadiness
+from bloomcrawl.crawl.redis_io import RedisIO
+from bloomcrawl.crawl.seen import SeenCache
+
+from kit.redis import RedisServer
+
+
+def lease(partition: int, token: str, at: float = 1.0) -> Lease:
+    return Lease(partition, token, b"{}", at)
+
+
+# -- LeaseBook -----------------------------------------------------------------------
+
+
+def test_a_lease_is_acked_once_and_carries_when_its_response_came() -> None:
+    book = LeaseBook()
+    book.take(lease(1, "a"), Request("http://a.test/a"))
+    book.take(lease(0, "b"), Request("http://a.test/b"))
+    assert (len(book), book.ready()) == (2, 2)
+    first = book.pop_ready()
+    assert first.meta[LEASE_META_KEY] == LeaseRef(1, "a") == (1, "a")  # a tuple in meta
+    book.responded("a", 12.5)
+    assert book.finish(first.meta[LEASE_META_KEY]) == "a|12.5"
+    assert book.finish((1, "a")) is None  # not ours any more: never acked twice
+    assert book.finish((0, "b")) == "b"
+    assert len(book) == 0
+
+
+def test_an_unreadable_lease_is_held_but_never_handed_to_the_engine() -> None:
+    book = LeaseBook()
+    book.take(lease(0, "bad"), None)
+    assert (len(book), book.ready()) == (1, 0)
+    assert book.held() == {"bad": 0}
+    assert book.finish((0, "bad")) == "bad"
+
+
+def test_lost_leases_are_neither_renewed_nor_acked() -> None:
+    book = LeaseBook()
+    for token in "abc":
+        book.take(lease(0, token), Request("http://a.test/" + token))
+    book.lost(["a", "c"])
+    assert book.held() == {"b": 0}
+    assert book.finish((0, "a")) is None
+    assert book.forget() == 1 and book.held() == {}
+    book.clear()
+    assert book.ready() == 0
+
+
+def test_a_late_request_is_reported_from_when_it_went_out() -> None:
+    book = LeaseBook()
+    book.take(lease(0, "a", at=5.0), Request("http://a.test/a"))
+    assert book.leased_at("a") == 5.0
+    book.went_out("a", 9.0)
+    assert book.leased_at("a") == 9.0
+    book.finish((0, "a"))
+    assert book.leased_at("a") is None
+
+
+def test_a_request_handed_to_the_engine_and_back_keeps_its_lease() -> None:
+    book = LeaseBook()
+    book.take(lease(2, "a"), Request("http://a.test/a"))
+    request = book.pop_ready()
+    book.put_back(request.meta[LEASE_META_KEY], request)
+    again = book.pop_ready()
+    assert again is request and again.meta[LEASE_META_KEY] == (2, "a")
+
+
+# -- SeenCache, HeldRequests, PartitionReadiness ----------------------------------------
+
+
+def test_the_seen_cache_is_bounded_and_follows_the_filter_generation() -> None:
+    seen = SeenCache(capacity=3)
+    seen.remember([b"a", b"b"], sent=2)
+    assert b"a" in seen and len(seen) == 2
+    seen.remember([b"c", b"d"], sent=2)  # 2 + 2 > 3: the old ones go first
+    assert b"a" not in seen and {b"c", b"d"} == {f for f in (b"c", b"d") if f in seen}
+    assert seen.follow(0) is False and len(seen) == 2
+    assert seen.follow(1) is True and len(seen) == 0  # the filter was created again
+    off = SeenCache(capacity=0)
+    off.remember([b"a"], sent=1)
+    assert b"a" not in off
+
+
+def test_held_requests_come_out_by_priority_then_arrival() -> None:
+    held = HeldRequests()
+    for url, priority in (("http://a.test/low", -1), ("http://a.test/hi", 5),
+                          ("http://a.test/hi2", 5)):
+        held.push(Request(url, priority=priority))
+    assert [held.pop().url for _ in range(len(held))] == [
+        "http://a.test/hi", "http://a.test/hi2", "http://a.test/low"]
+    assert held.first_of_kind("lambda") is True and held.first_of_kind("lambda") is False
+    assert held.seen_before(b"f") is False and held.seen_before(b"f") is True
+
+
+def test_readiness_leases_first_where_acks_wait_then_in_rotation() -> None:
+    ready = PartitionReadiness(4)
+    assert ready.ready_now() == [0, 1, 2, 3]
+    assert ready.lease_order([0, 1, 2, 3], first=2)[0] == 2
+    starts = {ready.lease_order([0, 1, 2, 3], first=None)[0] for _ in range(4)}
+    assert starts == {0, 1, 2, 3}  # each partition goes first in turn
+    ready.ready_in(1, None)
+    ready.ready_in(3, 60.0)
+    assert ready.ready_now() == [0, 2]
+    assert ready.waiting_for_others() == [1]
+    ready.ready_in(0, 30.0)
+    ready.ready_in(2, None)
+    assert ready.soonest() == pytest.approx(time.monotonic() + 30.0, abs=1.0)
+    ready.may_have_work([1])
+    assert ready.ready_now() == [1]
+    ready.ready_in(1, None)
+    ready.ready_in(0, None)
+    ready.ready_in(3, None)
+    assert ready.soonest() == INF
+
+
+def test_outcomes_are_the_strings_the_signal_always_carried() -> None:
+    assert [o.value for o in Outcome] == ["response", "spider_error", "download_error",
+                                         "ignored"]
+    assert Outcome.RESPONSE == "response"
+
+
+# -- Outbox (against a real Redis) --------------------------------------------------------
+
+
+def make_outbox(client: redis.Redis) -> tuple[Outbox, Frontier]:
+    bloom = BloomFilter(client, "parts:bloomfilter", capacity=10_000, error_rate=0.001,
+                        partitions=1, backend="bitmap")
+    frontier = Frontier(client, bloom, FrontierKeys("parts", partitions=1), queue_type="fifo",
+                        lease_timeout=5, worker_id="w1", node="n1")
+    frontier.record_layout()
+    watch = ServerWatch(client)
+    return Outbox(RedisIO(), frontier, watch), frontier
+
+
+def entry(url: str) -> Outgoing:
+    fp = url.encode().ljust(20, b"\0")[:20]
+    return Outgoing(fp, False, 0.0, '{"url": "%s", "method": "GET"}' % url, "a.test")
+
+
+def replies(outbox: Outbox, **kwargs: object) -> list[Reply | Failure]:
+    got: list[Reply | Failure] = []
+    d = outbox.send(**kwargs)  # type: ignore[arg-type]
+    assert d is not None
+    d.addBoth(got.append)
+    return got
+
+
+def test_one_exchange_sends_what_is_owed_and_leases_in_the_same_round_trip(
+        redis_client: redis.Redis) -> None:
+    outbox, frontier = make_outbox(redis_client)
+    assert outbox.send() is None  # nothing owed, nothing asked: no round trip
+    outbox.add(entry("http://a.test/1"))
+    outbox.add(entry("http://a.test/1"))  # the filter drops the second
+    outbox.count("pages", 2)
+    (reply,) = replies(outbox, lease_from=0, want=1)
+    assert isinstance(reply, Reply)
+    assert (reply.done.queued, reply.done.filtered, len(reply.leases)) == (1, 1, 1)
+    assert len(reply.batch.outgoing) == 2
+    assert not outbox.owes() and not outbox.exchanging
+    assert redis_client.hget(frontier.keys.stats, "pages") == b"2"
+    outbox.ack(0, reply.leases[0].token)
+    assert outbox.ack_partition() == 0
+    replies(outbox)
+    assert frontier.size(with_leases=True) == 0
+
+
+def test_a_failed_exchange_puts_its_batch_back_in_front(tmp_path: Path) -> None:
+    with RedisServer(tmp_path / "r", appendonly=True) as server:
+        client = server.client(socket_timeout=2)
+        outbox, frontier = make_outbox(client)
+        outbox.add(entry("http://a.test/1"))
+        outbox.count("items")
+        outbox.start_waiting("seed-1")
+        server.stop()
+        (failure,) = replies(outbox)
+        assert isinstance(failure, Failure) and isinstance(failure.value, RedisUnavailableError)
+        assert outbox.owes() and not outbox.exchanging
+        server.start()
+        outbox.add(entry("http://a.test/2"))
+        (reply,) = replies(outbox)
+        assert isinstance(reply, Reply)
+        # the failed batch went first, whole: both requests, the count once, the seed acked
+        assert [e.payload for e in reply.batch.outgoing] == [
+            entry("http://a.test/1").payload, entry("http://a.test/2").payload]
+        assert client.hget(frontier.keys.stats, "items") == b"1"
+        assert outbox.take_start_acks() == ["seed-1"]
+        client.close()
