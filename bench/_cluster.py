@@ -1,10 +1,10 @@
 """A Redis Cluster for the benchmarks: the tests' fixture, also with 1 or 2 masters.
 
-:class:`BenchCluster` is ``tests/redis_cluster.py``'s
-:class:`RedisClusterProcesses` (nodes on free 127.0.0.1 ports, each started
-and stopped by pid, waits bounded), with no replicas by default: a benchmark
-measures the masters' work, and a replica would only add the replication
-stream's CPU to the same two cores.
+:class:`BenchCluster` is the test kit's :class:`kit.cluster.RedisClusterProcesses`
+(nodes on free 127.0.0.1 ports, each started and stopped by pid, waits
+bounded), with no replicas by default: a benchmark measures the masters'
+work, and a replica would only add the replication stream's CPU to the same
+two cores.
 
 ``redis-cli --cluster create`` refuses fewer than 3 masters, so with 1 or 2
 the slots are assigned by hand (``CLUSTER ADDSLOTSRANGE``, ``CLUSTER MEET``
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # the fixture and the process class it uses
+sys.path[:0] = [str(ROOT / "crawler"), str(ROOT / "tests")]  # bloomcrawl and the test kit
 
-from redis_cluster import HOST, SLOTS, RedisClusterProcesses  # noqa: E402
+from kit.cluster import HOST, SLOTS, RedisClusterProcesses  # noqa: E402
 
 __all__ = ["BenchCluster"]
 

@@ -14,9 +14,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -26,8 +23,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-CRAWLER = ROOT / "crawler"
-sys.path.insert(0, str(CRAWLER))  # the working tree's bloomcrawl, installed or not
+# the working tree's bloomcrawl (installed or not) and the test kit
+sys.path[:0] = [str(ROOT / "crawler"), str(ROOT / "tests")]
 
 import redis  # noqa: E402
 from _redis import CpuSample, cpu_sample  # noqa: E402
@@ -35,13 +32,15 @@ from _site import SiteProcess  # noqa: E402
 
 from bloomcrawl.ops.demo_site import page_id  # noqa: E402
 
+from kit.wait import WaitTimeout, wait_until  # noqa: E402
+from kit.workers import Worker as KitWorker  # noqa: E402
+from kit.workers import logs  # noqa: E402
+
 POLL_S = 0.1
 #: after the last page is fetched, its links are enqueued and its lease acked
 SETTLE_S = 0.5
-STOP_TIMEOUT_S = 10.0
 #: the "steady" Redis CPU is measured from this fraction of the pages on
 STEADY_FROM = 0.1
-LOG_TAIL_CHARS = 3000
 
 
 @dataclass(frozen=True)
@@ -128,49 +127,23 @@ def command_delta(before: RedisSample, after: RedisSample) -> dict[str, tuple[in
     return delta
 
 
-class Worker:
-    """One ``scrapy crawl site`` process with the bench settings; its log goes to a file."""
+class Worker(KitWorker):
+    """One ``scrapy crawl site`` process of ``contender`` with the bench settings (the test
+    kit's launcher, ``SCRAPY_SETTINGS_MODULE=crawlbench.settings``), started; it reports
+    through its probe (:mod:`crawlbench.probe`)."""
 
     def __init__(self, name: str, contender: Contender, workdir: Path, *, redis_url: str,
                  start_url: str, settings: dict[str, str]) -> None:
-        self.name = name
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.log = workdir / ("%s.log" % name)
         self.probe_file = workdir / ("%s.json" % name)
-        cmd = [sys.executable, "-m", "scrapy", "crawl", "site",
-               "-s", "REDIS_URL=" + redis_url, "-s", "BENCH_PROBE_FILE=%s" % self.probe_file]
-        for key, value in {**contender.settings, **settings}.items():
-            cmd += ["-s", "%s=%s" % (key, value)]
-        if contender.start == "argument":
-            cmd += ["-a", "start_url=" + start_url]
-        env = dict(os.environ)
-        env["HOME"] = str(workdir / "home")  # Scrapy writes job state under ~
-        env["PYTHONPATH"] = os.pathsep.join([str(CRAWLER), str(BENCH)])
-        env["SCRAPY_SETTINGS_MODULE"] = "crawlbench.settings"
-        self._logfile = self.log.open("wb")
-        self.proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=self._logfile, stderr=subprocess.STDOUT)
-
-    @property
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def wait(self, timeout: float) -> int | None:
-        try:
-            return self.proc.wait(max(0.0, timeout))
-        except subprocess.TimeoutExpired:
-            return None
-
-    def kill(self) -> None:
-        """SIGKILL this worker's process, by pid."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(STOP_TIMEOUT_S)
+        super().__init__(
+            name, redis_url, workdir,
+            {**contender.settings, **settings, "BENCH_PROBE_FILE": str(self.probe_file)},
+            args={"start_url": start_url} if contender.start == "argument" else None,
+            pythonpath=(BENCH,), settings_module="crawlbench.settings", base={})
+        self.start()
 
     def close(self) -> None:
         self.kill()
-        if not self._logfile.closed:
-            self._logfile.close()
 
     def responses_so_far(self) -> int:
         """Responses this worker has had, as its probe last wrote them (every 10)."""
@@ -184,9 +157,6 @@ class Worker:
             return {}
         data: dict[str, Any] = json.loads(self.probe_file.read_text())
         return data
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
 
 
 @dataclass
@@ -303,7 +273,10 @@ def run_crawl(
     try:
         deadline = time.monotonic() + timeout
         brief = site.brief()
-        while time.monotonic() < deadline:
+
+        def step() -> bool:
+            """Sample, kill when it is time; whether the crawl is over."""
+            nonlocal brief, mid, killed_at, killed_responses
             brief = site.brief()
             if mid is None and brief["distinct"] >= STEADY_FROM * pages:
                 mid = (brief["distinct"], read())
@@ -314,23 +287,24 @@ def run_crawl(
                 victim.kill()
                 killed.append(victim.name)
                 killed_at = int(brief["distinct"])
-            if brief["distinct"] >= pages or not any(w.running for w in procs):
-                break
-            time.sleep(POLL_S)
-        else:
+            return bool(brief["distinct"] >= pages or not any(w.running for w in procs))
+
+        try:
+            wait_until(step, timeout, interval=POLL_S)
+        except WaitTimeout:
             raise CrawlFailed("%s, %d workers: %d of %d pages after %.0f s\n%s" % (
                 contender.label, workers, brief["distinct"], pages, timeout,
-                _tails(procs)))
+                _tails(procs))) from None
         time.sleep(SETTLE_S)
         after = read()
         for w in procs:
             if w.wait(deadline - time.monotonic()) is None:
                 raise CrawlFailed("%s: worker %s did not close by itself\n%s" % (
                     contender.label, w.name, w.tail()))
-        failed = [w for w in procs if w.name not in killed and w.proc.returncode != 0]
+        failed = [w for w in procs if w.name not in killed and w.returncode != 0]
         if failed:
             raise CrawlFailed("%s: worker exited with %s\n%s" % (
-                contender.label, [w.proc.returncode for w in failed], _tails(failed)))
+                contender.label, [w.returncode for w in failed], _tails(failed)))
         stats = site.stats()
         shared_stats = {k.decode() if isinstance(k, bytes) else k: int(v)
                         for k, v in client.hgetall("site:stats").items()}
@@ -353,7 +327,7 @@ def run_crawl(
         steady_redis_cpu_per_page_s=steady,
         used_memory=after.used_memory,
         probes=[w.probe() for w in procs],
-        exit_codes=[w.proc.returncode for w in procs],
+        exit_codes=[w.returncode for w in procs],
         killed=killed,
         killed_at=killed_at,
         killed_responses=killed_responses,
@@ -373,8 +347,8 @@ def stored_item_pages(client: redis.Redis, key: str = "site:items") -> dict[int,
     return counts
 
 
-def _tails(workers: list[Worker]) -> str:
-    return "\n".join("--- %s\n%s" % (w.name, w.tail()) for w in workers)
+def _tails(procs: list[Worker]) -> str:
+    return logs(procs)
 
 
 def pick_contenders(parser: argparse.ArgumentParser, spec: str,

@@ -69,8 +69,9 @@ from _crawl import (
     pick_contenders,
     run_crawl,
 )
-from _redis import PrivateRedis
 from _site import SiteProcess
+
+from kit.redis import RedisServer
 
 CONTENDERS = (MEMORY, BLOOMCRAWL, SCRAPY_REDIS, RECIPE)
 CEILING_TARGET = 0.9
@@ -105,7 +106,7 @@ def run_all(plan: Plan, contenders: list[Contender], items: str,
     failures: list[str] = []
     settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": str(plan.max_idle),
                 "ITEM_PIPELINES": ITEM_PIPELINES[items]}
-    with PrivateRedis() as server, SiteProcess(plan.pages) as site:
+    with RedisServer() as server, SiteProcess(plan.pages) as site:
         client = server.client()
         try:
             for workers in plan.workers:

@@ -39,12 +39,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "crawler"))  # the working tree's bloomcrawl, installed or not
+# the working tree's bloomcrawl (installed or not) and the test kit
+sys.path[:0] = [str(ROOT / "crawler"), str(ROOT / "tests")]
 
 import redis  # noqa: E402
-from _redis import CpuSample, PrivateRedis, cpu_sample, redisbloom_module  # noqa: E402
+from _redis import CpuSample, cpu_sample  # noqa: E402
 
 from bloomcrawl.core.bloom import BloomFilter  # noqa: E402
+from bloomcrawl.ops.cluster.processes import redisbloom_module  # noqa: E402
+
+from kit.redis import RedisServer  # noqa: E402
 
 ERROR_RATE = 0.001
 ADD_MANY_BATCH = 1000
@@ -775,7 +779,7 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
 # --- main -------------------------------------------------------------------
 
 
-def environment(server: PrivateRedis, client: redis.Redis, skipped: str) -> dict[str, Any]:
+def environment(server: RedisServer, client: redis.Redis, skipped: str) -> dict[str, Any]:
     import scrapy
 
     server_info = client.info("server")
@@ -823,19 +827,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     seen_hex = [fp.hex() for fp in seen[:max(sizes.single, sizes.recipe)]]
     unseen_hex = [fp.hex() for fp in unseen]
 
-    server = PrivateRedis(module=module)
+    server = RedisServer(module=module)
     try:
         server.start()
     except RuntimeError as exc:
+        server.close()
         if module is None:
             raise
         last = str(exc).strip().splitlines()[-1]
         skipped = f"redis-server did not start with --loadmodule {module} ({last})"
         module = None
-        server = PrivateRedis()
+        server = RedisServer()
         server.start()
     try:
-        if module and not server.has_module("bf"):
+        if module and "bf" not in server.modules():
             skipped, module = "redis-server started but the bf module is not listed", None
         client = server.client(socket_timeout=120)
         try:
@@ -871,7 +876,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             client.close()
     finally:
-        server.stop()
+        server.close()
     env["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     numbers = report(args, sizes, env, rows, seen_rows, fills, skipped)
     if args.json:

@@ -31,14 +31,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "crawler"))  # the working tree's bloomcrawl, installed or not
+# the working tree's bloomcrawl (installed or not) and the test kit
+sys.path[:0] = [str(ROOT / "crawler"), str(ROOT / "tests")]
 
 import redis  # noqa: E402
-from _redis import PrivateRedis  # noqa: E402
 
 from bloomcrawl.core import keys  # noqa: E402
 from bloomcrawl.core.bloom import BloomFilter  # noqa: E402
-from bloomcrawl.ops.cluster.processes import ManagedProcess, free_port, spawn  # noqa: E402
+
+from kit.exporter import Exporter  # noqa: E402
+from kit.redis import RedisServer  # noqa: E402
 
 CAPACITY = 1_000_000_000
 ERROR_RATE = 0.001
@@ -110,15 +112,6 @@ def get_metrics(url: str) -> tuple[float, str]:
     return time.perf_counter() - started, body
 
 
-def wait_for_exporter(url: str, process: ManagedProcess, timeout: float = 30) -> None:
-    def answers() -> bool:
-        # a path that answers without collecting: the first scrape stays cold
-        with _OPENER.open(url.replace("/metrics", "/favicon.ico"), timeout=2):
-            return True
-
-    process.wait_ready(answers, timeout, what="the exporter")
-
-
 def command_stats(client: redis.Redis) -> dict[str, tuple[int, int]]:
     """command -> (calls, usec), connection and measuring commands left out."""
     out = {}
@@ -146,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.scrapes <= 10_000 or not 0 <= args.adds <= 1000:
         parser.error("--scrapes must be in 1..10000 and --adds in 0..1000")
 
-    with PrivateRedis() as server, tempfile.TemporaryDirectory() as tmp:
+    with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         client = server.client()
         empty = used_memory(client)
         bloom, created = build_frontier(client, args.adds)
@@ -166,18 +159,10 @@ def main(argv: list[str] | None = None) -> int:
             f" {int(CAPACITY * FULL_SHARE):,} items were in (fill {info.fill_ratio:.3f})")
 
         plan_cost = cold_plan_seconds()
-        port = free_port()
-        url = f"http://127.0.0.1:{port}/metrics"
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("SCRAPYD_", "BLOOMCRAWL_"))}
-        env["PYTHONPATH"] = str(ROOT / "crawler")
-        log_path = Path(tmp) / "exporter.log"
-        process = spawn("exporter", [
-            sys.executable, "-m", "bloomcrawl.ops.exporter", "--port", str(port),
-            "--bind", "127.0.0.1", "--redis-url", server.url, "--log-level", "WARNING",
-        ], log=log_path, env=env, port=port)
-        try:
-            wait_for_exporter(url, process)
+        exporter = Exporter(server.url, Path(tmp), args=["--log-level", "WARNING"])
+        url = exporter.url
+        # ready once it answers a path that does not collect: the first scrape stays cold
+        with exporter:
             client.config_set("slowlog-log-slower-than", 0)
             client.config_set("slowlog-max-len", 100_000)
             client.slowlog_reset()
@@ -193,10 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             entries = [e for e in client.slowlog_get(100_000)
                        if _command(e) not in IGNORED_COMMANDS]
             _, body = get_metrics(url)
-        finally:
-            process.stop()
         if sample(body, "bloomcrawl_up") != "1.0":
-            raise RuntimeError("the exporter did not read Redis:\n" + log_path.read_text())
+            raise RuntimeError("the exporter did not read Redis:\n" + exporter.text())
 
     n = args.scrapes
     calls = sum(c for c, _ in stats.values())

@@ -43,14 +43,7 @@ sys.path[:0] = [str(ROOT / "crawler"), str(ROOT / "tests")]
 
 from _crawl import ITEM_PIPELINES, SCRAPY_REDIS  # noqa: E402
 from _site import SiteProcess  # noqa: E402
-from faults.harness import (  # noqa: E402
-    BLOOMCRAWL,
-    CRAWLER,
-    TESTS,
-    Contender,
-    Outcome,
-    format_seconds,
-)
+from faults.harness import BLOOMCRAWL, Contender, Outcome, format_seconds  # noqa: E402
 from faults.scenarios import SCENARIOS, Scenario, heartbeat_lags  # noqa: E402
 
 from bloomcrawl.ops.demo_site import page_url  # noqa: E402
@@ -63,7 +56,9 @@ SCRAPY_REDIS_FAULTS = Contender(
     "scrapy_redis", "scrapy-redis",
     {**SCRAPY_REDIS.settings, "ITEM_PIPELINES": ITEM_PIPELINES["redis"]},
     start="argument", settings_module="crawlbench.settings",
-    pythonpath=(CRAWLER, TESTS, BENCH), shared_stats=False,  # tests/faults before bench/faults.py
+    # after crawler/ and tests/ (the kit's worker puts them first): tests/faults is found
+    # before bench/faults.py
+    pythonpath=(BENCH,), shared_stats=False,
     pop_marker=b"ZREMRANGEBYRANK")
 CONTENDERS = (BLOOMCRAWL, SCRAPY_REDIS_FAULTS)
 METRICS = ("lost", "twice", "items lost", "items dup", "stats err", "recover s", "workers")

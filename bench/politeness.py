@@ -54,11 +54,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CRAWLER = ROOT / "crawler"
-sys.path.insert(0, str(CRAWLER))  # the working tree's bloomcrawl, installed or not
+# the working tree's bloomcrawl (installed or not) and the test kit
+sys.path[:0] = [str(CRAWLER), str(ROOT / "tests")]
 
 import redis  # noqa: E402
 from _crawl import BLOOMCRAWL, ITEM_PIPELINES, SCRAPY_REDIS, Contender, Worker  # noqa: E402
-from _redis import PrivateRedis  # noqa: E402
 
 from bloomcrawl.ops.cluster.processes import (  # noqa: E402
     ManagedProcess,
@@ -79,6 +79,10 @@ from bloomcrawl.ops.hosts_site import (  # noqa: E402
     span,
 )
 from bloomcrawl.ops.noproxy import http_ok  # noqa: E402
+
+from kit.redis import RedisServer  # noqa: E402
+from kit.wait import WaitTimeout, wait_until  # noqa: E402
+from kit.workers import wait_opened as kit_wait_opened  # noqa: E402
 
 WORKERS = 3
 MAX_IDLE_S = 2
@@ -248,7 +252,7 @@ def agent(scenario: Scenario, i: int) -> str:
     return "bloomcrawl-bench/%s-%s-w%d" % (scenario.key, scenario.contender.key, i)
 
 
-def run_scenario(scenario: Scenario, server: PrivateRedis, workdir: Path) -> Run:
+def run_scenario(scenario: Scenario, server: RedisServer, workdir: Path) -> Run:
     """One crawl of the scenario's site by WORKERS processes; never raises for a bad crawl."""
     client = server.client()
     client.flushall()
@@ -286,7 +290,7 @@ def run_scenario(scenario: Scenario, server: PrivateRedis, workdir: Path) -> Run
             for w in workers:
                 w.close()
             client.close()
-        codes = [w.proc.returncode for w in workers]
+        codes = [w.returncode for w in workers]
         if not failure and any(code != 0 for code in codes):
             failure = "workers exited with %s" % codes
         if failure:
@@ -295,29 +299,32 @@ def run_scenario(scenario: Scenario, server: PrivateRedis, workdir: Path) -> Run
 
 
 def wait_opened(workers: list[Worker]) -> str:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if all("Spider opened" in w.log.read_text(errors="replace") for w in workers):
-            return ""
-        if not all(w.running for w in workers):
-            return "a worker exited before opening its spider"
-        time.sleep(POLL_S)
-    return "workers did not open their spiders in %.0f s" % START_TIMEOUT_S
+    """"" when every worker opened its spider, else what went wrong."""
+    try:
+        kit_wait_opened(workers, START_TIMEOUT_S)
+    except AssertionError as exc:  # a worker exited first, or time was up
+        return str(exc).splitlines()[0]
+    return ""
 
 
 def wait_crawled(scenario: Scenario, site: HostsSiteClient, workers: list[Worker]) -> str:
-    deadline = time.monotonic() + scenario.timeout
+    """"" when every page was fetched, else what went wrong."""
     stats: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        stats = site.stats()
-        if stats["distinct"] >= scenario.total_pages:
-            return ""
-        if not any(w.running for w in workers):
-            return "the workers closed with %d of %d pages fetched" % (
-                stats["distinct"], scenario.total_pages)
-        time.sleep(POLL_S)
-    return "%d of %d pages after %.0f s" % (stats.get("distinct", 0), scenario.total_pages,
-                                            scenario.timeout)
+
+    def crawled() -> bool:
+        stats.update(site.stats())
+        return bool(stats["distinct"] >= scenario.total_pages
+                    or not any(w.running for w in workers))
+
+    try:
+        wait_until(crawled, scenario.timeout, interval=POLL_S)
+    except WaitTimeout:
+        return "%d of %d pages after %.0f s" % (stats.get("distinct", 0), scenario.total_pages,
+                                                scenario.timeout)
+    if stats["distinct"] < scenario.total_pages:
+        return "the workers closed with %d of %d pages fetched" % (
+            stats["distinct"], scenario.total_pages)
+    return ""
 
 
 def fmt(value: float | None, spec: str = ".2f") -> str:
@@ -454,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     runs: dict[str, Run] = {}
     with tempfile.TemporaryDirectory(prefix="bloomcrawl-bench-polite-") as tmp, \
-            PrivateRedis() as server:
+            RedisServer() as server:
         for key in keys:
             scenario = plan[key]
             print("  running (%s) %s ..." % (key, scenario.title), file=sys.stderr, flush=True)

@@ -55,7 +55,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "crawler"))  # the working tree's bloomcrawl, installed or not
+# the working tree's bloomcrawl (installed or not) and the test kit
+sys.path[:0] = [str(ROOT / "crawler"), str(ROOT / "tests")]
 
 import redis  # noqa: E402
 from _cluster import BenchCluster  # noqa: E402
@@ -68,7 +69,7 @@ from _crawl import (  # noqa: E402
     redis_sample,
     run_crawl,
 )
-from _redis import CpuSample, PrivateRedis  # noqa: E402
+from _redis import CpuSample  # noqa: E402
 from _site import SiteProcess  # noqa: E402
 
 from bloomcrawl.core import defaults, keys  # noqa: E402
@@ -78,6 +79,8 @@ from bloomcrawl.core.frontier import Frontier, Outgoing  # noqa: E402
 from bloomcrawl.core.scripts import Script, ScriptCall  # noqa: E402
 from bloomcrawl.crawl.config import default_partitions  # noqa: E402
 from bloomcrawl.crawl.scheduler import CLUSTER_STATS_INTERVAL  # noqa: E402
+
+from kit.redis import RedisServer  # noqa: E402
 
 ERROR_RATE = 0.001
 BATCH = 1000
@@ -180,9 +183,9 @@ class Target:
 def start_target(masters: int, workdir: Path) -> tuple[Target, Callable[[], None]]:
     """``masters`` = 0: one plain redis-server; else a cluster of that many masters."""
     if masters == 0:
-        server = PrivateRedis()
+        server = RedisServer()
         server.start()
-        name, url, ports, stop = "redis", server.url, [server.port], server.stop
+        name, url, ports, stop = "redis", server.url, [server.port], server.close
     else:
         cluster = BenchCluster(workdir, masters=masters).start()
         name, url, ports, stop = "cluster", cluster.startup_url, cluster.master_ports, \
@@ -682,7 +685,7 @@ class Extras:
 
 
 def measure_extras(plan: Plan) -> Extras:
-    with PrivateRedis() as server:
+    with RedisServer() as server:
         client = server.client(socket_timeout=120)
         try:
             return Extras(str(client.info("server")["redis_version"]),

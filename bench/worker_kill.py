@@ -44,8 +44,9 @@ from _crawl import (
     pick_contenders,
     run_crawl,
 )
-from _redis import PrivateRedis
 from _site import SiteProcess
+
+from kit.redis import RedisServer
 
 PAGES = 2000
 WORKERS = 3
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bloomcrawl-bench-kill-") as tmp, \
-            PrivateRedis() as server, SiteProcess(args.pages) as site:
+            RedisServer() as server, SiteProcess(args.pages) as site:
         client = server.client()
         for contender in contenders:
             settings = dict(SETTINGS)

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -22,8 +19,10 @@ import redis
 from bloomcrawl.core.connection import redis_from_url
 from bloomcrawl.ops import inspection
 
-from conftest import ROOT
-from crawl_helpers import Worker, frontier_left, run_workers
+from kit import ROOT
+from kit.checks import assert_crawled_once
+from kit.cli import run_cli
+from kit.workers import WorkerPool, run_workers
 
 pytestmark = pytest.mark.slow
 
@@ -60,16 +59,14 @@ def roles(redis_client: redis.Redis) -> Iterator[dict[str, str]]:
 
 @pytest.mark.parametrize("demo_site", [{"pages": 300}], indirect=True)
 def test_each_role_crawls_reads_and_throttles_with_its_documented_commands(
-        redis_client: redis.Redis, roles: dict[str, str], demo_site, tmp_path: Path) -> None:
+        redis_client: redis.Redis, roles: dict[str, str], demo_site,
+        worker_pool: WorkerPool, cli_env: dict[str, str]) -> None:
     redis_client.rpush("site:start_urls", demo_site.url)
-    workers = [Worker("w%d" % i, roles["worker"], tmp_path, {
-        "DOWNLOAD_DELAY": "0", "SCHEDULER_REAP_INTERVAL": "1"}) for i in range(2)]
+    workers = worker_pool.start_many(2, roles["worker"], {
+        "DOWNLOAD_DELAY": "0", "SCHEDULER_REAP_INTERVAL": "1"})
     run_workers(workers, timeout=240)
-    stats = demo_site.stats()
-    assert (stats["missing"], stats["duplicates"]) == (0, 0), stats
-    assert frontier_left(redis_client) == 0
-    for w in workers:
-        assert w.proc.returncode == 0 and "Traceback" not in w.text(), w.text()[-3000:]
+    # every page once (nothing missing, nothing twice), the frontier empty, clean exits
+    assert_crawled_once(demo_site, redis_client, workers)
 
     exporter = redis_from_url(roles["exporter"])
     try:
@@ -81,9 +78,8 @@ def test_each_role_crawls_reads_and_throttles_with_its_documented_commands(
     assert spider.politeness.queued == 0
 
     host = demo_site.url.split("//")[1].split(":")[0]
-    done = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.cli", "throttle", host,
-                           "--delay", "1.5", "--redis-url", roles["operator"]],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    done = run_cli("throttle", host, "--delay", "1.5", "--redis-url", roles["operator"],
+                   env=cli_env)
+    assert done.code == 0, done.stderr
     assert "delay 1.5 s" in done.stdout, done.stdout
     assert redis_client.execute_command("ACL", "LOG") == []

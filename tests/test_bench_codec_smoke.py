@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from kit import ROOT
 
 
 def test_codec_bench_prints_every_case_with_both_paths() -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from kit import ROOT
+
 BENCH = ROOT / "bench" / "scale.py"
 
 pytestmark = [

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import redisbloom_module
+from bloomcrawl.ops.cluster.processes import redisbloom_module
 
-ROOT = Path(__file__).resolve().parent.parent
+from kit import ROOT
+
 BENCH = ROOT / "bench" / "dedup.py"
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
@@ -70,7 +71,7 @@ def assert_targets_printed(stdout: str) -> None:
 
 def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str, str]) -> None:
     stdout, numbers = run_bench(tmp_path, env_no_state)
-    expected = PLAIN_ROWS + (MODULE_ROWS if redisbloom_module() else [])
+    expected = PLAIN_ROWS + (MODULE_ROWS if redisbloom_module()[0] else [])
     missing = [row for row in expected if row not in stdout]
     assert not missing, stdout
     assert_targets_printed(stdout)
@@ -78,7 +79,7 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
     assert {"set", "recipe", "add", "add_many", "add_many_dup"} <= keys
     seen_keys = {row["key"] for row in numbers["request_seen"]}
     assert {"bloomcrawl", "bloomcrawl_batched", "set", "recipe"} <= seen_keys
-    if redisbloom_module():
+    if redisbloom_module()[0]:
         assert {"bf_add", "bf_madd", "bf_madd_dup", "add_rb", "add_many_rb",
                 "add_many_rb_dup"} <= keys
         assert {"bloomcrawl_rb", "bloomcrawl_rb_batched"} <= seen_keys

@@ -5,15 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import multiprocessing
-import random
 
 import pytest
 import redis
 
 from bloomcrawl.core import keys, sizing
 from bloomcrawl.core.bloom import BloomFilter
-from bloomcrawl.core.connection import redis_from_url
 from bloomcrawl.core.errors import (
     BloomFilterError,
     FilterFullError,
@@ -23,9 +20,7 @@ from bloomcrawl.core.errors import (
 )
 from bloomcrawl.core.sizing import blocked_false_positive_rate
 
-
-def fingerprints(n: int, salt: str = "") -> list[bytes]:
-    return [hashlib.sha1(("%s%d" % (salt, i)).encode()).digest() for i in range(n)]
+from kit.data import fill, fingerprints, measure_false_positives, race
 
 
 def bitcount_all(client: redis.Redis, name: str, partitions: int) -> int:
@@ -74,57 +69,10 @@ def test_bits_set_counter_is_exact(redis_client: redis.Redis) -> None:
     assert info.fill_ratio == pytest.approx(info.bits_set / info.bits)
 
 
-def _worker(url: str, partitions: int, barrier: multiprocessing.synchronize.Barrier, seed: int,
-            queue: multiprocessing.Queue[int]) -> None:
-    bf = BloomFilter(redis_from_url(url), "race:bloomfilter", capacity=50_000,
-                     error_rate=0.001, partitions=partitions)
-    fps = fingerprints(20_000, salt="race")
-    random.Random(seed).shuffle(fps)
-    barrier.wait()
-    new = 0
-    if seed == 0:
-        new += sum(bf.add(fp) for fp in fps[:2000])  # one worker mixes single adds
-        fps = fps[2000:]
-    for i in range(0, len(fps), 250):
-        new += sum(bf.add_many(fps[i : i + 250]))
-    queue.put(new)
-
-
-def race(url: str, partitions: int = 4) -> list[int]:
-    """Four processes add the same 20,000 fingerprints at once; how many each saw new."""
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(4)
-    queue: multiprocessing.Queue[int] = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(url, partitions, barrier, seed, queue))
-             for seed in range(4)]
-    for p in procs:
-        p.start()
-    results = [queue.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
-    return results
-
-
 def test_four_processes_racing_get_exactly_one_true_each(redis_server, redis_client) -> None:
     results = race(redis_server.url)
     assert all(r > 0 for r in results), results  # they really raced
     assert sum(results) == 20_000, results
-
-
-def measure_false_positives(bf: BloomFilter, n: int = 100_000) -> float:
-    unseen = fingerprints(n, salt="unseen-")
-    hits = 0
-    for i in range(0, n, 2000):
-        hits += sum(bf.contains_many(unseen[i : i + 2000]))
-    return hits / n
-
-
-def fill(bf: BloomFilter, n: int, salt: str = "item-") -> int:
-    new = 0
-    for i in range(0, n, 2000):
-        new += sum(bf.add_many(fingerprints(min(2000, n - i), salt="%s%d-" % (salt, i))))
-    return new
 
 
 @pytest.mark.slow

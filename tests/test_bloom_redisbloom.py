@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -13,24 +12,17 @@ from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.errors import BloomFilterError, FilterMismatchError
 
-from test_bloom import fill, fingerprints, measure_false_positives
+from kit.data import fill, fingerprints, measure_false_positives
 from test_scheduler import drain, make_scheduler
 
 pytestmark = pytest.mark.redismod
 
 
-@pytest.fixture
-def mod_client(redismod_server) -> Iterator[redis.Redis]:
-    client = redismod_server.client()
-    client.flushall()
-    yield client
-    client.flushall()
-
-
-def test_auto_picks_redisbloom_when_loaded(mod_client: redis.Redis) -> None:
-    bf = BloomFilter(mod_client, "a:bloomfilter", capacity=1000, error_rate=0.01, backend="auto")
+def test_auto_picks_redisbloom_when_loaded(redismod_client: redis.Redis) -> None:
+    bf = BloomFilter(redismod_client, "a:bloomfilter", capacity=1000, error_rate=0.01,
+                     backend="auto")
     assert bf.params.backend == "redisbloom"
-    assert mod_client.exists(keys.redisbloom_key("a:bloomfilter", 0))
+    assert redismod_client.exists(keys.redisbloom_key("a:bloomfilter", 0))
     assert bf.add(b"x" * 20) is True
     assert bf.add(b"x" * 20) is False
     assert bf.add_many([b"y" * 20, b"x" * 20, b"y" * 20]) == [True, False, False]
@@ -38,12 +30,13 @@ def test_auto_picks_redisbloom_when_loaded(mod_client: redis.Redis) -> None:
     assert (info.items, info.checked, info.filtered) == (2, 5, 3)
 
 
-def test_auto_keeps_an_existing_bitmap_filter(mod_client: redis.Redis) -> None:
-    BloomFilter(mod_client, "b:bloomfilter", capacity=1000, error_rate=0.01, backend="bitmap")
-    bf = BloomFilter(mod_client, "b:bloomfilter", capacity=1000, error_rate=0.01, backend="auto")
+def test_auto_keeps_an_existing_bitmap_filter(redismod_client: redis.Redis) -> None:
+    BloomFilter(redismod_client, "b:bloomfilter", capacity=1000, error_rate=0.01, backend="bitmap")
+    bf = BloomFilter(redismod_client, "b:bloomfilter", capacity=1000, error_rate=0.01,
+                     backend="auto")
     assert bf.params.backend == "bitmap"
     with pytest.raises(FilterMismatchError, match="backend: stored 'bitmap', asked for"):
-        BloomFilter(mod_client, "b:bloomfilter", capacity=1000, error_rate=0.01,
+        BloomFilter(redismod_client, "b:bloomfilter", capacity=1000, error_rate=0.01,
                     backend="redisbloom")
 
 
@@ -54,9 +47,9 @@ def test_redisbloom_backend_without_the_module_is_an_error(redis_client) -> None
 
 
 @pytest.mark.slow
-def test_capacity_and_growth_keep_the_error_rate(mod_client: redis.Redis) -> None:
+def test_capacity_and_growth_keep_the_error_rate(redismod_client: redis.Redis) -> None:
     capacity, p = 100_000, 0.001
-    bf = BloomFilter(mod_client, "fp:bloomfilter", capacity=capacity, error_rate=p,
+    bf = BloomFilter(redismod_client, "fp:bloomfilter", capacity=capacity, error_rate=p,
                      backend="redisbloom")
     fill(bf, capacity)
     info = bf.info()
@@ -69,7 +62,7 @@ def test_capacity_and_growth_keep_the_error_rate(mod_client: redis.Redis) -> Non
     assert measure_false_positives(bf) <= 1.1 * p
 
 
-def test_scheduler_enqueue_if_new_with_redisbloom(redismod_server, mod_client) -> None:
+def test_scheduler_enqueue_if_new_with_redisbloom(redismod_server, redismod_client) -> None:
     s = make_scheduler(redismod_server.url, BLOOMFILTER_BACKEND="auto")
     assert s.bloom is not None and s.bloom.params.backend == "redisbloom"
     for _ in range(2):

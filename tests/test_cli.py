@@ -8,9 +8,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,11 +15,14 @@ import redis
 
 from bloomcrawl.ops.cli import jobs
 from bloomcrawl.ops.cluster import envfile, processes
-from bloomcrawl.ops.cluster.processes import ProcessRecord
+from bloomcrawl.ops.cluster.processes import ProcessRecord, free_port, group_alive
 from bloomcrawl.ops.console import OpsError
+from bloomcrawl.ops.noproxy import OPENER
 from bloomcrawl.ops.scrapyd import Node, ScrapydError
 
-from conftest import ROOT, free_port
+from kit import ROOT
+from kit.cli import run_cli, run_cli_process
+from kit.wait import wait_until
 
 
 def test_env_file_gets_random_secrets_and_is_private(tmp_path: Path) -> None:
@@ -101,24 +101,15 @@ def test_unreachable_node_is_a_one_line_error() -> None:
 # --- the local-process cluster ------------------------------------------------------
 
 
-def bloomcrawl(env: dict[str, str], *args: str, timeout: float = 180) -> str:
-    result = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.cli", *args], cwd=ROOT,
-                            env=env, text=True, capture_output=True, timeout=timeout)
-    assert result.returncode == 0, "bloomcrawl %s: %s%s" % (args, result.stdout, result.stderr)
-    return result.stdout
+def bloomcrawl(env: dict[str, str], *args: str) -> str:
+    """``bloomcrawl ARGS`` under ``env``; its output, once it exited 0.
 
-
-def group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                members.append(int(entry.name))
-    return members
+    A command that starts the cluster's processes (up, scale, demo) runs as a process of
+    its own, as an operator runs it: they outlive it. The others run in-process.
+    """
+    starts = args[0] in ("up", "scale", "demo")
+    run = run_cli_process(*args, env=env) if starts else run_cli(*args, env=env)
+    return run.assert_ok().stdout
 
 
 @pytest.mark.slow
@@ -159,8 +150,8 @@ def test_local_cluster_up_scale_deploy_demo_status_down(tmp_path: Path) -> None:
         out = bloomcrawl(env, "deploy")
         assert "to 2 of 2 node(s)" in out, out
 
-        out = bloomcrawl(env, "demo", "--local", "--pages", "300", "--max-idle", "2",
-                         "--timeout", "120", timeout=240)
+        out = bloomcrawl(env, "demo", "--local", "--pages", "300", "--max-idle", "1",
+                         "--timeout", "120")
         assert "300 pages, 300 fetched at least once, 0 missing, 0 fetched twice" in out, out
 
         out = bloomcrawl(env, "status")
@@ -168,8 +159,8 @@ def test_local_cluster_up_scale_deploy_demo_status_down(tmp_path: Path) -> None:
         assert "site" in out and "est. FP rate" in out, out
 
         exporter_port = json.loads(state_file.read_text())["ports"]["exporter"]
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % exporter_port,
-                                    timeout=10) as response:
+        with OPENER.open("http://127.0.0.1:%d/metrics" % exporter_port,
+                         timeout=10) as response:
             metrics = response.read().decode()
         assert 'bloomcrawl_pages_total{spider="site"} 300.0' in metrics
         pids = [p["pid"] for p in json.loads(state_file.read_text())["processes"]]
@@ -177,7 +168,5 @@ def test_local_cluster_up_scale_deploy_demo_status_down(tmp_path: Path) -> None:
         out = bloomcrawl(env, "down")
     assert "local cluster down" in out, out
     assert not state_file.exists()
-    deadline = time.monotonic() + 10
-    while any(group_members(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in pids if group_members(pid)], "processes left behind"
+    wait_until(lambda: not any(group_alive(pid) for pid in pids), 10, interval=0.1,
+               what=lambda: "processes left behind: %s" % [p for p in pids if group_alive(p)])

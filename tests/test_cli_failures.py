@@ -2,9 +2,12 @@
 unreachable Redis or an unreachable scrapyd node: one line naming what it could
 not reach, a non-zero exit, never a traceback.
 
-Real processes only: ``python -m bloomcrawl.ops.cli`` subprocesses, a closed
-127.0.0.1 port for what is unreachable, an empty state directory for no
-cluster, and ``make status``.
+The commands run as the console script runs them, ``bloomcrawl.ops.cli.main``
+with the arguments, in-process (:func:`kit.cli.run_cli`: a traceback that
+escaped would show on stderr, as from a process); the command as a process
+of its own (``python -m bloomcrawl.ops.cli``) and ``make status`` are run
+too. Real servers only: a closed 127.0.0.1 port for what is unreachable, an
+empty state directory for no cluster.
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from bloomcrawl.ops.cluster.processes import ProcessRecord
+from bloomcrawl.ops.cluster.processes import ProcessRecord, free_port
 
-from conftest import ROOT, RedisServer, free_port
+from kit import ROOT
+from kit.cli import CliRun, run_cli, run_cli_process
+from kit.redis import RedisServer
 
 REFUSED = "[Errno 111] Connection refused"
 NO_CLUSTER = ("no cluster is running (none recorded in {state}): start one with `make up` or"
@@ -29,30 +33,14 @@ NO_REDIS = ", or pass --redis-url URL (REDIS_URL)"
 NO_NODES = ", or pass --nodes URL,... (SCRAPYD_NODES)"
 
 
-@dataclass
-class Run:
-    code: int
-    stdout: str
-    stderr: str
-
-    def assert_failed_with(self, line: str) -> None:
-        """Exit 1, ``line`` on stderr, and nothing that looks like a traceback anywhere."""
-        output = self.stdout + self.stderr
-        assert self.code == 1, (self.code, output)
-        assert "Traceback" not in output and 'File "' not in output, output
-        assert line in self.stderr.splitlines(), (line, self.stderr)
-
-
 @pytest.fixture
 def env(cli_env: dict[str, str]) -> dict[str, str]:
     """No cluster: an empty state directory, no .env, nothing in the environment."""
     return cli_env
 
 
-def bloomcrawl(env: dict[str, str], *args: str) -> Run:
-    done = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.cli", *args], cwd=ROOT,
-                          env=env, text=True, capture_output=True, timeout=120)
-    return Run(done.returncode, done.stdout, done.stderr)
+def bloomcrawl(env: dict[str, str], *args: str) -> CliRun:
+    return run_cli(*args, env=env)
 
 
 # --- no cluster at all ------------------------------------------------------------------
@@ -80,6 +68,14 @@ def test_no_cluster(env: dict[str, str], args: tuple[str, ...]) -> None:
     assert not Path(env["BLOOMCRAWL_STATE_DIR"]).exists(), "a failed command left state behind"
 
 
+@pytest.mark.parametrize("args", [("status",), ("nodes",)], ids=" ".join)
+def test_the_command_as_a_process_fails_the_same_way(env: dict[str, str],
+                                                     args: tuple[str, ...]) -> None:
+    """``python -m bloomcrawl.ops.cli``: the exit status and the line of the in-process run."""
+    line = NO_CLUSTER_LINES[args].format(state=env["BLOOMCRAWL_STATE_DIR"])
+    run_cli_process(*args, env=env).assert_failed_with(f"bloomcrawl {args[0]}: {line}")
+
+
 def test_down_without_a_cluster_has_nothing_to_do(env: dict[str, str]) -> None:
     run = bloomcrawl(env, "down")
     assert run.code == 0, run
@@ -94,7 +90,7 @@ def test_make_status_without_a_cluster_says_how_to_start_one(env: dict[str, str]
     done = subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", "status"],
                           cwd=ROOT, env=env, text=True, capture_output=True, timeout=300)
     assert done.returncode == 2, done  # make's own code for a recipe that failed
-    run = Run(1, done.stdout, done.stderr)
+    run = CliRun(("status",), 1, done.stdout, done.stderr)
     line = NO_CLUSTER.format(state=env["BLOOMCRAWL_STATE_DIR"]) + NO_REDIS
     run.assert_failed_with(f"bloomcrawl status: {line}")
 

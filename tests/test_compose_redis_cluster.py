@@ -24,7 +24,7 @@ from bloomcrawl.ops.cluster.compose import REDIS_CLUSTER_SERVICES, Compose
 from bloomcrawl.ops.cluster.state import Cluster, Paths, load_cluster, save_cluster
 from bloomcrawl.ops.console import OpsError
 
-from conftest import ROOT
+from kit import ROOT
 
 
 def paths_in(tmp_path: Path) -> Paths:

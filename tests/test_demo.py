@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from collections import deque
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 from urllib.robotparser import RobotFileParser
@@ -24,6 +23,7 @@ from scrapy.linkextractors import LinkExtractor
 from scrapy.utils.test import get_crawler
 from w3lib.url import canonicalize_url
 
+from bloomcrawl.ops.cluster.processes import free_port
 from bloomcrawl.ops.demo_site import (
     DEFAULT_LINKS_PER_PAGE,
     DemoSite,
@@ -36,9 +36,8 @@ from bloomcrawl.ops.demo_site import (
     serve_in_thread,
 )
 
-from conftest import free_port
-
-ROOT = Path(__file__).resolve().parent.parent
+from kit import CRAWLER
+from kit.wait import wait_until
 
 
 def fetch(
@@ -273,18 +272,20 @@ def test_a_taken_port_is_reported(demo_site: RunningSite) -> None:
 
 
 def wait_until_serving(base: str, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
-    deadline = time.monotonic() + 30
-    while True:
+    """The site's /__stats, once it answers (the process must not exit first)."""
+
+    def stats() -> dict[str, Any] | None:
         try:
             return fetch_json(base + "/__stats")
         except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+            assert proc.poll() is None, "the site exited"
+            return None
+
+    return wait_until(stats, 30, what=f"{base} serving")
 
 
 def start_cli(args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "crawler"), **(extra_env or {})}
+    env = {**os.environ, "PYTHONPATH": str(CRAWLER), **(extra_env or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "bloomcrawl.ops.demo_site", *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

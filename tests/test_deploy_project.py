@@ -3,31 +3,31 @@
 ``tests/userproject`` has no setup.py, and spiders that import ``pricefmt``,
 which its requirements.txt names (``./vendor/pricefmt``) and the test
 interpreter does not have. The nodes are real scrapyd processes on free
-ports (:class:`test_scrapyd_packaging.Scrapyd`); the CLI runs in-process.
+ports (:class:`kit.scrapyd.ScrapydNode`); the CLI runs in-process.
 The project is copied first: pip builds ./vendor/pricefmt in place.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import shutil
 import subprocess
 import sys
-import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_scrapyd_packaging import PASSWORD, USERNAME, Scrapyd
 
 from bloomcrawl.ops import cli, requirements, scrapyd
 from bloomcrawl.ops.cluster.compose import PROJECT_PACKAGES
+from bloomcrawl.ops.cluster.processes import free_port
 from bloomcrawl.ops.cluster.state import Cluster, Paths, save_cluster
 from bloomcrawl.ops.console import OpsError
 
-from conftest import ROOT, RedisServer, free_port
+from kit import ROOT
+from kit.redis import RedisServer
+from kit.scrapyd import PASSWORD, USERNAME, ScrapydNode
 
 USERPROJECT = ROOT / "tests" / "userproject"
 SPIDERS = ["catalog", "deals", "redis_catalog", "sitemap"]
@@ -59,38 +59,25 @@ def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Paths:
     return Paths.from_environment()
 
 
-@contextlib.contextmanager
-def running_nodes(tmp_path: Path, redis_url: str, pythonpath: Path | None = None,
-                  count: int = 2) -> Iterator[list[Scrapyd]]:
-    """``count`` scrapyd nodes, every one stopped at the end however it ends."""
-    started: list[Scrapyd] = []
-    try:
-        for i in range(1, count + 1):
-            started.append(Scrapyd(tmp_path / f"node-{i}", redis_url, pythonpath))
-        yield started
-    finally:
-        for node in started:
-            node.stop()
-
-
 @pytest.fixture
-def bare_nodes(tmp_path: Path, redis_server: RedisServer) -> Iterator[list[Scrapyd]]:
+def bare_nodes(scrapyd_nodes: Callable[..., ScrapydNode],
+               redis_server: RedisServer) -> list[ScrapydNode]:
     """Two scrapyd nodes with nothing on their PYTHONPATH."""
-    with running_nodes(tmp_path, redis_server.url) as nodes:
-        yield nodes
+    return [scrapyd_nodes(f"node-{i}", redis_url=redis_server.url) for i in (1, 2)]
 
 
 @pytest.fixture
-def local_cluster(tmp_path: Path, redis_server: RedisServer,
-                  paths: Paths) -> Iterator[list[Scrapyd]]:
+def local_cluster(scrapyd_nodes: Callable[..., ScrapydNode], redis_server: RedisServer,
+                  paths: Paths) -> list[ScrapydNode]:
     """Two scrapyd nodes recorded as a local cluster, started as the local cluster starts
     its nodes: with the projects' requirements directory on their PYTHONPATH."""
-    with running_nodes(tmp_path, redis_server.url, paths.project_packages) as nodes:
-        records = [dataclasses.replace(node.process.record, name=f"scrapyd-{i}")
-                   for i, node in enumerate(nodes, 1)]
-        save_cluster(paths, Cluster("local", redis_server.url, USERNAME, PASSWORD,
-                                    processes=records, ports={"redis": redis_server.port}))
-        yield nodes
+    nodes = [scrapyd_nodes(f"node-{i}", redis_url=redis_server.url,
+                           pythonpath=paths.project_packages) for i in (1, 2)]
+    records = [dataclasses.replace(node.process.record, name=f"scrapyd-{i}")
+               for i, node in enumerate(nodes, 1) if node.process is not None]
+    save_cluster(paths, Cluster("local", redis_server.url, USERNAME, PASSWORD,
+                                processes=records, ports={"redis": redis_server.port}))
+    return nodes
 
 
 def deploy(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str], str]:
@@ -121,7 +108,7 @@ def test_the_egg_of_a_project_without_setup_py_holds_its_package(
 
 
 def test_deploy_fails_naming_the_module_the_spiders_cannot_import(
-        project: Path, paths: Paths, bare_nodes: list[Scrapyd],
+        project: Path, paths: Paths, bare_nodes: list[ScrapydNode],
         capsys: pytest.CaptureFixture[str]) -> None:
     urls = ",".join(node.url for node in bare_nodes)
     code, out, err = deploy(capsys, "--nodes", urls, "--project-dir", str(project),
@@ -139,7 +126,7 @@ def test_deploy_fails_naming_the_module_the_spiders_cannot_import(
 
 @pytest.mark.slow
 def test_deploy_installs_the_requirements_for_a_local_cluster_then_a_job_runs(
-        project: Path, paths: Paths, local_cluster: list[Scrapyd], redis_server: RedisServer,
+        project: Path, paths: Paths, local_cluster: list[ScrapydNode], redis_server: RedisServer,
         capsys: pytest.CaptureFixture[str]) -> None:
     # --no-requirements: nothing installed, and the check of the upload says what is missing
     code, out, _ = deploy(capsys, "--project-dir", str(project), "--no-requirements",
@@ -170,21 +157,12 @@ def test_deploy_installs_the_requirements_for_a_local_cluster_then_a_job_runs(
     jobs = dict(line.split() for line in capsys.readouterr().out.splitlines())
     assert sorted(jobs) == sorted(node.url for node in local_cluster)
     for node in local_cluster:
-        log = wait_for_job(node, jobs[node.url])
+        log = node.wait_finished("shopcrawl", "catalog", jobs[node.url])
         assert "No module named" not in log and "Spider closed (finished)" in log, log[-3000:]
 
 
 def version(name: str) -> str:
     return requirements.worker_environment([sys.executable]).packages[name]
-
-
-def wait_for_job(node: Scrapyd, job: str, timeout: float = 90) -> str:
-    """The log of ``job`` once it finished."""
-    deadline = time.monotonic() + timeout
-    while not [j for j in node.node.list_jobs("shopcrawl")["finished"] if j["id"] == job]:
-        assert time.monotonic() < deadline, node.node.list_jobs("shopcrawl")
-        time.sleep(0.3)
-    return (node.workdir / "logs" / "shopcrawl" / "catalog" / f"{job}.log").read_text()
 
 
 @pytest.mark.parametrize(("name", "reason"), [

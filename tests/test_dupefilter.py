@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from bloomcrawl.core.errors import RedisUnavailableError, SettingError
 from bloomcrawl.crawl.dupefilter import RedisBloomDupeFilter
 
 from conftest import disconnect_at_teardown
-from crawl_helpers import Worker, run_workers
+from kit.workers import WorkerPool, run_workers
 
 
 class QueryBlindFingerprinter:
@@ -87,7 +86,7 @@ def test_unreachable_redis_names_the_url(closed_port_url) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("demo_site", [{"pages": 400}], indirect=True)
 def test_incremental_crawl_with_scrapys_own_scheduler(redis_server, redis_client, demo_site,
-                                                      tmp_path: Path) -> None:
+                                                      worker_pool: WorkerPool) -> None:
     settings = {
         "SPIDER_MODULES": "testspiders",
         "SCHEDULER": "scrapy.core.scheduler.Scheduler",
@@ -97,15 +96,16 @@ def test_incremental_crawl_with_scrapys_own_scheduler(redis_server, redis_client
         "ITEM_PIPELINES": "{}",
     }
     # the start page is an index whose links the first run only partly followed
-    first = Worker("first", redis_server.url, tmp_path, {**settings, "DEPTH_LIMIT": "1"},
-                   spider="links", args={"start_url": demo_site.url, "max_links": "8"})
+    first = worker_pool.start("first", redis_server.url, {**settings, "DEPTH_LIMIT": "1"},
+                              spider="links",
+                              args={"start_url": demo_site.url, "max_links": "8"})
     run_workers([first], timeout=120)
     after_first = demo_site.hits()
     crawled_first = {i for i, h in enumerate(after_first) if h}
     linked = set(demo_site.site.targets(0)) | {0}
     assert crawled_first < linked
-    second = Worker("second", redis_server.url, tmp_path, {**settings, "DEPTH_LIMIT": "1"},
-                    spider="links", args={"start_url": demo_site.url})
+    second = worker_pool.start("second", redis_server.url, {**settings, "DEPTH_LIMIT": "1"},
+                               spider="links", args={"start_url": demo_site.url})
     run_workers([second], timeout=120)
     hits = demo_site.hits()
     assert hits[0] == after_first[0] + 1  # the start page is dont_filter: fetched again
@@ -121,7 +121,7 @@ def test_incremental_crawl_with_scrapys_own_scheduler(redis_server, redis_client
 @pytest.mark.slow
 @pytest.mark.parametrize("demo_site", [{"pages": 400}], indirect=True)
 def test_drop_in_under_scrapy_redis_scheduler(redis_server, redis_client, demo_site,
-                                              tmp_path: Path) -> None:
+                                              worker_pool: WorkerPool) -> None:
     settings = {
         "SPIDER_MODULES": "testspiders",
         "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
@@ -131,8 +131,8 @@ def test_drop_in_under_scrapy_redis_scheduler(redis_server, redis_client, demo_s
         "DOWNLOADER_MIDDLEWARES": "{}",
         "ITEM_PIPELINES": "{}",
     }
-    worker = Worker("w", redis_server.url, tmp_path, settings, spider="links",
-                    args={"start_url": demo_site.url})
+    worker = worker_pool.start("w", redis_server.url, settings, spider="links",
+                               args={"start_url": demo_site.url})
     run_workers([worker], timeout=120)
     hits = demo_site.hits()
     assert hits[0] == 2  # the dont_filter start request, then the first link back to it

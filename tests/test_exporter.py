@@ -36,18 +36,14 @@ from bloomcrawl.core.politeness import (
 )
 from bloomcrawl.ops import exporter, metrics, scrapyd
 from bloomcrawl.ops import inspection as inspect
+from bloomcrawl.ops.cluster.processes import free_port
 from bloomcrawl.ops.exporter import ClusterCollector, ScrapydNodes, build_registry
 from bloomcrawl.ops.exporter import redis_client as exporter_client
 
-from cluster_fixtures import (
-    ScrapydNode,
-    fingerprints,
-    populate_frontier,
-    scrapyd_node_fixture,  # noqa: F401  (the scrapyd_node fixture)
-)
-from conftest import RedisServer, free_port
-
-ROOT = Path(__file__).resolve().parent.parent
+from kit import CRAWLER
+from kit.data import fingerprints, populate_frontier
+from kit.redis import RedisServer
+from kit.scrapyd import ScrapydNode
 
 FILTER_METRICS = {
     "bloomcrawl_filter_capacity": lambda f: f.capacity,
@@ -288,8 +284,7 @@ def test_unreadable_parameters_do_not_break_the_scrape(redis_server: RedisServer
 def test_redis_down_reports_up_0_logs_once_and_recovers(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
+    server = RedisServer(tmp_path / "redis").start()
     try:
         populate_frontier(server.client(), "site")
         _, registry = collector(server.url)
@@ -466,24 +461,15 @@ def test_unreadable_politeness_state_does_not_break_the_scrape(
 # --- RedisBloom backend ---------------------------------------------------------------
 
 
-@pytest.fixture
-def mod_client(redismod_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redismod_server.client()
-    client.flushall()
-    yield client
-    client.flushall()
-    client.close()
-
-
 @pytest.mark.redismod
 def test_filter_metrics_of_a_redisbloom_filter(redismod_server: RedisServer,
-                                               mod_client: redis.Redis) -> None:
-    front = populate_frontier(mod_client, "site", backend="redisbloom")
+                                               redismod_client: redis.Redis) -> None:
+    front = populate_frontier(redismod_client, "site", backend="redisbloom")
     assert front.bloom.params.backend == "redisbloom"
-    assert mod_client.exists(keys.redisbloom_key(front.frontier.filter, 0))
+    assert redismod_client.exists(keys.redisbloom_key(front.frontier.filter, 0))
     info = front.bloom.info()
     assert (info.items, info.checked, info.filtered, info.capacity) == (300, 400, 100, 10_000)
-    mod_client.config_resetstat()
+    redismod_client.config_resetstat()
     _, registry = collector(redismod_server.url)
     get = registry.get_sample_value
     labels = {"spider": "site"}
@@ -502,7 +488,7 @@ def test_filter_metrics_of_a_redisbloom_filter(redismod_server: RedisServer,
     assert get("bloomcrawl_pages_total", labels) == front.stats["pages"]
     assert node_pages(registry) == {("site", host): pages
                                     for host, pages in front.pages_by_node.items()}
-    used = {k.removeprefix("cmdstat_").split("|")[0] for k in mod_client.info("commandstats")}
+    used = {k.removeprefix("cmdstat_").split("|")[0] for k in redismod_client.info("commandstats")}
     assert "bf.info" in used
     # the politeness summary is a script (frontier_hosts.lua); Redis counts the commands a
     # script calls as well, so a write inside it would show here
@@ -714,7 +700,7 @@ def test_registering_does_not_touch_redis(closed_port_url: str) -> None:
 def exporter_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SCRAPYD_", "BLOOMCRAWL_", "REDIS_"))}
-    env["PYTHONPATH"] = str(ROOT / "crawler")
+    env["PYTHONPATH"] = str(CRAWLER)
     env.update(extra)
     return env
 

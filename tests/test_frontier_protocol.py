@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 
 import pytest
 import redis
 
 from bloomcrawl.core.bloom import BloomFilter
-from bloomcrawl.core.frontier import Frontier, Outgoing
+from bloomcrawl.core.frontier import Frontier
 from bloomcrawl.core.keys import FrontierKeys
-from bloomcrawl.core.politeness import host_of
 
-
-def outgoing(*urls: str) -> list[Outgoing]:
-    return [Outgoing(hashlib.sha1(u.encode()).digest(), False, 0.0, json.dumps({"url": u}),
-                     host_of(u))
-            for u in urls]
+from kit.data import outgoing
 
 
 @pytest.fixture

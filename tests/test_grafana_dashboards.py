@@ -48,13 +48,15 @@ from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.frontier import Frontier, Outgoing
 from bloomcrawl.core.politeness import filter_fingerprint, host_of
+from bloomcrawl.ops.cluster.processes import free_port
 from bloomcrawl.ops.exporter import ClusterCollector, ScrapydNodes, build_registry
 from bloomcrawl.ops.exporter import redis_client as exporter_client
 
-from cluster_fixtures import populate_frontier
-from conftest import RedisServer, free_port, installed
+from kit import ROOT
+from kit.data import populate_frontier
+from kit.fixtures import installed
+from kit.redis import RedisServer
 
-ROOT = Path(__file__).resolve().parent.parent
 MONITORING = ROOT / "monitoring"
 DASHBOARDS = sorted(MONITORING.rglob("*.json"))
 #: the folder docker-compose.yml mounts where the provider

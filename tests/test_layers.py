@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "crawler" / "bloomcrawl"
+from kit import CRAWLER
+
+PACKAGE = CRAWLER / "bloomcrawl"
 #: what each layer may not import
 FORBIDDEN = {
     "core": ("scrapy", "twisted", "bloomcrawl.crawl", "bloomcrawl.ops"),

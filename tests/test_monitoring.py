@@ -13,13 +13,9 @@ tests fail rather than skip without them.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
-import time
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,13 +23,18 @@ from typing import Any
 import pytest
 import redis
 
-from bloomcrawl.ops.cluster.processes import ManagedProcess, spawn, start_prometheus
+from bloomcrawl.ops.cluster.processes import free_port, start_prometheus
 from bloomcrawl.ops.demo_site import serve_in_thread
+from bloomcrawl.ops.noproxy import OPENER
 
-from cluster_fixtures import ScrapydNode, scrapyd_node_fixture  # noqa: F401  (fixture)
-from conftest import RedisServer, free_port, installed
+from kit import ROOT
+from kit.exporter import Exporter
+from kit.fixtures import installed
+from kit.redis import RedisServer
+from kit.scrapyd import ScrapydNode
+from kit.wait import wait_until
+from kit.workers import Worker, WorkerPool
 
-ROOT = Path(__file__).resolve().parent.parent
 MONITORING = ROOT / "monitoring"
 PROMETHEUS_DIR = MONITORING / "prometheus"
 PROMETHEUS_CONFIG = PROMETHEUS_DIR / "prometheus.yml"
@@ -45,7 +46,6 @@ DATASOURCES = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"
 DASHBOARD_PROVIDER = GRAFANA / "provisioning" / "dashboards" / "bloomcrawl.yml"
 CRAWL_PAGES = 1500
 SITE_DELAY_MS = 20  # with CONCURRENT_REQUESTS=2 below: the crawl takes 15 s at the least
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def run(cmd: list[str], cwd: Path = ROOT) -> str:
@@ -186,7 +186,7 @@ class Prometheus:
         url = f"{self.url}/api/v1/{path}"
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        with _OPENER.open(url, timeout=10) as response:
+        with OPENER.open(url, timeout=10) as response:
             body = json.loads(response.read())
         assert body["status"] == "success", body
         return body["data"]
@@ -197,14 +197,9 @@ class Prometheus:
         return result
 
     def wait_for(self, expr: str, timeout: float = 60) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while True:
-            result = self.query(expr)
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no data for {expr!r} within {timeout} s")
-            time.sleep(0.5)
+        """The result of ``expr`` once it has data (Prometheus scrapes every second)."""
+        return wait_until(lambda: self.query(expr), timeout, interval=0.25,
+                          what=f"data for {expr!r}")
 
     def stop(self) -> None:
         # its data is thrown away: a graceful exit (seen taking 15 s) saves nothing
@@ -214,58 +209,33 @@ class Prometheus:
 @pytest.fixture
 def monitored_crawl(
     tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis,
-    scrapyd_node: ScrapydNode,
-) -> Iterator[tuple[Prometheus, subprocess.Popen[bytes], str]]:
+    scrapyd_node: ScrapydNode, worker_pool: WorkerPool,
+) -> Iterator[tuple[Prometheus, Worker, str]]:
     """Demo site + ``scrapy crawl site`` + exporter + Prometheus, all on 127.0.0.1."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SCRAPYD_", "BLOOMCRAWL_", "REDIS_"))}
-    env["HOME"] = str(tmp_path / "home")
-    env["PYTHONPATH"] = str(ROOT / "crawler")
-    env.pop("SCRAPY_SETTINGS_MODULE", None)
     closed_node = f"127.0.0.1:{free_port()}"
-    exporter_port = free_port()
-    site = serve_in_thread(pages=CRAWL_PAGES, delay_ms=SITE_DELAY_MS)
-    processes: list[ManagedProcess] = []
     prometheus: Prometheus | None = None
-    try:
-        processes.append(spawn(
-            "exporter",
-            [sys.executable, "-m", "bloomcrawl.ops.exporter", "--port", str(exporter_port),
-             "--bind", "127.0.0.1", "--redis-url", redis_server.url,
-             "--scrapyd-nodes", f"{scrapyd_node.url},{closed_node}"],
-            log=tmp_path / "exporter.log", cwd=tmp_path,
-            env={**env, "SCRAPYD_USERNAME": scrapyd_node.username,
-                 "SCRAPYD_PASSWORD": scrapyd_node.password}))
-        prometheus = Prometheus(tmp_path / "prometheus", exporter_port)
-        prometheus.wait_for('up{job="bloomcrawl"} == 1')
-
-        redis_client.rpush("site:start_urls", site.url)
-        settings = {
-            "REDIS_URL": redis_server.url, "MAX_IDLE_TIME_BEFORE_CLOSE": "4",
-            "REMOTE_CONTROL_ENABLED": "False", "TELNETCONSOLE_ENABLED": "False",
-            # the demo site is one host, and a host's URLs fill one partition of the
-            # filter (capacity / partitions): sized so that its false positives cannot
-            # drop one of the pages the test counts (3000 did, at 2x that share)
-            "ROBOTSTXT_OBEY": "False", "BLOOMFILTER_CAPACITY": "200000",
-            "CONCURRENT_REQUESTS": "2", "LOG_LEVEL": "INFO",
-        }
-        cmd = [sys.executable, "-m", "scrapy", "crawl", "site"]
-        for name, value in settings.items():
-            cmd += ["-s", f"{name}={value}"]
-        worker = spawn("worker", cmd, log=tmp_path / "worker.log", cwd=ROOT / "crawler",
-                       env=env)
-        processes.append(worker)
-        yield prometheus, worker.popen, closed_node
-    finally:
-        for process in reversed(processes):
-            process.stop()
-        if prometheus is not None:
-            prometheus.stop()
-        site.stop()
+    with serve_in_thread(pages=CRAWL_PAGES, delay_ms=SITE_DELAY_MS) as site, Exporter(
+            redis_server.url, tmp_path, nodes=[scrapyd_node.url, closed_node],
+            env={"SCRAPYD_USERNAME": scrapyd_node.username,
+                 "SCRAPYD_PASSWORD": scrapyd_node.password}) as exporter:
+        try:
+            prometheus = Prometheus(tmp_path / "prometheus", exporter.port)
+            prometheus.wait_for('up{job="bloomcrawl"} == 1')
+            redis_client.rpush("site:start_urls", site.url)
+            worker = worker_pool.start("worker", redis_server.url, {
+                # the demo site is one host, and a host's URLs fill one partition of the
+                # filter (capacity / partitions): sized so that its false positives cannot
+                # drop one of the pages the test counts (3000 did, at 2x that share)
+                "BLOOMFILTER_CAPACITY": "200000", "CONCURRENT_REQUESTS": "2"})
+            yield prometheus, worker, closed_node
+        finally:
+            worker_pool.close()
+            if prometheus is not None:
+                prometheus.stop()
 
 
 def test_every_panel_and_alert_query_returns_data_from_a_real_crawl(
-    monitored_crawl: tuple[Prometheus, subprocess.Popen[bytes], str],
+    monitored_crawl: tuple[Prometheus, Worker, str],
     scrapyd_node: ScrapydNode,
 ) -> None:
     prometheus, worker, closed_node = monitored_crawl
@@ -304,11 +274,13 @@ def test_every_panel_and_alert_query_returns_data_from_a_real_crawl(
     # series it reads has data (its threshold may legitimately leave the result empty)
     rules = {r["name"]: r for g in prometheus.api("rules")["groups"] for r in g["rules"]}
     assert set(rules) == set(alert_names())
-    deadline = time.monotonic() + 30
-    while any(r["lastEvaluation"].startswith("0001") for r in rules.values()):
-        assert time.monotonic() < deadline, "rules never evaluated"
-        time.sleep(0.5)
+
+    def evaluated() -> dict[str, Any] | None:
         rules = {r["name"]: r for g in prometheus.api("rules")["groups"] for r in g["rules"]}
+        return None if any(r["lastEvaluation"].startswith("0001")
+                           for r in rules.values()) else rules
+
+    rules = wait_until(evaluated, 30, interval=0.25, what="every rule evaluated")
     for name, rule in rules.items():
         assert rule["health"] == "ok", (name, rule.get("lastError"))
         prometheus.query(rule["query"])  # a valid query
@@ -324,7 +296,7 @@ def test_every_panel_and_alert_query_returns_data_from_a_real_crawl(
                and a["labels"]["node"] == closed_node for a in alerts)
 
     # the crawl completes and Prometheus's last word agrees with it
-    assert worker.wait(120) == 0
+    assert worker.wait(120) == 0, worker.tail()
     prometheus.wait_for(f'bloomcrawl_pages_total{{spider="site"}} == {CRAWL_PAGES}')
     prometheus.wait_for(
         f'bloomcrawl_node_pages_total{{spider="site",node="{node}"}} == {CRAWL_PAGES}')

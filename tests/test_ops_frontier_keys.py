@@ -9,12 +9,8 @@ the keys, the real exporter process over HTTP and the real command line.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,18 +19,17 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from bloomcrawl.core.bloom import BloomFilter
-from bloomcrawl.core.frontier import Frontier, Outgoing
+from bloomcrawl.core.frontier import Frontier
 from bloomcrawl.core.keys import FrontierKeys
-from bloomcrawl.core.politeness import host_of
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 from bloomcrawl.ops import inspection
-from bloomcrawl.ops.cluster.processes import spawn
 from bloomcrawl.ops.exporter import ClusterCollector, build_registry
 from bloomcrawl.ops.exporter import redis_client as exporter_client
-from bloomcrawl.ops.noproxy import http_ok
 
-from cluster_fixtures import populate_frontier
-from conftest import ROOT, RedisServer, free_port
+from kit.cli import CliRun, run_cli
+from kit.data import outgoing, populate_frontier
+from kit.exporter import Exporter
+from kit.redis import RedisServer
 
 GOOD = {"spider": "good"}
 BAD = {"spider": "bad"}
@@ -180,25 +175,14 @@ def test_the_exporter_process_answers_200_through_a_malformed_meta_hash(
     for name, params in (("nulled", "null"), ("listed", "[1]"), ("garbled", "{")):
         redis_client.hset(f"{name}:bloomfilter:meta", mapping={"params": params, "ready": "1"})
     MALFORMED["filter counters not numbers"](redis_client)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/metrics"
-    process = spawn("exporter", [sys.executable, "-m", "bloomcrawl.ops.exporter", "--port",
-                                 str(port), "--redis-url", redis_server.url],
-                    log=tmp_path / "exporter.log", cwd=tmp_path,
-                    env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "crawler")})
-    try:
-        process.wait_ready(lambda: http_ok(url), 30)
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with Exporter(redis_server.url, tmp_path) as process:
         for _ in range(3):
-            with opener.open(url, timeout=10) as response:
-                assert response.status == 200
-                body = response.read().decode()
-            assert "bloomcrawl_up 1.0" in body
-            assert 'bloomcrawl_filter_items{spider="good"} 300.0' in body
+            scraped = process.scrape()
+            assert scraped.status == 200, scraped
+            assert "bloomcrawl_up 1.0" in scraped.body
+            assert 'bloomcrawl_filter_items{spider="good"} 300.0' in scraped.body
             for spider in ("nulled", "listed", "garbled", "bad"):
-                assert f'bloomcrawl_spider_read_errors{{spider="{spider}"}} 1.0' in body
-    finally:
-        process.stop()
+                assert f'bloomcrawl_spider_read_errors{{spider="{spider}"}} 1.0' in scraped.body
     log = (tmp_path / "exporter.log").read_text()
     for spider in ("nulled", "listed", "garbled", "bad"):
         assert log.count(f"spider '{spider}'") == 1, log
@@ -232,12 +216,6 @@ def test_a_redis_refusing_commands_goes_through_the_one_error_policy(
 
 
 # --- the frontier's newer keys ---------------------------------------------------------------
-
-
-def outgoing(*urls: str) -> list[Outgoing]:
-    return [Outgoing(hashlib.sha1(u.encode()).digest(), False, 0.0, json.dumps({"url": u}),
-                     host_of(u))
-            for u in urls]
 
 
 def real_frontier(client: redis.Redis, spider: str = "site", partitions: int = 2) -> Frontier:
@@ -297,16 +275,12 @@ def keys_of(client: redis.Redis) -> set[str]:
     return {k.decode() for k in client.scan_iter(count=1000)}
 
 
-def clear(redis_url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bloomcrawl.ops.cli", "clear", "--yes", "--redis-url", redis_url],
-        cwd=ROOT, text=True, capture_output=True, timeout=60,
-        env={"PATH": "/usr/bin:/bin", "BLOOMCRAWL_STATE_DIR": str(tmp_path / "run"),
-             "BLOOMCRAWL_ENV_FILE": str(tmp_path / "no.env")})
+def clear(redis_url: str, env: dict[str, str]) -> CliRun:
+    return run_cli("clear", "--yes", "--redis-url", redis_url, env=env)
 
 
 def test_clear_leaves_no_key_of_the_spider_and_every_key_of_the_others(
-    redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path,
+    redis_server: RedisServer, redis_client: redis.Redis, cli_env: dict[str, str],
 ) -> None:
     real_frontier(redis_client, "other", partitions=3)
     others = keys_of(redis_client)
@@ -329,23 +303,17 @@ def test_clear_leaves_no_key_of_the_spider_and_every_key_of_the_others(
                    custom.meta, custom.lease_counter(1)):
         assert wanted in mine, f"the frontier did not write {wanted}: the test proves nothing"
 
-    cleared = clear(redis_server.url, tmp_path)
-    assert cleared.returncode == 0, cleared.stderr
+    cleared = clear(redis_server.url, cli_env).assert_ok()
     assert cleared.stdout == f"deleted {len(mine)} key(s) of site\n"
     assert keys_of(redis_client) == others
-    assert clear(redis_server.url, tmp_path).stdout == "deleted 0 key(s) of site\n"
+    assert clear(redis_server.url, cli_env).stdout == "deleted 0 key(s) of site\n"
 
 
 def test_status_counts_start_urls_waiting_and_leased(
-    redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path,
+    redis_server: RedisServer, redis_client: redis.Redis, cli_env: dict[str, str],
 ) -> None:
     real_frontier(redis_client)
-    done = subprocess.run(
-        [sys.executable, "-m", "bloomcrawl.ops.cli", "status", "--redis-url", redis_server.url],
-        cwd=ROOT, text=True, capture_output=True, timeout=60,
-        env={"PATH": "/usr/bin:/bin", "BLOOMCRAWL_STATE_DIR": str(tmp_path / "run"),
-             "BLOOMCRAWL_ENV_FILE": str(tmp_path / "no.env")})
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_cli("status", "--redis-url", redis_server.url, env=cli_env).assert_ok()
     lines = done.stdout.splitlines()
     header = next(line for line in lines if line.startswith("spider "))
     row = next(line for line in lines if line.startswith("site "))

@@ -1,7 +1,7 @@
 """The operations layer on a real Redis Cluster (3 masters, 3 replicas): the exporter,
 ``bloomcrawl status``, ``filter-info`` and ``clear`` over a ``redis+cluster://`` URL.
 
-The frontier is written by :func:`cluster_fixtures.populate_frontier` through a
+The frontier is written by :func:`kit.data.populate_frontier` through a
 ``RedisCluster`` client (every key of a partition carries its hash tag, so it
 works unchanged); every figure the exporter reports is compared with what each
 master holds, read through a plain client of that master (no redirections), so
@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-import urllib.error
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -23,17 +21,20 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from redis_cluster import HOST, RedisClusterProcesses
 
 from bloomcrawl.core.sizing import BLOCK_BITS
 from bloomcrawl.ops import inspection
-from bloomcrawl.ops.cluster.processes import ManagedProcess, spawn
+from bloomcrawl.ops.cluster.processes import free_port
 from bloomcrawl.ops.exporter import ClusterCollector, build_registry
 from bloomcrawl.ops.exporter import redis_client as exporter_client
-from bloomcrawl.ops.noproxy import OPENER, http_ok
 
-from cluster_fixtures import Frontier, populate_frontier
-from conftest import ROOT, RedisServer, free_port
+from kit import CRAWLER
+from kit.cli import CliRun, run_cli
+from kit.cluster import HOST, RedisClusterProcesses
+from kit.data import Frontier, populate_frontier
+from kit.exporter import Exporter
+from kit.redis import RedisServer
+from kit.wait import wait_until
 
 T = TypeVar("T")
 #: spiders whose meta hashes land on different masters (checked, not assumed)
@@ -274,10 +275,9 @@ def test_inspection_finds_spiders_on_every_master_and_only_reads(
 # --- the command line ----------------------------------------------------------------------
 
 
-def bloomcrawl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.cli", *args], cwd=ROOT,
-                          env=env, text=True, capture_output=True, timeout=120)
-    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+def bloomcrawl(env: dict[str, str], *args: str) -> CliRun:
+    done = run_cli(*args, env=env)
+    assert "Traceback" not in done.output, done.stderr
     return done
 
 
@@ -287,7 +287,7 @@ def test_status_and_filter_info_over_a_cluster_url(
 ) -> None:
     url = clean_cluster.startup_url
     done = bloomcrawl(cli_env, "status", "--redis-url", url)
-    assert done.returncode == 0, done.stderr
+    assert done.code == 0, done.stderr
     lines = done.stdout.splitlines()
     assert any(line.startswith("redis: redis+cluster://") and "3 masters" in line
                for line in lines), lines
@@ -304,7 +304,7 @@ def test_status_and_filter_info_over_a_cluster_url(
                             str(front.stats["filtered"]), "300"], (header, row)
 
     done = bloomcrawl(cli_env, "filter-info", "--spider", "site", "--redis-url", url)
-    assert done.returncode == 0, done.stderr
+    assert done.code == 0, done.stderr
     info = json.loads(done.stdout)
     assert (info["items"], info["partitions"], info["name"]) == (300, PARTITIONS,
                                                                  "site:bloomfilter")
@@ -324,7 +324,7 @@ def test_clear_deletes_a_spider_on_every_master_and_nothing_else(
     assert sum(1 for names in of_site.values() if names) == 3, "site's keys on every master"
     done = bloomcrawl(cli_env, "clear", "--spider", "site", "--yes", "--redis-url",
                       clean_cluster.startup_url)
-    assert done.returncode == 0, done.stderr
+    assert done.code == 0, done.stderr
     total = sum(len(names) for names in of_site.values())
     assert done.stdout.strip() == f"deleted {total} key(s) of site"
     after = keys_on_masters()
@@ -334,30 +334,30 @@ def test_clear_deletes_a_spider_on_every_master_and_nothing_else(
 def test_a_cluster_url_nobody_answers_is_one_line(cli_env: dict[str, str]) -> None:
     url = f"redis+cluster://127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
     done = bloomcrawl(cli_env, "status", "--redis-url", url)
-    assert done.returncode == 1
+    assert done.code == 1
     assert done.stderr.startswith("bloomcrawl status: cannot reach Redis Cluster at "), done.stderr
-    done = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.exporter", "--redis-url", url,
-                           "--once"], env={**cli_env, "PYTHONPATH": str(ROOT / "crawler")},
-                          text=True, capture_output=True, timeout=60)
-    assert done.returncode == 1 and "cannot reach Redis Cluster" in done.stderr, done.stderr
-    assert "Traceback" not in done.stderr
+    exported = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.exporter", "--redis-url",
+                               url, "--once"], env={**cli_env, "PYTHONPATH": str(CRAWLER)},
+                              text=True, capture_output=True, timeout=60)
+    assert exported.returncode == 1, exported.stderr
+    assert "cannot reach Redis Cluster" in exported.stderr, exported.stderr
+    assert "Traceback" not in exported.stderr
 
 
 # --- a master killed -------------------------------------------------------------------------
 
 
-def fetch(url: str) -> tuple[int, dict[str, dict[tuple[tuple[str, str], ...], float]]]:
+def fetch(exporter: Exporter) -> tuple[int, dict[str, dict[tuple[tuple[str, str], ...], float]]]:
     """Status and name -> labels -> value of one scrape of the exporter over HTTP."""
-    try:
-        with OPENER.open(url, timeout=10) as response:
-            status, body = response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, {}
+    scraped = exporter.scrape()
+    assert scraped.status is not None, scraped.error
     values: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for family in text_string_to_metric_families(body):
+    if scraped.status != 200:
+        return scraped.status, values
+    for family in text_string_to_metric_families(scraped.body):
         for s in family.samples:
             values.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return status, values
+    return scraped.status, values
 
 
 def node_up(values: dict[str, dict[tuple[tuple[str, str], ...], float]]) -> dict[str, float]:
@@ -384,22 +384,14 @@ def test_metrics_answer_through_a_dead_master_and_its_failover(
     masters, victim = populate_and_choose_victim(cluster)
     # the replica holds every write before its master dies: the figures survive the failover
     assert on_node(cluster, victim, lambda c: c.wait(1, 5000)) == 1
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/metrics"
-    exporter: ManagedProcess = spawn(
-        "exporter", [sys.executable, "-m", "bloomcrawl.ops.exporter", "--port", str(port),
-                     "--redis-url", cluster.startup_url],
-        log=tmp_path / "exporter.log", cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "crawler")})
-    try:
-        exporter.wait_ready(lambda: http_ok(url), 30)
-        status, values = fetch(url)
+    with Exporter(cluster.startup_url, tmp_path) as exporter:
+        status, values = fetch(exporter)
         assert status == 200 and values["bloomcrawl_up"][()] == 1
         assert node_up(values) == {node_label(p): 1 for p in masters}
 
         cluster.nodes[victim].kill()  # no failover yet: its replica waits the node timeout
         for _ in range(3):
-            status, values = fetch(url)
+            status, values = fetch(exporter)
             assert status == 200
             assert values["bloomcrawl_up"][()] == 0
             assert node_up(values) == {node_label(p): 0 if p == victim else 1 for p in masters}
@@ -407,19 +399,16 @@ def test_metrics_answer_through_a_dead_master_and_its_failover(
             assert values["bloomcrawl_scrape_duration_seconds"][()] < 5
 
         promoted = cluster.wait_failover(victim)
-        deadline = time.monotonic() + 30
-        while True:
-            status, values = fetch(url)
+
+        def up_again() -> dict[str, dict[tuple[tuple[str, str], ...], float]] | None:
+            status, values = fetch(exporter)
             assert status == 200
-            if values["bloomcrawl_up"][()] == 1:
-                break
-            assert time.monotonic() < deadline, "bloomcrawl_up never came back"
-            time.sleep(0.2)
+            return values if values["bloomcrawl_up"][()] == 1 else None
+
+        values = wait_until(up_again, 30, interval=0.2, what="bloomcrawl_up back to 1")
         survivors = {node_label(p): 1 for p in masters if p != victim}
         assert node_up(values) == {**survivors, node_label(promoted): 1}
         assert values["bloomcrawl_filter_items"][(("spider", "site"),)] == 300
-    finally:
-        exporter.stop()
     log = (tmp_path / "exporter.log").read_text()
     assert log.count(f"Redis master {node_label(victim)} unreachable") == 1, log
     assert "Traceback" not in log
@@ -446,7 +435,7 @@ def test_a_master_down_with_no_replica_to_take_over(
         assert registry.get_sample_value("bloomcrawl_filter_items", {"spider": "site"}) is None
 
     done = bloomcrawl(cli_env, "status", "--redis-url", cluster.startup_url)
-    assert done.returncode == 1
+    assert done.code == 1
     rows = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines()
             if line.startswith(f"{HOST}:")}
     assert rows == {node_label(p): "NO" if p == victim else "yes" for p in masters}

@@ -28,7 +28,6 @@ from __future__ import annotations
 import http.client
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from bloomcrawl.ops.cluster.processes import free_port, spawn
 from bloomcrawl.ops.hosts_site import (
     Arrival,
     HostSpec,
@@ -54,18 +54,18 @@ from bloomcrawl.ops.hosts_site import (
     summarize,
 )
 
-from conftest import RedisServer, free_port
-from crawl_helpers import (
+from kit import CRAWLER
+from kit.politeness import (
     POLITE_CRAWL_TIMEOUT_S,
     POLITE_WORKERS,
-    check_exits,
+    assert_pages_once,
     closest,
     polite_agent,
-    run_workers,
     start_polite_workers,
-    stopped_at_exit,
-    wait_until,
 )
+from kit.redis import RedisServer
+from kit.wait import wait_until
+from kit.workers import WorkerPool, check_exits, run_workers
 
 #: each page links to this many new ones: every worker could have work of the domain at once
 FANOUT = 10
@@ -82,21 +82,6 @@ THROUGHPUT_FACTOR = 0.8
 
 def seed(client: redis.Redis, site: RunningHostsSite, hosts: list[str]) -> None:
     client.rpush("site:start_urls", *[site.url(host) for host in hosts])
-
-
-
-
-def check_every_page_once(site: RunningHostsSite, arrivals: list[Arrival]) -> None:
-    expected = {(name, path): 1 for name, spec in site.specs.items()
-                for path in spec.page_paths()}
-    assert [a for a in arrivals if a.kind != "page"] == []
-    counts = fetch_counts(arrivals)
-    assert dict(counts) == expected, {
-        "missing": sorted(set(expected) - set(counts))[:20],
-        "twice": sorted(k for k, n in counts.items() if n > 1)[:20],
-    }
-
-
 
 
 # --- the measuring equipment -----------------------------------------------------------
@@ -191,29 +176,20 @@ def test_hosts_site_serves_each_host_its_pages_and_behaviour() -> None:
 
 def test_hosts_site_command(tmp_path: Path) -> None:
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent / "crawler"))
     cmd = [sys.executable, "-m", "bloomcrawl.ops.hosts_site", "--port", str(port), "--hosts",
            "3", "--pages", "4", "--crawl-delay", "2", "--spec",
            '{"h2.localhost": {"latency": 0.1, "pages": 9}}']
-    with open(tmp_path / "site.log", "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log = tmp_path / "site.log"
+    process = spawn("hosts site", cmd, log=log, env={**os.environ, "PYTHONPATH": str(CRAWLER)})
     try:
         client = HostsSiteClient(port)
-
-        def answers() -> bool:
-            try:
-                return bool(client.stats())
-            except OSError:
-                return False
-
-        assert wait_until(answers, 20), (tmp_path / "site.log").read_text()
+        process.wait_ready(client.stats, 20)
         hosts = client.stats()["hosts"]
         assert {name: h["pages"] for name, h in hosts.items()} == {
             "h0.localhost": 4, "h1.localhost": 4, "h2.localhost": 9}
     finally:
-        proc.terminate()
-        proc.wait(10)
-    assert proc.returncode == 0, (tmp_path / "site.log").read_text()
+        process.stop(timeout=10)
+    assert process.popen.returncode == 0, log.read_text()
 
 
 # --- real crawls ------------------------------------------------------------------------
@@ -222,17 +198,16 @@ def test_hosts_site_command(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_one_domain_three_workers_keep_the_delay(redis_server: RedisServer,
                                                   redis_client: redis.Redis,
-                                                  tmp_path: Path) -> None:
+                                                  worker_pool: WorkerPool) -> None:
     delay, pages = 0.2, 40
     with RunningHostsSite([HostSpec("h0.localhost", pages=pages, fanout=FANOUT)]).start() as site:
-        with stopped_at_exit(start_polite_workers(redis_server.url, tmp_path,
-                                           crawl_settings(delay))) as workers:
-            seed(redis_client, site, site.hosts)
-            assert wait_until(lambda: site.stats()["distinct"] == pages, POLITE_CRAWL_TIMEOUT_S), \
-                site.stats()
-            run_workers(workers, POLITE_CRAWL_TIMEOUT_S)
+        workers = start_polite_workers(worker_pool, redis_server.url, crawl_settings(delay))
+        seed(redis_client, site, site.hosts)
+        wait_until(lambda: site.stats()["distinct"] == pages, POLITE_CRAWL_TIMEOUT_S,
+                   what=site.stats)
+        run_workers(workers, POLITE_CRAWL_TIMEOUT_S)
         arrivals = site.arrivals()
-    check_every_page_once(site, arrivals)
+    assert_pages_once(site, arrivals)
     gap = min_gaps(arrivals)["h0.localhost"]
     assert gap >= GAP_FACTOR * delay, (gap, closest(arrivals, "h0.localhost"),
                                        per_agent(arrivals))
@@ -244,18 +219,17 @@ def test_one_domain_three_workers_keep_the_delay(redis_server: RedisServer,
 @pytest.mark.slow
 def test_fifty_domains_each_within_budget_at_full_throughput(redis_server: RedisServer,
                                                               redis_client: redis.Redis,
-                                                              tmp_path: Path) -> None:
+                                                              worker_pool: WorkerPool) -> None:
     delay, domains, pages = 0.5, 50, 10
     specs = [HostSpec(name, pages=pages, fanout=FANOUT) for name in host_names(domains)]
     with RunningHostsSite(specs).start() as site:
-        with stopped_at_exit(start_polite_workers(redis_server.url, tmp_path,
-                                           crawl_settings(delay))) as workers:
-            seed(redis_client, site, site.hosts)
-            assert wait_until(lambda: site.stats()["distinct"] == domains * pages,
-                              POLITE_CRAWL_TIMEOUT_S), site.stats()
-            run_workers(workers, POLITE_CRAWL_TIMEOUT_S)
+        workers = start_polite_workers(worker_pool, redis_server.url, crawl_settings(delay))
+        seed(redis_client, site, site.hosts)
+        wait_until(lambda: site.stats()["distinct"] == domains * pages, POLITE_CRAWL_TIMEOUT_S,
+                   what=site.stats)
+        run_workers(workers, POLITE_CRAWL_TIMEOUT_S)
         arrivals = site.arrivals()
-    check_every_page_once(site, arrivals)
+    assert_pages_once(site, arrivals)
     # each domain alone needs pages x delay; all of them in parallel, the same
     ideal_throughput = domains * pages / (pages * delay)
     throughput = len(arrivals) / span(arrivals)
@@ -270,37 +244,35 @@ def test_fifty_domains_each_within_budget_at_full_throughput(redis_server: Redis
 
 @pytest.mark.slow
 def test_killed_slot_holder_frees_the_domain_within_the_lease_timeout(
-        redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path) -> None:
+        redis_server: RedisServer, redis_client: redis.Redis, worker_pool: WorkerPool) -> None:
     delay, pages, latency = 0.2, 8, 1.0
     lease_timeout, reap_interval = 3.0, 1.0
     # after the lease expires: the next reaping, a worker's poll (backing off to 1 s) and a delay
     margin = reap_interval + 1.0 + delay + 0.8
     settings = {**crawl_settings(delay), "SCHEDULER_LEASE_TIMEOUT": str(lease_timeout),
-                "SCHEDULER_REAP_INTERVAL": str(reap_interval), "MAX_IDLE_TIME_BEFORE_CLOSE": "5"}
+                "SCHEDULER_REAP_INTERVAL": str(reap_interval)}
     host = "h0.localhost"
     with RunningHostsSite([HostSpec(host, pages=pages, latency=latency)]).start() as site:
-        with stopped_at_exit(start_polite_workers(redis_server.url, tmp_path, settings)) as workers:
-            seed(redis_client, site, [host])
+        workers = start_polite_workers(worker_pool, redis_server.url, settings)
+        seed(redis_client, site, [host])
 
-            def mid_request() -> Arrival | None:
-                """A request in its first half, after two pages were answered."""
-                records = site.arrivals()
-                if sum(1 for a in records if a.end is not None) < 2:
-                    return None
-                now = time.monotonic()
-                return next((a for a in records
-                             if a.end is None and now - a.start < latency / 2), None)
+        def mid_request() -> Arrival | None:
+            """A request in its first half, after two pages were answered."""
+            records = site.arrivals()
+            if sum(1 for a in records if a.end is not None) < 2:
+                return None
+            now = time.monotonic()
+            return next((a for a in records
+                         if a.end is None and now - a.start < latency / 2), None)
 
-            assert wait_until(lambda: mid_request() is not None, POLITE_CRAWL_TIMEOUT_S, 0.02), \
-                site.arrivals()
-            held = mid_request()
-            assert held is not None
-            victim = workers[[polite_agent(i) for i in range(POLITE_WORKERS)].index(held.agent)]
-            victim.kill()
-            killed_at = time.monotonic()
-            assert killed_at < held.start + latency  # the kill landed mid-request
-            survivors = [w for w in workers if w is not victim]
-            run_workers(survivors, POLITE_CRAWL_TIMEOUT_S)
+        held = wait_until(mid_request, POLITE_CRAWL_TIMEOUT_S, interval=0.02,
+                          what=site.arrivals)
+        victim = workers[[polite_agent(i) for i in range(POLITE_WORKERS)].index(held.agent)]
+        victim.kill()
+        killed_at = time.monotonic()
+        assert killed_at < held.start + latency  # the kill landed mid-request
+        survivors = [w for w in workers if w is not victim]
+        run_workers(survivors, POLITE_CRAWL_TIMEOUT_S)
         arrivals = site.arrivals()
     served = pages_only(arrivals)
     counts = fetch_counts(served)

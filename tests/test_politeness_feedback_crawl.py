@@ -10,9 +10,10 @@ per-host budget (:mod:`bloomcrawl.core.politeness`):
   on, and every page is fetched once;
 * robots.txt's ``Crawl-delay`` (ROBOTSTXT_OBEY) raises the host's delay for
   every worker above DOWNLOAD_DELAY, and its ``Disallow`` still holds;
-* ``bloomcrawl throttle HOST --delay S`` (the real command, another
-  process) slows a running crawl of the host for every worker, ``--clear``
-  speeds it up again, and the command refuses a spider with no crawl;
+* ``bloomcrawl throttle HOST --delay S`` (the real command, run in-process
+  beside the workers) slows a running crawl of the host for every worker,
+  ``--clear`` speeds it up again, and the command refuses a spider with no
+  crawl;
 * a host held back by a 429 stays held when an operator changes its budget;
 * AutoThrottle adapts the host's delay in Redis to the latency every worker
   sees, and the site sees one polite crawler, not three; a new host starts
@@ -29,16 +30,12 @@ import email.utils
 import itertools
 import math
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import pytest
 import redis
 from aiohttp import web
-from faults.servers import ClosingRedis
 
 from bloomcrawl.core.politeness import DomainState, host_states, recorded_politeness
 from bloomcrawl.ops.cli.throttle import spider_frontier
@@ -50,23 +47,22 @@ from bloomcrawl.ops.hosts_site import (
     RunningHostsSite,
     by_host,
     crawl_settings,
-    fetch_counts,
     max_outstanding,
     pages_only,
     peak_rates,
     per_agent,
 )
 
-from conftest import ROOT, RedisServer
-from crawl_helpers import (
+from kit.cli import CliRun, run_cli
+from kit.politeness import (
     POLITE_CRAWL_TIMEOUT_S,
-    check_exits,
+    assert_pages_once,
     closest,
-    run_workers,
     start_polite_workers,
-    stopped_at_exit,
-    wait_until,
 )
+from kit.redis import ClosingRedis, RedisServer
+from kit.wait import wait_until
+from kit.workers import WorkerPool, check_exits, run_workers
 
 HOST = "h0.localhost"
 OTHER = "h1.localhost"
@@ -80,26 +76,16 @@ LATENCY = 0.3
 #: a request leased just before a change may still go out up to this long after it
 #: (the command returned; the worker's reactor is shared by 3 processes on 2 cores)
 LEASED_BEFORE_S = 0.25
-CLI_TIMEOUT_S = 30.0
 FANOUT = 10
 GAP_FACTOR = 0.9
 
 
+def bloomcrawl(env: dict[str, str], *args: str) -> CliRun:
+    """The real ``bloomcrawl`` command, as an operator runs it (in-process, under ``env``)."""
+    return run_cli(*args, env=env)
 
 
-
-
-
-
-
-
-def bloomcrawl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """The real ``bloomcrawl`` command, as an operator runs it (another process)."""
-    return subprocess.run([sys.executable, "-m", "bloomcrawl.ops.cli", *args], cwd=ROOT,
-                          env=env, text=True, capture_output=True, timeout=CLI_TIMEOUT_S)
-
-
-def crawl(redis_url: str, tmp_path: Path, site: RunningHostsSite, settings: dict[str, str],
+def crawl(pool: WorkerPool, redis_url: str, site: RunningHostsSite, settings: dict[str, str],
           seeds: list[str], done: Callable[[], bool],
           during: Callable[[], None] | None = None) -> list[Arrival]:
     """Three workers crawl ``seeds`` until ``done()`` and exit; ``during`` runs meanwhile.
@@ -108,13 +94,13 @@ def crawl(redis_url: str, tmp_path: Path, site: RunningHostsSite, settings: dict
     """
     client = ClosingRedis.from_url(redis_url)
     try:
-        with stopped_at_exit(start_polite_workers(redis_url, tmp_path, settings)) as workers:
-            client.rpush("site:start_urls", *seeds)
-            if during is not None:
-                during()
-            assert wait_until(done, POLITE_CRAWL_TIMEOUT_S), (site.stats(),
-                                                              per_agent(site.arrivals()))
-            run_workers(workers, POLITE_CRAWL_TIMEOUT_S)
+        workers = start_polite_workers(pool, redis_url, settings)
+        client.rpush("site:start_urls", *seeds)
+        if during is not None:
+            during()
+        wait_until(done, POLITE_CRAWL_TIMEOUT_S,
+                   what=lambda: (site.stats(), per_agent(site.arrivals())))
+        run_workers(workers, POLITE_CRAWL_TIMEOUT_S)
     finally:
         client.close()
     check_exits(workers)
@@ -126,20 +112,6 @@ def all_fetched(site: RunningHostsSite, skip: frozenset[tuple[str, str]] = froze
     """Every page of every host (but ``skip``) was served."""
     want = sum(spec.pages for spec in site.specs.values()) - len(skip)
     return lambda: site.stats()["distinct"] == want
-
-
-def check_pages_once(site: RunningHostsSite, arrivals: list[Arrival],
-                     skip: frozenset[tuple[str, str]] = frozenset()) -> None:
-    """Each page (but ``skip``) was served exactly once, and nothing else but 429s and
-    robots.txt was asked for."""
-    expected = {(name, path): 1 for name, spec in site.specs.items()
-                for path in spec.page_paths() if (name, path) not in skip}
-    counts = fetch_counts(pages_only(arrivals))
-    assert dict(counts) == expected, {
-        "missing": sorted(set(expected) - set(counts))[:20],
-        "twice": sorted(k for k, n in counts.items() if n > 1)[:20],
-        "unexpected": sorted(set(counts) - set(expected))[:20]}
-    assert [a for a in arrivals if a.kind not in ("page", "robots", THROTTLED)] == []
 
 
 def gaps_between(records: list[Arrival], start: float, end: float = math.inf) -> list[float]:
@@ -187,7 +159,7 @@ class DatedRetryAfter(HostsServer):
 @pytest.mark.slow
 @pytest.mark.parametrize("form", ["seconds"])  # an HTTP date: test_politeness.py (17 s less)
 def test_429_holds_its_host_for_retry_after_for_every_worker(
-        redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path,
+        redis_server: RedisServer, redis_client: redis.Redis, worker_pool: WorkerPool,
         form: str) -> None:
     """The host's first two requests get 429 Retry-After: 2; each is retried.
 
@@ -206,9 +178,9 @@ def test_429_holds_its_host_for_retry_after_for_every_worker(
                 "RETRY_TIMES": str(throttled_first + 1)}
     with site.start():
         seeds = [site.url(HOST, path) for path in specs[0].page_paths()[:seeded]]
-        arrivals = crawl(redis_server.url, tmp_path, site, settings,
+        arrivals = crawl(worker_pool, redis_server.url, site, settings,
                          [*seeds, site.url(OTHER)], all_fetched(site))
-    check_pages_once(site, arrivals)
+    assert_pages_once(site, arrivals, also=("robots", THROTTLED))
     records = by_host(arrivals)[HOST]
     throttled = [a for a in records if a.kind == THROTTLED]
     assert len(throttled) == throttled_first, records
@@ -234,17 +206,17 @@ def test_429_holds_its_host_for_retry_after_for_every_worker(
 
 @pytest.mark.slow
 def test_robots_crawl_delay_raises_the_delay_of_every_worker(
-        redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path) -> None:
+        redis_server: RedisServer, redis_client: redis.Redis, worker_pool: WorkerPool) -> None:
     pages, disallowed = 14, "/p/7"
     specs = [HostSpec(HOST, pages=pages, fanout=FANOUT, robots=True, crawl_delay=CRAWL_DELAY,
                       disallow=(disallowed,))]
     settings = {**crawl_settings(BASE_DELAY), "ROBOTSTXT_OBEY": "True"}
     skip = frozenset({(HOST, disallowed)})
     with RunningHostsSite(specs).start() as site:
-        arrivals = crawl(redis_server.url, tmp_path, site, settings, [site.url(HOST)],
+        arrivals = crawl(worker_pool, redis_server.url, site, settings, [site.url(HOST)],
                          all_fetched(site, skip))
         state = host_state(redis_client)
-    check_pages_once(site, arrivals, skip)
+    assert_pages_once(site, arrivals, skip, also=("robots", THROTTLED))
     assert disallowed not in {a.path for a in arrivals}
     robots = [a for a in arrivals if a.kind == "robots"]
     # one robots.txt per worker at most (each worker's RobotsTxtMiddleware asks once)
@@ -265,14 +237,14 @@ def test_robots_crawl_delay_raises_the_delay_of_every_worker(
 
 @pytest.mark.slow
 def test_throttle_command_changes_a_running_crawl_for_every_worker(
-        redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path,
+        redis_server: RedisServer, redis_client: redis.Redis, worker_pool: WorkerPool,
         cli_env: dict[str, str]) -> None:
     pages = 60
     url = redis_server.url
     # no crawl of the spider yet: a clear refusal, and nothing written
     refused = bloomcrawl(cli_env, "throttle", HOST, "--delay", str(THROTTLE_DELAY),
                          "--redis-url", url)
-    assert refused.returncode == 1, (refused.stdout, refused.stderr)
+    assert refused.code == 1, (refused.stdout, refused.stderr)
     assert refused.stderr.startswith("bloomcrawl throttle: no crawl of site in this Redis yet"), \
         refused.stderr
     assert refused.stdout == "" and redis_client.dbsize() == 0
@@ -280,13 +252,13 @@ def test_throttle_command_changes_a_running_crawl_for_every_worker(
     outputs: dict[str, str] = {}
 
     def change_it_live() -> None:
-        assert wait_until(lambda: len(pages_only(site.arrivals())) >= 8, POLITE_CRAWL_TIMEOUT_S), \
-            site.stats()
+        wait_until(lambda: len(pages_only(site.arrivals())) >= 8, POLITE_CRAWL_TIMEOUT_S,
+                   what=site.stats)
         marks["slowing"] = time.monotonic()
         slowed = bloomcrawl(cli_env, "throttle", HOST, "--delay", str(THROTTLE_DELAY),
                             "--redis-url", url)
         marks["slowed"] = time.monotonic()
-        assert slowed.returncode == 0, (slowed.stdout, slowed.stderr)
+        assert slowed.code == 0, (slowed.stdout, slowed.stderr)
         outputs["slowed"] = slowed.stdout
         # five of the slow gaps, fetched by more than one worker (whichever acked last
         # often asks first), while the crawl has plenty left
@@ -294,18 +266,18 @@ def test_throttle_command_changes_a_running_crawl_for_every_worker(
             slow = [a for a in site.arrivals() if a.start >= marks["slowed"] + LEASED_BEFORE_S]
             return len(slow) >= 6 and len({a.agent for a in slow}) >= 2
 
-        assert wait_until(slow_enough, POLITE_CRAWL_TIMEOUT_S), (site.stats(),
-                                                                 per_agent(site.arrivals()))
+        wait_until(slow_enough, POLITE_CRAWL_TIMEOUT_S,
+                   what=lambda: (site.stats(), per_agent(site.arrivals())))
         marks["clearing"] = time.monotonic()
         cleared = bloomcrawl(cli_env, "throttle", HOST, "--clear", "--redis-url", url)
         marks["cleared"] = time.monotonic()
-        assert cleared.returncode == 0, (cleared.stdout, cleared.stderr)
+        assert cleared.code == 0, (cleared.stdout, cleared.stderr)
         outputs["cleared"] = cleared.stdout
 
     with RunningHostsSite([HostSpec(HOST, pages=pages, fanout=FANOUT)]).start() as site:
-        arrivals = crawl(url, tmp_path, site, crawl_settings(BASE_DELAY), [site.url(HOST)],
+        arrivals = crawl(worker_pool, url, site, crawl_settings(BASE_DELAY), [site.url(HOST)],
                          all_fetched(site), during=change_it_live)
-    check_pages_once(site, arrivals)
+    assert_pages_once(site, arrivals, also=("robots", THROTTLED))
     assert outputs["slowed"].splitlines()[0] == (
         "set %s for site (every worker, from its next lease)" % HOST)
     assert outputs["slowed"].splitlines()[1].startswith(
@@ -331,7 +303,7 @@ def test_throttle_command_changes_a_running_crawl_for_every_worker(
 
 @pytest.mark.slow
 def test_a_throttle_during_a_429_hold_keeps_the_hold(
-        redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path,
+        redis_server: RedisServer, redis_client: redis.Redis, worker_pool: WorkerPool,
         cli_env: dict[str, str]) -> None:
     """The host is held 5 s after a 429 (no retry: the page is given up); an operator
     sets a shorter delay meanwhile. The back-off ends when Retry-After says, not earlier.
@@ -342,9 +314,9 @@ def test_a_throttle_during_a_429_hold_keeps_the_hold(
     marks: dict[str, float] = {}
 
     def throttle_during_the_hold() -> None:
-        assert wait_until(lambda: any(a.kind == THROTTLED and a.end is not None
-                                      for a in site.arrivals()), POLITE_CRAWL_TIMEOUT_S, 0.02), \
-            site.stats()
+        wait_until(lambda: any(a.kind == THROTTLED and a.end is not None
+                               for a in site.arrivals()), POLITE_CRAWL_TIMEOUT_S,
+                   interval=0.02, what=site.stats)
         # well inside the hold, once the worker has reported the 429 and finished its lease
         [answer] = [a for a in site.arrivals() if a.kind == THROTTLED]
         assert answer.end is not None
@@ -352,17 +324,17 @@ def test_a_throttle_during_a_429_hold_keeps_the_hold(
         done = bloomcrawl(cli_env, "throttle", HOST, "--delay", "0.5", "--redis-url",
                           redis_server.url)
         marks["throttled"] = time.monotonic()
-        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert done.code == 0, (done.stdout, done.stderr)
 
     with RunningHostsSite([spec]).start() as site:
         seeds = [site.url(HOST, path) for path in spec.page_paths()]
         # the 429'd page is not retried: every other page once
-        arrivals = crawl(redis_server.url, tmp_path, site, settings, seeds,
+        arrivals = crawl(worker_pool, redis_server.url, site, settings, seeds,
                          lambda: site.stats()["distinct"] == pages - 1,
                          during=throttle_during_the_hold)
     [answer] = [a for a in arrivals if a.kind == THROTTLED]
     assert answer.end is not None
-    check_pages_once(site, arrivals, frozenset({(HOST, answer.path)}))
+    assert_pages_once(site, arrivals, frozenset({(HOST, answer.path)}), also=("robots", THROTTLED))
     after = [a for a in arrivals if a.start > answer.start]
     assert marks["throttled"] < answer.end + hold - 1.0  # the command ran during the hold
     waited = after[0].start - answer.end
@@ -378,7 +350,7 @@ def test_a_throttle_during_a_429_hold_keeps_the_hold(
 
 @pytest.mark.slow
 def test_autothrottle_adapts_the_shared_delay_to_the_latency(
-        redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path) -> None:
+        redis_server: RedisServer, redis_client: redis.Redis, worker_pool: WorkerPool) -> None:
     """A host answering in 0.3 s, CONCURRENT_REQUESTS_PER_DOMAIN 8, DOWNLOAD_DELAY 0:
     AutoThrottle (target concurrency 1) must bring the host's delay to about its
     latency, for the three workers together."""
@@ -394,14 +366,14 @@ def test_autothrottle_adapts_the_shared_delay_to_the_latency(
                 delays.append(host_state(redis_client).delay)
             return bool(site.stats()["distinct"] >= pages - 3)
 
-        wait_until(sampled, POLITE_CRAWL_TIMEOUT_S, 0.25)
+        wait_until(sampled, POLITE_CRAWL_TIMEOUT_S, interval=0.25, what=site.stats)
 
     with RunningHostsSite([HostSpec(HOST, pages=pages, fanout=FANOUT,
                                     latency=LATENCY)]).start() as site:
-        arrivals = crawl(redis_server.url, tmp_path, site, settings, [site.url(HOST)],
+        arrivals = crawl(worker_pool, redis_server.url, site, settings, [site.url(HOST)],
                          all_fetched(site), during=sample_delays)
         final = host_state(redis_client).delay
-    check_pages_once(site, arrivals)
+    assert_pages_once(site, arrivals, also=("robots", THROTTLED))
     latencies = [a.end - a.start for a in arrivals if a.end is not None]
     # once the first answer came back, the delay is about the latency (Scrapy's algorithm
     # aims at latency / target concurrency)
@@ -426,7 +398,7 @@ def test_autothrottle_adapts_the_shared_delay_to_the_latency(
 
 @pytest.mark.slow
 def test_autothrottle_starts_every_worker_from_the_start_delay(
-        redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path) -> None:
+        redis_server: RedisServer, redis_client: redis.Redis, worker_pool: WorkerPool) -> None:
     """AUTOTHROTTLE_START_DELAY is the host's delay until a latency was seen (Scrapy's
     "initial download delay"): six pages of a new host queued at once, DOWNLOAD_DELAY 0
     and CONCURRENT_REQUESTS_PER_DOMAIN 8 must not go out together.
@@ -441,8 +413,8 @@ def test_autothrottle_starts_every_worker_from_the_start_delay(
     spec = HostSpec(HOST, pages=seeded, fanout=FANOUT, latency=LATENCY)
     with RunningHostsSite([spec]).start() as site:
         seeds = [site.url(HOST, path) for path in spec.page_paths()]
-        arrivals = crawl(redis_server.url, tmp_path, site, settings, seeds, all_fetched(site))
-    check_pages_once(site, arrivals)
+        arrivals = crawl(worker_pool, redis_server.url, site, settings, seeds, all_fetched(site))
+    assert_pages_once(site, arrivals, also=("robots", THROTTLED))
     served = sorted(pages_only(arrivals), key=lambda a: a.start)
     first_gap = served[1].start - served[0].start
     soonest = max(LATENCY, (start + LATENCY) / 2)

@@ -11,11 +11,8 @@ import json
 import signal
 import threading
 import time
-from pathlib import Path
-from typing import Any
 
 import pytest
-from redis_cluster import RedisClusterProcesses
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import BloomFilter
@@ -23,18 +20,22 @@ from bloomcrawl.core.connection import redis_from_url
 from bloomcrawl.core.errors import RedisUnavailableError, SettingError
 from bloomcrawl.core.politeness import host_of, host_partition
 from bloomcrawl.crawl.config import redis_from_settings
+from bloomcrawl.ops.cluster.processes import free_port
 
-from conftest import free_port
-from crawl_helpers import Worker, frontier_left, run_workers, stopped_at_exit, wait_until
-from test_bloom import fill, measure_false_positives, race
+from kit.checks import assert_crawled_once, frontier_left, shared_stats
+from kit.cluster import RedisClusterProcesses
+from kit.data import fill, measure_false_positives, race
+from kit.wait import wait_until
+from kit.workers import WorkerPool, check_exits, run_workers
 
 pytestmark = pytest.mark.slow
 
 SPIDER = "site"
 
 
-def shared_stats(client: Any) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in client.hgetall("%s:stats" % SPIDER).items()}
+def crawled(site) -> int:  # type: ignore[no-untyped-def]
+    """Pages of the demo site fetched at least once."""
+    return sum(1 for h in site.hits() if h)
 
 
 def owners(cluster: RedisClusterProcesses, names: list[str]) -> set[int]:
@@ -95,46 +96,31 @@ def test_cluster_settings_are_checked_before_anything_is_written(clean_cluster) 
 # -- crawls ------------------------------------------------------------------------
 
 
-def check_exactly_once(site: Any, client: Any, workers: list[Worker]) -> None:
-    stats = site.stats()
-    assert stats["missing"] == 0, stats
-    assert stats["duplicates"] == 0, stats
-    total = len(site.hits())
-    shared = shared_stats(client)
-    assert shared["pages"] == total, shared
-    assert client.llen("%s:items" % SPIDER) == total
-    assert frontier_left(client) == 0
-    for w in workers:
-        assert w.proc.returncode == 0, w.text()[-3000:]
-        assert "Traceback" not in w.text(), w.text()[-3000:]
-
-
 def test_three_workers_crawl_a_cluster_exactly_once(clean_cluster, demo_site,
-                                                    tmp_path: Path) -> None:
+                                                    worker_pool: WorkerPool) -> None:
     client = clean_cluster.cluster_client()
     client.rpush("%s:start_urls" % SPIDER, demo_site.url)
-    workers = [Worker("w%d" % i, clean_cluster.startup_url, tmp_path, {}) for i in range(3)]
-    with stopped_at_exit(workers):
-        run_workers(workers, timeout=300)
-        check_exactly_once(demo_site, client, workers)
-        per_worker = [w.stats().get("response_received_count", 0) for w in workers]
-        assert all(n > 0 for n in per_worker), per_worker
-        # 8 partitions per master by default, on every master
-        params = json.loads(client.hget(keys.meta_key("%s:bloomfilter" % SPIDER), "params"))
-        assert params["partitions"] == 24
-        queues = [keys.queue_key("%s:requests" % SPIDER, "%s:bloomfilter" % SPIDER, p)
-                  for p in range(24)]
-        assert owners(clean_cluster, queues) == set(clean_cluster.masters())
-        # the stats script's three keys share one slot
-        f = keys.FrontierKeys(SPIDER)
-        assert len({clean_cluster.slot_of(k) for k in (f.stats, f.stats_applied,
-                                                       f.pages_by_node)}) == 1
-        # and each worker sent its counts there at most once a second (and on close),
-        # not with each of its hundreds of exchanges
-        applied = sorted(int(n) for n in client.hgetall(f.stats_applied).values())
-        elapsed = sorted(w.stats()["elapsed_time_seconds"] for w in workers)
-        assert len(applied) == 3
-        assert sum(applied) <= sum(elapsed) + 2 * 3, (applied, elapsed)
+    workers = worker_pool.start_many(3, clean_cluster.startup_url)
+    run_workers(workers, timeout=300)
+    assert_crawled_once(demo_site, client, workers, SPIDER)
+    per_worker = [w.stats().get("response_received_count", 0) for w in workers]
+    assert all(n > 0 for n in per_worker), per_worker
+    # 8 partitions per master by default, on every master
+    params = json.loads(client.hget(keys.meta_key("%s:bloomfilter" % SPIDER), "params"))
+    assert params["partitions"] == 24
+    queues = [keys.queue_key("%s:requests" % SPIDER, "%s:bloomfilter" % SPIDER, p)
+              for p in range(24)]
+    assert owners(clean_cluster, queues) == set(clean_cluster.masters())
+    # the stats script's three keys share one slot
+    f = keys.FrontierKeys(SPIDER)
+    assert len({clean_cluster.slot_of(k) for k in (f.stats, f.stats_applied,
+                                                   f.pages_by_node)}) == 1
+    # and each worker sent its counts there at most once a second (and on close),
+    # not with each of its hundreds of exchanges
+    applied = sorted(int(n) for n in client.hgetall(f.stats_applied).values())
+    elapsed = sorted(w.stats()["elapsed_time_seconds"] for w in workers)
+    assert len(applied) == 3
+    assert sum(applied) <= sum(elapsed) + 2 * 3, (applied, elapsed)
 
 
 # two links a page: a binary tree, each page linked from one page only, so a lost
@@ -143,7 +129,7 @@ def test_three_workers_crawl_a_cluster_exactly_once(clean_cluster, demo_site,
                          indirect=True)
 @pytest.mark.parametrize("lagging", [False, True], ids=["caught-up", "lagging-replica"])
 def test_a_master_killed_mid_crawl_loses_no_page(private_cluster, demo_site, lagging: bool,
-                                                 tmp_path: Path) -> None:
+                                                 worker_pool: WorkerPool) -> None:
     """A failover drops the writes the replica had not received: detected, and recovered.
 
     The killed master is the one holding the stats hash, so the stats, the
@@ -155,102 +141,98 @@ def test_a_master_killed_mid_crawl_loses_no_page(private_cluster, demo_site, lag
     cluster = private_cluster
     client = cluster.cluster_client()
     client.rpush("%s:start_urls" % SPIDER, demo_site.url)
-    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": "5", "SCHEDULER_LEASE_TIMEOUT": "10",
-                "SCHEDULER_REAP_INTERVAL": "1"}
-    workers = [Worker("w%d" % i, cluster.startup_url, tmp_path, settings) for i in range(3)]
-    with stopped_at_exit(workers):
-        total = len(demo_site.hits())
-        assert wait_until(lambda: sum(1 for h in demo_site.hits() if h) >= total // 4, 180)
-        victim = cluster.owner_of_slot(cluster.slot_of("%s:stats" % SPIDER))
-        fetches = lambda: sum(demo_site.hits())  # noqa: E731
-        lost_window = 0
-        if lagging:
-            replica = cluster.replica_of(victim)
-            cluster.wait_settled()
-            cluster.nodes[replica].send_signal(signal.SIGSTOP)
-            fetched_before = fetches()
-            # more than the sockets between them hold: what follows waits in the master's
-            # own buffer, and dies with it
-            cluster.node_client(victim).set("{%s:stats}:ballast" % SPIDER, b"x" * (48 << 20))
-            time.sleep(1.0)  # the master acknowledges the workers' writes meanwhile
-            written = cluster.node_client(victim).info("replication")["master_repl_offset"]
-            cluster.nodes[victim].kill()
-            cluster.nodes[replica].send_signal(signal.SIGCONT)
-            time.sleep(0.5)  # the replica reads what reached it
-            received = cluster.node_client(replica).info("replication")["slave_repl_offset"]
-            promoted = cluster.wait_failover(victim)
-            lost_window = fetches() - fetched_before
-            # the promoted replica really lacks acknowledged writes (links, acks, counts)
-            assert received < written, (received, written)
-        else:
-            promoted = cluster.kill_master(victim)
-        crawled_at_kill = sum(1 for h in demo_site.hits() if h)
-        run_workers(workers, timeout=300)
-        client = cluster.cluster_client()
-        assert promoted in cluster.masters() and victim not in cluster.live_ports
-        hits = demo_site.hits()
-        assert crawled_at_kill < total  # the crawl went on after the failover
-        assert min(hits) >= 1, [i for i, h in enumerate(hits) if h == 0][:20]  # nothing lost
-        shared = shared_stats(client)
-        twice = sum(h - 1 for h in hits if h > 1)
-        # every page fetched twice had its lease given back (the workers' own leases after
-        # the failover, left to expire), or was fetched while its master's replica lagged:
-        # its ack, or its enqueue, went with the writes the failover dropped
-        print("\nfailover (%s): %d pages, fetched twice %d, requeued %d, fetched while the"  # noqa: T201
-              " replica lagged %d" % ("lagging replica" if lagging else "caught-up replica", total,
-                                     twice, shared.get("requeued", 0), lost_window))
-        assert twice <= shared.get("requeued", 0) + lost_window, (twice, lost_window, shared)
-        assert shared["pages"] >= total, shared
-        assert frontier_left(client) == 0
-        items = {json.loads(i)["url"] for i in client.lrange("%s:items" % SPIDER, 0, -1)}
-        assert len(items) == total
-        noticed = sum(w.stats().get("bloomcrawl/redis_rollbacks", 0) for w in workers)
-        assert noticed >= 1, "no worker noticed the failover"
-        for w in workers:
-            assert w.proc.returncode == 0, w.text()[-3000:]
-            assert "Traceback" not in w.text(), w.text()[-3000:]
+    settings = {"SCHEDULER_LEASE_TIMEOUT": "10", "SCHEDULER_REAP_INTERVAL": "1"}
+    workers = worker_pool.start_many(3, cluster.startup_url, settings)
+    total = len(demo_site.hits())
+    wait_until(lambda: crawled(demo_site) >= total // 4, 180,
+               what="a quarter of the site crawled")
+    victim = cluster.owner_of_slot(cluster.slot_of("%s:stats" % SPIDER))
+    fetches = lambda: sum(demo_site.hits())  # noqa: E731
+    lost_window = 0
+    if lagging:
+        replica = cluster.replica_of(victim)
+        cluster.wait_settled()
+        cluster.nodes[replica].send_signal(signal.SIGSTOP)
+        fetched_before = fetches()
+        # more than the sockets between them hold: what follows waits in the master's
+        # own buffer, and dies with it
+        cluster.node_client(victim).set("{%s:stats}:ballast" % SPIDER, b"x" * (48 << 20))
+        time.sleep(1.0)  # the master acknowledges the workers' writes meanwhile
+        written = cluster.node_client(victim).info("replication")["master_repl_offset"]
+        cluster.nodes[victim].kill()
+        cluster.nodes[replica].send_signal(signal.SIGCONT)
+        time.sleep(0.5)  # the replica reads what reached it
+        received = cluster.node_client(replica).info("replication")["slave_repl_offset"]
+        promoted = cluster.wait_failover(victim)
+        lost_window = fetches() - fetched_before
+        # the promoted replica really lacks acknowledged writes (links, acks, counts)
+        assert received < written, (received, written)
+    else:
+        promoted = cluster.kill_master(victim)
+    crawled_at_kill = crawled(demo_site)
+    run_workers(workers, timeout=300)
+    client = cluster.cluster_client()
+    assert promoted in cluster.masters() and victim not in cluster.live_ports
+    hits = demo_site.hits()
+    assert crawled_at_kill < total  # the crawl went on after the failover
+    assert min(hits) >= 1, [i for i, h in enumerate(hits) if h == 0][:20]  # nothing lost
+    shared = shared_stats(client, SPIDER)
+    twice = sum(h - 1 for h in hits if h > 1)
+    # every page fetched twice had its lease given back (the workers' own leases after
+    # the failover, left to expire), or was fetched while its master's replica lagged:
+    # its ack, or its enqueue, went with the writes the failover dropped
+    print("\nfailover (%s): %d pages, fetched twice %d, requeued %d, fetched while the"  # noqa: T201
+          " replica lagged %d" % ("lagging replica" if lagging else "caught-up replica", total,
+                                 twice, shared.get("requeued", 0), lost_window))
+    assert twice <= shared.get("requeued", 0) + lost_window, (twice, lost_window, shared)
+    assert shared["pages"] >= total, shared
+    assert frontier_left(client) == 0
+    items = {json.loads(i)["url"] for i in client.lrange("%s:items" % SPIDER, 0, -1)}
+    assert len(items) == total
+    noticed = sum(w.stats().get("bloomcrawl/redis_rollbacks", 0) for w in workers)
+    assert noticed >= 1, "no worker noticed the failover"
+    check_exits(workers)
 
 
 @pytest.mark.parametrize("demo_site", [{"pages": 1500, "delay_ms": 20}], indirect=True)
 def test_slots_migrated_mid_crawl_lose_nothing(private_cluster, demo_site,
-                                               tmp_path: Path) -> None:
+                                               worker_pool: WorkerPool) -> None:
     """Resharding moves keys under running Lua calls (ASK, TRYAGAIN): nothing lost or doubled."""
     cluster = private_cluster
     client = cluster.cluster_client()
     client.rpush("%s:start_urls" % SPIDER, demo_site.url)
-    workers = [Worker("w%d" % i, cluster.startup_url, tmp_path,
-                      {"MAX_IDLE_TIME_BEFORE_CLOSE": "5"}) for i in range(3)]
-    with stopped_at_exit(workers):
-        total = len(demo_site.hits())
-        assert wait_until(lambda: sum(1 for h in demo_site.hits() if h) >= total // 4, 180)
-        f = keys.FrontierKeys(SPIDER, partitions=24)
-        # the site is one host: all its requests live in its partition (by host)
-        home = host_partition(host_of(demo_site.url), 24)
-        # the slots of busy keys, one at a time, keys and all: the stats, the site's
-        # partition, then others
-        moved = []
-        errors: list[BaseException] = []
+    workers = worker_pool.start_many(3, cluster.startup_url)
+    total = len(demo_site.hits())
+    wait_until(lambda: crawled(demo_site) >= total // 4, 180,
+               what="a quarter of the site crawled")
+    f = keys.FrontierKeys(SPIDER, partitions=24)
+    # the site is one host: all its requests live in its partition (by host)
+    home = host_partition(host_of(demo_site.url), 24)
+    # the slots of busy keys, one at a time, keys and all: the stats, the site's
+    # partition, then others
+    moved = []
+    errors: list[BaseException] = []
 
-        def migrate() -> None:
-            try:
-                for key in [f.stats, f.polite(home, "ready"),
-                            *(f.queue_part(p) for p in range(1, 24, 3) if p != home)]:
-                    source = cluster.owner_of_slot(cluster.slot_of(key))
-                    target = next(m for m in cluster.masters() if m != source)
-                    cluster.migrate_slot_of_key(key, target)
-                    moved.append((key, source, target))
-            except BaseException as exc:  # reported below, not lost in the thread
-                errors.append(exc)
+    def migrate() -> None:
+        try:
+            for key in [f.stats, f.polite(home, "ready"),
+                        *(f.queue_part(p) for p in range(1, 24, 3) if p != home)]:
+                source = cluster.owner_of_slot(cluster.slot_of(key))
+                target = next(m for m in cluster.masters() if m != source)
+                cluster.migrate_slot_of_key(key, target)
+                moved.append((key, source, target))
+        except BaseException as exc:  # reported below, not lost in the thread
+            errors.append(exc)
 
-        mover = threading.Thread(target=migrate)
-        mover.start()
-        mover.join(120)
-        assert not errors, errors
-        assert len(moved) == 9
-        crawled_after = sum(1 for h in demo_site.hits() if h)
-        run_workers(workers, timeout=300)
-        assert crawled_after < total  # the crawl was still going when the slots moved
-        client = cluster.cluster_client()
-        for key, _, target in moved:
-            assert cluster.owner_of_slot(cluster.slot_of(key)) == target
-        check_exactly_once(demo_site, client, workers)
+    mover = threading.Thread(target=migrate)
+    mover.start()
+    mover.join(120)
+    assert not errors, errors
+    assert len(moved) == 9
+    crawled_after = crawled(demo_site)
+    run_workers(workers, timeout=300)
+    assert crawled_after < total  # the crawl was still going when the slots moved
+    client = cluster.cluster_client()
+    for key, _, target in moved:
+        assert cluster.owner_of_slot(cluster.slot_of(key)) == target
+    assert_crawled_once(demo_site, client, workers, SPIDER)

@@ -11,7 +11,8 @@ import time
 
 import pytest
 from redis.exceptions import MovedError
-from redis_cluster import SLOTS, RedisClusterProcesses
+
+from kit.cluster import SLOTS, RedisClusterProcesses
 
 
 def test_three_masters_each_with_a_replica(clean_cluster: RedisClusterProcesses) -> None:

@@ -28,7 +28,8 @@ from bloomcrawl.crawl.resolver import (
 )
 from bloomcrawl.ops.hosts_site import HostSpec, RunningHostsSite
 
-ROOT = Path(__file__).resolve().parent.parent
+from kit import CRAWLER
+
 HOSTS = ("a.localhost", "deep.b.localhost", "localhost", "127.0.0.1")
 
 SPIDER = '''
@@ -113,7 +114,7 @@ def crawl(urls: list[str], tmp_path: Path, settings: dict[str, str]) -> tuple[di
         cmd += ["-s", "%s=%s" % (key, value)]
     env = dict(os.environ)
     env["HOME"] = str(tmp_path / "home")
-    env["PYTHONPATH"] = str(ROOT / "crawler")
+    env["PYTHONPATH"] = str(CRAWLER)
     env.pop("SCRAPY_SETTINGS_MODULE", None)
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)

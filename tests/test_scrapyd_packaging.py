@@ -14,22 +14,18 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from bloomcrawl.ops import cli
-from bloomcrawl.ops.cluster.processes import group_alive, start_scrapyd
-from bloomcrawl.ops.scrapyd import Node
+from bloomcrawl.ops.cluster.processes import free_port
 
-from conftest import ROOT, RedisServer, free_port
-
-CRAWLER = ROOT / "crawler"
-USERNAME = "tester"
-PASSWORD = "s3cret-for-tests"
+from kit import CRAWLER, ROOT
+from kit.cli import CliRun, run_cli
+from kit.redis import RedisServer
+from kit.scrapyd import PASSWORD, USERNAME, ScrapydNode
 
 
 def copy_project(tmp_path: Path) -> Path:
@@ -77,53 +73,21 @@ def test_scrapy_cfg_names_the_settings_and_a_deploy_target() -> None:
     assert parser["deploy"]["password"] == "$SCRAPYD_PASSWORD"
 
 
-class Scrapyd:
-    """A scrapyd process on a free port, with basic auth.
-
-    ``pythonpath``: its PYTHONPATH, as the local cluster gives its nodes one
-    (the projects' requirements); none by default.
-    """
-
-    def __init__(self, workdir: Path, redis_url: str, pythonpath: Path | None = None) -> None:
-        self.port = free_port()
-        self.url = "http://127.0.0.1:%d" % self.port
-        self.workdir = workdir
-        env = dict(os.environ)
-        env.update(REDIS_URL=redis_url, HOME=str(workdir))
-        env.pop("SCRAPY_SETTINGS_MODULE", None)
-        env.pop("PYTHONPATH", None)
-        if pythonpath is not None:
-            env["PYTHONPATH"] = str(pythonpath)
-        self.log = workdir / "scrapyd.log"
-        self.process = start_scrapyd(
-            workdir, port=self.port, username=USERNAME, password=PASSWORD, env=env,
-            log=self.log, timeout=30,
-            settings={"max_proc": 2, "poll_interval": 0.5, "items_dir": ""})
-        self.node = Node(self.url, USERNAME, PASSWORD)
-
-    def stop(self) -> None:
-        """SIGTERM scrapyd's process group (its jobs too), by its pid."""
-        self.process.stop()
-        assert not group_alive(self.process.pid)
-
-
 @pytest.fixture
-def scrapyd(tmp_path: Path, redis_server: RedisServer) -> Iterator[Scrapyd]:
-    server = Scrapyd(tmp_path / "scrapyd", redis_server.url)
-    yield server
-    server.stop()
+def scrapyd(scrapyd_nodes: Callable[..., ScrapydNode], redis_server: RedisServer) -> ScrapydNode:
+    return scrapyd_nodes("scrapyd", redis_url=redis_server.url)
 
 
-def run_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def run_cli_as_deployer(*args: str, tmp_path: Path) -> CliRun:
+    """``bloomcrawl ARGS`` with the nodes' credentials in the environment, no cluster."""
     env = dict(os.environ)
     env.update(SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD,
                BLOOMCRAWL_STATE_DIR=str(tmp_path / "state"),
                BLOOMCRAWL_ENV_FILE=str(tmp_path / "no.env"), BLOOMCRAWL_ROOT=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "bloomcrawl.ops.cli", *args], cwd=ROOT, env=env,
-                          text=True, capture_output=True, timeout=180)
+    return run_cli(*args, env=env)
 
 
-def test_scrapyd_deploy_uploads_to_one_node(scrapyd: Scrapyd, tmp_path: Path) -> None:
+def test_scrapyd_deploy_uploads_to_one_node(scrapyd: ScrapydNode, tmp_path: Path) -> None:
     project = copy_project(tmp_path)
     env = dict(os.environ, SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD,
                SCRAPYD_URL=scrapyd.url)
@@ -136,31 +100,25 @@ def test_scrapyd_deploy_uploads_to_one_node(scrapyd: Scrapyd, tmp_path: Path) ->
 
 
 def test_deploy_then_schedule_a_job_that_runs_and_ends(
-        scrapyd: Scrapyd, tmp_path: Path, redis_client: object) -> None:
-    result = run_cli("deploy", "--nodes", scrapyd.url, tmp_path=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+        scrapyd: ScrapydNode, tmp_path: Path, redis_client: object) -> None:
+    result = run_cli_as_deployer("deploy", "--nodes", scrapyd.url, tmp_path=tmp_path)
+    assert result.code == 0, result.output
     assert "to 1 of 1 node(s)" in result.stdout
-    result = run_cli("schedule", "--nodes", scrapyd.url, "--max-idle", "1",
-                     "-s", "REMOTE_CONTROL_ENABLED=False", "-s", "TELNETCONSOLE_ENABLED=False",
-                     "--allowed-domains", "127.0.0.1", tmp_path=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_cli_as_deployer(
+        "schedule", "--nodes", scrapyd.url, "--max-idle", "1",
+        "-s", "REMOTE_CONTROL_ENABLED=False", "-s", "TELNETCONSOLE_ENABLED=False",
+        "--allowed-domains", "127.0.0.1", tmp_path=tmp_path)
+    assert result.code == 0, result.output
     job = result.stdout.split()[-1]
-    deadline = time.monotonic() + 90
-    while True:
-        jobs = scrapyd.node.request("listjobs.json?project=bloomcrawl")
-        finished = [j for j in jobs["finished"] if j["id"] == job]
-        if finished:
-            break
-        assert time.monotonic() < deadline, jobs
-        time.sleep(0.5)
-    log = (tmp_path / "scrapyd" / "logs" / "bloomcrawl" / "site" / (job + ".log")).read_text()
+    log = scrapyd.wait_finished("bloomcrawl", "site", job)
     assert "Spider closed (finished)" in log, log[-3000:]
 
 
-def test_deploy_fails_when_any_node_fails(scrapyd: Scrapyd, tmp_path: Path) -> None:
+def test_deploy_fails_when_any_node_fails(scrapyd: ScrapydNode, tmp_path: Path) -> None:
     closed = "http://127.0.0.1:%d" % free_port()
-    result = run_cli("deploy", "--nodes", "%s,%s" % (scrapyd.url, closed), tmp_path=tmp_path)
-    assert result.returncode == 1
+    result = run_cli_as_deployer("deploy", "--nodes", "%s,%s" % (scrapyd.url, closed),
+                                 tmp_path=tmp_path)
+    assert result.code == 1
     assert "to 1 of 2 node(s)" in result.stdout
     assert "FAIL cannot reach the scrapyd node %s: [Errno 111] Connection refused\n" % (
         closed) in result.stdout
@@ -168,17 +126,11 @@ def test_deploy_fails_when_any_node_fails(scrapyd: Scrapyd, tmp_path: Path) -> N
     assert "bloomcrawl" in scrapyd.node.request("listprojects.json")["projects"]
 
 
-def test_deploy_with_a_wrong_password_fails(scrapyd: Scrapyd, tmp_path: Path) -> None:
-    env_pass = os.environ.get("SCRAPYD_PASSWORD")
-    try:
-        os.environ["SCRAPYD_PASSWORD"] = "wrong"
-        code = cli.main(["deploy", "--nodes", scrapyd.url, "--username", USERNAME])
-    finally:
-        if env_pass is None:
-            os.environ.pop("SCRAPYD_PASSWORD", None)
-        else:
-            os.environ["SCRAPYD_PASSWORD"] = env_pass
-    assert code == 1
+def test_deploy_with_a_wrong_password_fails(scrapyd: ScrapydNode, tmp_path: Path) -> None:
+    env = dict(os.environ, SCRAPYD_PASSWORD="wrong", BLOOMCRAWL_STATE_DIR=str(tmp_path / "state"),
+               BLOOMCRAWL_ENV_FILE=str(tmp_path / "no.env"), BLOOMCRAWL_ROOT=str(ROOT))
+    result = run_cli("deploy", "--nodes", scrapyd.url, "--username", USERNAME, env=env)
+    assert result.code == 1, result.output
 
 
 def test_worker_scrapyd_conf_sets_what_a_container_needs() -> None:

@@ -13,18 +13,19 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from shopsite import RunningShop, serve_shop
 
-from crawl_helpers import ROOT, Worker, check_exits, frontier_left, run_workers, stopped_at_exit
+from kit import CRAWLER, TESTS
+from kit.checks import assert_each_once, frontier_left, shared_stats, stored_items
+from kit.wait import wait_until
+from kit.workers import Worker, WorkerPool, check_exits, run_workers
 
-USERPROJECT = ROOT / "tests" / "userproject"
+USERPROJECT = TESTS / "userproject"
 #: the project's own dependency (requirements.txt), not installed in the test venv
 PRICEFMT = USERPROJECT / "vendor" / "pricefmt"
 PRODUCTS = 60
@@ -37,27 +38,12 @@ def shop() -> Iterator[RunningShop]:
         yield site
 
 
-def workers(n: int, spider: str, redis_url: str, tmp_path: Path, shop: RunningShop,
+def workers(pool: WorkerPool, n: int, spider: str, redis_url: str, shop: RunningShop,
             settings: dict[str, str] | None = None, first: int = 0) -> list[Worker]:
+    """``n`` workers of the user's project, its dependency on their PYTHONPATH."""
     args = {} if spider == "redis_catalog" else {"shop_url": shop.url}
-    return [Worker("w%d" % i, redis_url, tmp_path, settings or {}, spider=spider, args=args,
-                   project=USERPROJECT, pythonpath=(PRICEFMT,))
-            for i in range(first, first + n)]
-
-
-def shared_stats(client: redis.Redis, spider: str) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in client.hgetall(spider + ":stats").items()}
-
-
-def items_of(client: redis.Redis, spider: str) -> list[dict[str, object]]:
-    return [json.loads(raw) for raw in client.lrange(spider + ":items", 0, -1)]
-
-
-def check_once(hits: Counter[str], expected: Counter[str]) -> None:
-    """Every expected request exactly as often as expected, and nothing else."""
-    wrong = {k: (hits.get(k, 0), n) for k, n in expected.items() if hits.get(k, 0) != n}
-    extra = {k: n for k, n in hits.items() if k not in expected}
-    assert not wrong and not extra, {"(got, expected)": wrong, "unexpected": extra}
+    return pool.start_many(n, redis_url, settings, first=first, spider=spider, args=args,
+                           project=USERPROJECT, pythonpath=(PRICEFMT,))
 
 
 def get_pages(shop: RunningShop) -> Counter[str]:
@@ -65,12 +51,12 @@ def get_pages(shop: RunningShop) -> Counter[str]:
 
 
 def test_crawlspider_with_items_in_cb_kwargs_crawls_every_page_once(
-        redis_server, redis_client, shop: RunningShop, tmp_path: Path) -> None:
-    with stopped_at_exit(workers(3, "catalog", redis_server.url, tmp_path, shop)) as ws:
-        run_workers(ws, CRAWL_TIMEOUT_S)
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    ws = workers(worker_pool, 3, "catalog", redis_server.url, shop)
+    run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
-    check_once(shop.hits(), get_pages(shop))
-    items = items_of(redis_client, "catalog")
+    assert_each_once(shop.hits(), get_pages(shop))
+    items = stored_items(redis_client, "catalog")
     assert sorted(i["url"] for i in items) == sorted(
         "%s/product/%d" % (shop.url, p) for p in range(PRODUCTS))
     # the half-filled item came back an Item, its Decimal price, dataclass and set with it
@@ -85,32 +71,31 @@ def test_crawlspider_with_items_in_cb_kwargs_crawls_every_page_once(
     assert sum(w.stats().get("scheduler/enqueued/redis", 0) for w in ws) >= PRODUCTS
 
 
-def test_sitemap_spider_crawls_every_product_once(redis_server, redis_client,
-                                                   shop: RunningShop, tmp_path: Path) -> None:
+def test_sitemap_spider_crawls_every_product_once(redis_server, redis_client, shop: RunningShop,
+                                                   worker_pool: WorkerPool) -> None:
     """With scrapy-redis's own RedisPipeline storing the items, as its users have it."""
     settings = {"ITEM_PIPELINES": json.dumps({"scrapy_redis.pipelines.RedisPipeline": 300})}
-    with stopped_at_exit(workers(2, "sitemap", redis_server.url, tmp_path, shop,
-                                 settings)) as ws:
-        run_workers(ws, CRAWL_TIMEOUT_S)
+    ws = workers(worker_pool, 2, "sitemap", redis_server.url, shop, settings)
+    run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
     expected = Counter({"GET /sitemap.xml": 1})
     for p in range(PRODUCTS):
         expected.update({"GET /product/%d" % p: 1, "GET /product/%d/reviews" % p: 1})
-    check_once(shop.hits(), expected)
-    items = items_of(redis_client, "sitemap")
+    assert_each_once(shop.hits(), expected)
+    items = stored_items(redis_client, "sitemap")
     assert len(items) == PRODUCTS == len({i["url"] for i in items})
     assert shared_stats(redis_client, "sitemap").get("errors", 0) == 0
 
 
 def test_redis_crawl_spider_from_scrapy_redis_with_form_requests(
-        redis_server, redis_client, shop: RunningShop, tmp_path: Path) -> None:
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
     redis_client.rpush("redis_catalog:start_urls", shop.url + "/")
-    with stopped_at_exit(workers(2, "redis_catalog", redis_server.url, tmp_path, shop)) as ws:
-        run_workers(ws, CRAWL_TIMEOUT_S)
+    ws = workers(worker_pool, 2, "redis_catalog", redis_server.url, shop)
+    run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
     expected = get_pages(shop) + Counter({"GET /search": 1, "POST /search": 3})
-    check_once(shop.hits(), expected)
-    items = items_of(redis_client, "redis_catalog")
+    assert_each_once(shop.hits(), expected)
+    items = stored_items(redis_client, "redis_catalog")
     products = [i for i in items if i.get("spider") == "redis_catalog"]
     reviews = [i for i in items if "reviews_of" in i]
     results = [i for i in items if "result" in i]
@@ -120,15 +105,15 @@ def test_redis_crawl_spider_from_scrapy_redis_with_form_requests(
 
 
 def test_start_urls_once_per_crawl_and_a_request_that_cannot_be_shared_is_crawled(
-        redis_server, redis_client, shop: RunningShop, tmp_path: Path) -> None:
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
     """A plain Spider's start URLs (dont_filter) once across workers; a lock in meta stays local."""
-    with stopped_at_exit(workers(2, "deals", redis_server.url, tmp_path, shop)) as ws:
-        run_workers(ws, CRAWL_TIMEOUT_S)
+    ws = workers(worker_pool, 2, "deals", redis_server.url, shop)
+    run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
     once = Counter({"GET /search": 1, "GET /category/books": 1, "POST /search": 3,
                     "GET /deals": 1})
-    check_once(shop.hits(), once)
-    items = items_of(redis_client, "deals")
+    assert_each_once(shop.hits(), once)
+    items = stored_items(redis_client, "deals")
     assert sorted(str(i.get("search")) for i in items if "search" in i) == [
         "books", "games", "tools"]
     assert [i for i in items if "deals" in i] == [{"deals": ["half price"], "locked": True}]
@@ -140,26 +125,25 @@ def test_start_urls_once_per_crawl_and_a_request_that_cannot_be_shared_is_crawle
 
     # a new crawl fetches the start URLs again; the rest is in the filter (the lock's
     # request is filtered only by its worker: it is crawled again)
-    with stopped_at_exit(workers(1, "deals", redis_server.url, tmp_path, shop, first=2)) as ws:
-        run_workers(ws, CRAWL_TIMEOUT_S)
+    ws = workers(worker_pool, 1, "deals", redis_server.url, shop, first=2)
+    run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
-    check_once(shop.hits(), once + Counter({"GET /search": 1, "GET /category/books": 1,
-                                            "GET /deals": 1}))
+    assert_each_once(shop.hits(), once + Counter({"GET /search": 1, "GET /category/books": 1,
+                                                  "GET /deals": 1}))
 
 
 def test_strict_mode_closes_the_spider_on_a_request_it_cannot_share(
-        redis_server, redis_client, shop: RunningShop, tmp_path: Path) -> None:
-    with stopped_at_exit(workers(1, "deals", redis_server.url, tmp_path, shop,
-                                 {"FRONTIER_STRICT": "True"})) as ws:
-        run_workers(ws, CRAWL_TIMEOUT_S)
-    assert ws[0].proc.returncode == 0
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    ws = workers(worker_pool, 1, "deals", redis_server.url, shop, {"FRONTIER_STRICT": "True"})
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    assert ws[0].returncode == 0
     assert ws[0].stats().get("finish_reason") == "unshareable_request", ws[0].text()[-2000:]
     assert shop.hits()["GET /deals"] == 0
     assert shared_stats(redis_client, "deals")["unserializable"] == 1
 
 
 def test_no_item_is_lost_when_a_worker_dies_with_items_in_its_pipeline(
-        redis_server, redis_client, shop: RunningShop, tmp_path: Path) -> None:
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
     """The lease of a page is acked only after its items were stored.
 
     Each item spends 1 s in a pipeline; the first worker is SIGKILLed with
@@ -170,20 +154,20 @@ def test_no_item_is_lost_when_a_worker_dies_with_items_in_its_pipeline(
                 "ITEM_PIPELINES": json.dumps({"shopcrawl.pipelines.EnrichPipeline": 100,
                                               "bloomcrawl.crawl.pipelines.RedisItemsPipeline":
                                               300})}
-    first = workers(1, "catalog", redis_server.url, tmp_path, shop, settings)
-    with stopped_at_exit(first):
-        deadline = time.monotonic() + CRAWL_TIMEOUT_S
-        while redis_client.llen("catalog:items") < 10 and time.monotonic() < deadline:
-            assert first[0].proc.poll() is None, first[0].text()[-3000:]
-            time.sleep(0.05)
-        first[0].kill()
+    [first] = workers(worker_pool, 1, "catalog", redis_server.url, shop, settings)
+
+    def ten_stored() -> bool:
+        assert first.running, first.tail()
+        return bool(redis_client.llen("catalog:items") >= 10)
+
+    wait_until(ten_stored, CRAWL_TIMEOUT_S, what="10 items stored")
+    first.kill()
     stored_at_kill = redis_client.llen("catalog:items")
     assert 10 <= stored_at_kill < PRODUCTS
-    second = workers(1, "catalog", redis_server.url, tmp_path, shop, settings, first=1)
-    with stopped_at_exit(second):
-        run_workers(second, CRAWL_TIMEOUT_S)
+    second = workers(worker_pool, 1, "catalog", redis_server.url, shop, settings, first=1)
+    run_workers(second, CRAWL_TIMEOUT_S)
     check_exits(second)
-    items = items_of(redis_client, "catalog")
+    items = stored_items(redis_client, "catalog")
     urls = Counter(str(i["url"]) for i in items)
     missing = {"%s/product/%d" % (shop.url, p) for p in range(PRODUCTS)} - set(urls)
     assert not missing, sorted(missing)
@@ -198,7 +182,7 @@ def test_no_item_is_lost_when_a_worker_dies_with_items_in_its_pipeline(
 def scrapy_tool(args: list[str], redis_url: str, shop: RunningShop,
                 tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HOME=str(tmp_path), SHOP_URL=shop.url,
-               PYTHONPATH=os.pathsep.join([str(PRICEFMT), str(ROOT / "crawler")]))
+               PYTHONPATH=os.pathsep.join([str(PRICEFMT), str(CRAWLER)]))
     env.pop("SCRAPY_SETTINGS_MODULE", None)
     return subprocess.run([sys.executable, "-m", "scrapy", *args, "-s", "REDIS_URL=" + redis_url],
                           cwd=USERPROJECT, env=env, capture_output=True, text=True,

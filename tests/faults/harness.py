@@ -28,17 +28,15 @@ bounded, for the crawl to end and the workers to close, and measures:
     or the last one (None: nothing was left to fetch; inf: never).
 
 :meth:`Outcome.problems` checks the issue's invariants; a scenario relaxes
-only what its docstring says cannot hold for that fault. Every process is
-stopped by the pid this module started, SIGCONT first when it was stopped.
+only what its docstring says cannot hold for that fault. The redis-server,
+the exporter and the workers are the kit's (:mod:`kit.redis`,
+:mod:`kit.exporter`, :mod:`kit.workers`): every process is stopped by the
+pid it was started with, SIGCONT first when it was stopped.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -49,27 +47,22 @@ from typing import Any, Protocol
 import redis
 
 from faults.proxy import FaultProxy
-from faults.servers import Exporter, RedisProcess, Scrape
 
-ROOT = Path(__file__).resolve().parents[2]
-CRAWLER = ROOT / "crawler"
-TESTS = ROOT / "tests"
+from kit.exporter import Exporter, Scrape
+from kit.redis import RedisServer
+from kit.wait import WaitTimeout, wait_until
+from kit.workers import BASE_SETTINGS, Worker, merge_settings
 
 POLL_S = 0.1
-#: settings every worker of the suite gets: short leases, quick idle close
-BASE_SETTINGS = {
-    "REMOTE_CONTROL_ENABLED": "False",
-    "TELNETCONSOLE_ENABLED": "False",
-    "LOG_LEVEL": "INFO",
-    "ROBOTSTXT_OBEY": "False",
+#: settings every worker of the suite gets, over the kit's: short leases, a quick idle
+#: close, one host (the local site) whose budget is every worker's whole concurrency
+FAULT_SETTINGS = merge_settings(BASE_SETTINGS, {
     "CONCURRENT_REQUESTS": "8",
-    # one host (the local site): its budget is every worker's whole concurrency
-    "CONCURRENT_REQUESTS_PER_DOMAIN": "64",
     "MAX_IDLE_TIME_BEFORE_CLOSE": "2",
     "SCHEDULER_LEASE_TIMEOUT": "3",
     "SCHEDULER_REAP_INTERVAL": "1",
     "BLOOMFILTER_CAPACITY": "100000",
-}
+})
 #: the crawl is over (or wedged) when no page was served for this long
 NO_PROGRESS_S = 10.0
 #: after that, every worker must have exited within this many seconds
@@ -96,7 +89,8 @@ class Contender:
     start: str = "redis"
     #: SCRAPY_SETTINGS_MODULE (None: scrapy.cfg's, i.e. bloomcrawl's project)
     settings_module: str | None = None
-    pythonpath: tuple[Path, ...] = (CRAWLER, TESTS)
+    #: import directories after crawler/ and tests/ (the benchmark's modules)
+    pythonpath: tuple[Path, ...] = ()
     #: the contender keeps bloomcrawl's shared stats (``site:stats``)
     shared_stats: bool = True
     #: bytes only in the worker's packets that take a request from the queue
@@ -153,74 +147,14 @@ class ThreadSite:
         self.running.stop()
 
 
-def merge_settings(*layers: dict[str, str]) -> dict[str, str]:
-    """Later layers win, except that JSON objects (EXTENSIONS, ...) are merged key by key."""
-    merged: dict[str, str] = {}
-    for layer in layers:
-        for key, value in layer.items():
-            old = merged.get(key)
-            if old is not None and old.startswith("{") and value.startswith("{"):
-                try:
-                    value = json.dumps({**json.loads(old), **json.loads(value)})
-                except ValueError:
-                    pass
-            merged[key] = value
-    return merged
-
-
-class WorkerProcess:
-    """One ``scrapy crawl site`` process; its output goes to a log file."""
-
-    def __init__(self, name: str, contender: Contender, workdir: Path, *, redis_url: str,
-                 start_url: str, settings: dict[str, str], spider: str = "site") -> None:
-        self.name = name
-        self.log = workdir / ("%s.log" % name)
-        cmd = [sys.executable, "-m", "scrapy", "crawl", spider, "-s", "REDIS_URL=" + redis_url]
-        for key, value in merge_settings(BASE_SETTINGS, contender.settings, settings).items():
-            value = value.replace("{worker}", name).replace("{workdir}", str(workdir))
-            cmd += ["-s", "%s=%s" % (key, value)]
-        if contender.start == "argument":
-            cmd += ["-a", "start_url=" + start_url]
-        env = dict(os.environ)
-        env["HOME"] = str(workdir / "home")
-        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in contender.pythonpath)
-        env.pop("SCRAPY_SETTINGS_MODULE", None)
-        env.pop("REDIS_URL", None)
-        if contender.settings_module:
-            env["SCRAPY_SETTINGS_MODULE"] = contender.settings_module
-        self._logfile = self.log.open("wb")
-        self.proc = subprocess.Popen(
-            cmd, cwd=CRAWLER if contender.settings_module is None else workdir, env=env,
-            stdin=subprocess.DEVNULL, stdout=self._logfile, stderr=subprocess.STDOUT)
-        self.stopped = False  # SIGSTOPped by a scenario
-
-    @property
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def pause(self) -> None:
-        if self.running:
-            os.kill(self.proc.pid, signal.SIGSTOP)
-            self.stopped = True
-
-    def resume(self) -> None:
-        if self.running:
-            os.kill(self.proc.pid, signal.SIGCONT)
-        self.stopped = False
-
-    def kill(self) -> None:
-        if self.running:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.wait(10)
-        if not self._logfile.closed:
-            self._logfile.close()
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def tail(self, chars: int = 2500) -> str:
-        return self.text()[-chars:]
+def start_worker(name: str, contender: Contender, workdir: Path, *, redis_url: str,
+                 start_url: str, settings: dict[str, str], spider: str = "site") -> Worker:
+    """One ``scrapy crawl`` worker of ``contender`` (the kit's launcher), started."""
+    return Worker(name, redis_url, workdir, merge_settings(contender.settings, settings),
+                  spider=spider, base=FAULT_SETTINGS,
+                  args={"start_url": start_url} if contender.start == "argument" else None,
+                  pythonpath=contender.pythonpath,
+                  settings_module=contender.settings_module).start()
 
 
 @dataclass
@@ -362,7 +296,7 @@ class FaultRun:
 
     def __init__(self, workdir: Path, scenario: str, *, contender: Contender = BLOOMCRAWL,
                  pages: int = 200, workers: int = 2, settings: dict[str, str] | None = None,
-                 redis_server: RedisProcess | None = None, site: Site | None = None,
+                 redis_server: RedisServer | None = None, site: Site | None = None,
                  seeds: list[str] | None = None, exporter: bool = True,
                  spider: str = "site") -> None:
         self.workdir = workdir
@@ -372,9 +306,9 @@ class FaultRun:
         self.settings = dict(settings or {})
         self.spider = spider
         workdir.mkdir(parents=True, exist_ok=True)
-        self.redis = redis_server or RedisProcess(workdir / "redis")
+        self.redis = redis_server or RedisServer(workdir / "redis")
         #: more redis-servers a scenario started (a replica); stopped with the run
-        self.other_servers: list[RedisProcess] = []
+        self.other_servers: list[RedisServer] = []
         self._own_site = site is None
         self.site: Site = site if site is not None else ThreadSite(pages)
         self.pages = self.site.pages
@@ -382,7 +316,7 @@ class FaultRun:
         self.want_exporter = exporter
         self.proxy: FaultProxy | None = None
         self.exporter: Exporter | None = None
-        self.workers: list[WorkerProcess] = []
+        self.workers: list[Worker] = []
         self.samples: list[tuple[float, int, int]] = []  # (monotonic, GETs, distinct)
         self.started = 0.0
         self.fault_end: float | None = None
@@ -393,11 +327,11 @@ class FaultRun:
 
     def start(self, *, workers: bool = True) -> FaultRun:
         self.started = time.monotonic()
-        if self.redis.proc is None:
+        if not self.redis.running():
             self.redis.start()
         self.proxy = FaultProxy(self.redis.port).start()
         if self.want_exporter:
-            self.exporter = Exporter(self.proxy.url, self.workdir).start()
+            self.exporter = Exporter(self.proxy.url, self.workdir).start().poll(0.5)
         if self.contender.start == "redis":
             self.seed(self.seeds if self.seeds is not None else [self.site.url])
         self._monitor.start()
@@ -415,7 +349,7 @@ class FaultRun:
     def start_workers(self, n: int | None = None) -> None:
         for _ in range(self.n_workers if n is None else n):
             name = "%s-w%d" % (self.contender.key, len(self.workers))
-            self.workers.append(WorkerProcess(
+            self.workers.append(start_worker(
                 name, self.contender, self.workdir, redis_url=self.redis_url,
                 start_url=self.site.url, settings=self.settings, spider=self.spider))
 
@@ -445,16 +379,20 @@ class FaultRun:
     def wait_pages(self, fraction: float, timeout: float = 60.0) -> int:
         """Wait until ``fraction`` of the pages were served; returns how many were."""
         want = max(1, int(fraction * self.pages))
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def served() -> int:
             distinct = self.distinct()
-            if distinct >= want:
-                return distinct
-            if time.monotonic() > deadline or not any(w.running for w in self.workers):
-                raise AssertionError("%s: the crawl reached %d of %d pages (waiting for %d)\n%s"
-                                     % (self.scenario, distinct, self.pages, want,
-                                        self._tails()))
-            time.sleep(0.02)
+            if distinct < want and not any(w.running for w in self.workers):
+                raise AssertionError("%s: the workers exited with %d of %d pages served\n%s"
+                                     % (self.scenario, distinct, self.pages, self._tails()))
+            return distinct if distinct >= want else 0
+
+        try:
+            return wait_until(served, timeout, interval=0.02)
+        except WaitTimeout:
+            raise AssertionError("%s: the crawl reached %d of %d pages (waiting for %d)\n%s"
+                                 % (self.scenario, self.distinct(), self.pages, want,
+                                    self._tails())) from None
 
     def fault_over(self) -> None:
         """The fault is gone (or, for an instant one, was injected) now."""
@@ -465,25 +403,26 @@ class FaultRun:
     def finish(self, *, no_progress_s: float = NO_PROGRESS_S,
                close_bound_s: float = CLOSE_BOUND_S) -> Outcome:
         """Wait (bounded) for the crawl to end and every worker to exit, then measure."""
-        deadline = time.monotonic() + CRAWL_TIMEOUT_S
-        last_total, last_change = -1, time.monotonic()
-        while time.monotonic() < deadline:
+        last = {"total": -1, "change": time.monotonic()}
+
+        def over() -> bool:
+            """Every page served, no worker left, or no page served for no_progress_s."""
             total, distinct = self.site.progress()
-            if total != last_total:
-                last_total, last_change = total, time.monotonic()
-            if not any(w.running for w in self.workers):
-                break
-            if distinct >= self.pages or time.monotonic() - last_change > no_progress_s:
-                break
-            time.sleep(POLL_S)
+            if total != last["total"]:
+                last.update(total=total, change=time.monotonic())
+            return (distinct >= self.pages or not any(w.running for w in self.workers)
+                    or time.monotonic() - last["change"] > no_progress_s)
+
+        try:
+            wait_until(over, CRAWL_TIMEOUT_S, interval=POLL_S)
+        except WaitTimeout:
+            pass  # measured as it is: the outcome shows what was not done
         end = time.monotonic() + close_bound_s
         wedged = []
         for w in self.workers:
-            if w.stopped:
+            if w.paused:
                 w.resume()
-            try:
-                w.proc.wait(max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            if w.wait(max(0.1, end - time.monotonic())) is None:
                 wedged.append(w.name)
         self._stop.set()
         return self._measure(wedged)
@@ -511,13 +450,13 @@ class FaultRun:
             lost=int(site["missing"]), fetched_twice=fetched_twice,
             items_duplicated=items_duplicated, items_lost=items_lost, stats_error=None,
             recover_s=self._recovery(), site=site, shared=shared, items_stored=len(raw_items),
-            exit_codes={w.name: w.proc.returncode for w in self.workers}, wedged=wedged,
+            exit_codes={w.name: w.returncode for w in self.workers}, wedged=wedged,
             scrapes=len(self.exporter.scrapes) if self.exporter else 0,
             scrape_failures=[self._describe(s) for s in self.exporter.failures()]
             if self.exporter else [],
             seconds=time.monotonic() - self.started,
             scrape_results=list(self.exporter.scrapes) if self.exporter else [],
-            exporter_log=self.exporter.log.read_text(errors="replace") if self.exporter else "",
+            exporter_log=self.exporter.text() if self.exporter else "",
             logs={w.name: w.tail() for w in self.workers},
             log_files={w.name: w.log for w in self.workers})
         if self.contender.shared_stats:
@@ -557,9 +496,9 @@ class FaultRun:
             self.exporter.stop()
         if self.proxy is not None:
             self.proxy.stop()
-        self.redis.stop()
+        self.redis.close()
         for server in self.other_servers:
-            server.stop()
+            server.close()
         if self._own_site and isinstance(self.site, ThreadSite):
             self.site.stop()
         if self._monitor.is_alive():

@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from faults.harness import BLOOMCRAWL, Contender, FaultRun, Outcome, Site, WorkerProcess
-from faults.servers import RedisProcess
+from faults.harness import BLOOMCRAWL, Contender, FaultRun, Outcome, Site
+
+from kit.redis import RedisServer
+from kit.wait import WaitTimeout, wait_until
+from kit.workers import Worker
 
 SPIDER = "site"
 #: seconds Redis (or a worker) stays stopped, the OOM lasts, the replica switch waits
@@ -55,7 +58,7 @@ class Scenario:
     workers: int = 2
     settings: dict[str, str] = field(default_factory=dict)
     #: Redis as this fault needs it (None: a plain one, no persistence)
-    redis: Callable[[Path], RedisProcess] | None = None
+    redis: Callable[[Path], RedisServer] | None = None
     #: start entries instead of the site's home page (bloomcrawl's start_urls)
     seeds: Callable[[Site], list[str]] | None = None
     #: before the workers start (Redis and the proxy are up)
@@ -156,11 +159,13 @@ def inject_dropped_replies(run: FaultRun, facts: dict[str, Any]) -> None:
     """
     assert run.proxy is not None
     run.wait_pages(0.25)
-    run.proxy.drop_replies(run.contender.pop_marker or lease_packet_marker(), count=DROPS)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (
-            run.proxy.drops_pending or run.proxy.replies_dropped < run.proxy.packets_matched):
-        time.sleep(0.05)
+    proxy = run.proxy
+    proxy.drop_replies(run.contender.pop_marker or lease_packet_marker(), count=DROPS)
+    try:
+        wait_until(lambda: not proxy.drops_pending
+                   and proxy.replies_dropped >= proxy.packets_matched, 10)
+    except WaitTimeout:
+        pass  # facts say how many were dropped; the test checks them
     facts["replies_dropped"] = run.proxy.replies_dropped
     run.fault_over()
 
@@ -205,17 +210,14 @@ def _dbsize(run: FaultRun) -> int:
 
 def prepare_replica(run: FaultRun, facts: dict[str, Any]) -> None:
     """A second redis-server replicating the first, in sync before the crawl starts."""
-    replica = RedisProcess(run.workdir / "replica",
+    replica = RedisServer(run.workdir / "replica",
                            extra_args=["--replicaof", "127.0.0.1", str(run.redis.port)])
     run.other_servers.append(replica)
     replica.start()
     client = replica.client()
     try:
-        deadline = time.monotonic() + 15
-        while client.info("replication").get("master_link_status") != "up":
-            if time.monotonic() > deadline:
-                raise RuntimeError("the replica did not sync")
-            time.sleep(0.05)
+        wait_until(lambda: client.info("replication").get("master_link_status") == "up", 15,
+                   what="the replica in sync with its master")
     finally:
         client.close()
 
@@ -235,11 +237,8 @@ def inject_failover(run: FaultRun, facts: dict[str, Any]) -> None:
     try:
         old.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
         offset = int(old.info("replication")["master_repl_offset"])
-        deadline = time.monotonic() + 5
-        while int(new.info("replication").get("slave_repl_offset", -1)) < offset:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the replica did not catch up")
-            time.sleep(0.01)
+        wait_until(lambda: int(new.info("replication").get("slave_repl_offset", -1)) >= offset,
+                   5, interval=0.01, what="the replica caught up with the paused master")
         new.execute_command("REPLICAOF", "NO", "ONE")
         old.execute_command("REPLICAOF", "127.0.0.1", str(replica.port))
         old.execute_command("CLIENT", "UNPAUSE")
@@ -254,7 +253,7 @@ def inject_failover(run: FaultRun, facts: dict[str, Any]) -> None:
     run.fault_over()
 
 
-def lease_holder(run: FaultRun) -> WorkerProcess | None:
+def lease_holder(run: FaultRun) -> Worker | None:
     """The worker holding the most of bloomcrawl's leases right now, if any holds one.
 
     A lease token starts with its worker's id, ``<host>-<pid>-<random>``.
@@ -268,7 +267,7 @@ def lease_holder(run: FaultRun) -> WorkerProcess | None:
                   for t in client.hkeys(frontier.leases(p))]
     finally:
         client.close()
-    held = {w: sum(1 for t in tokens if "-%d-" % w.proc.pid in t) for w in run.workers}
+    held = {w: sum(1 for t in tokens if "-%d-" % w.pid in t) for w in run.workers}
     busiest = max(run.workers, key=lambda w: held[w])
     return busiest if held[busiest] else None
 
@@ -282,11 +281,10 @@ def inject_worker_sigstop(run: FaultRun, facts: dict[str, Any]) -> None:
     run.wait_pages(1 / 3)
     worker = None
     if run.contender.start == "redis":
-        deadline = time.monotonic() + 5
-        while worker is None and time.monotonic() < deadline:
-            worker = lease_holder(run)
-            if worker is None:
-                time.sleep(0.01)
+        try:
+            worker = wait_until(lambda: lease_holder(run), 5, interval=0.01)
+        except WaitTimeout:
+            pass  # none held a lease: the first worker, as for other contenders
     worker = worker or run.workers[0]
     worker.pause()
     facts["stopped"] = worker.name
@@ -390,12 +388,12 @@ def prepare_init_callback(run: FaultRun, facts: dict[str, Any]) -> None:
     facts["entry_url"] = url
 
 
-def redis_aof(workdir: Path) -> RedisProcess:
-    return RedisProcess(workdir, appendonly=True, appendfsync="always")
+def redis_aof(workdir: Path) -> RedisServer:
+    return RedisServer(workdir, appendonly=True, appendfsync="always")
 
 
-def redis_allkeys_lru(workdir: Path) -> RedisProcess:
-    return RedisProcess(workdir, extra_args=["--maxmemory", "64mb",
+def redis_allkeys_lru(workdir: Path) -> RedisServer:
+    return RedisServer(workdir, extra_args=["--maxmemory", "64mb",
                                              "--maxmemory-policy", "allkeys-lru"])
 
 

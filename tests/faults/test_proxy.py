@@ -14,24 +14,15 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from faults.proxy import FaultProxy
-from faults.servers import ClosingRedis
 
-from conftest import RedisServer
+from kit.redis import ClosingRedis, RedisServer
+from kit.wait import wait_until
 
 
 @pytest.fixture
 def proxy(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[FaultProxy]:
     with FaultProxy(redis_server.port) as p:
         yield p
-
-
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def client(proxy: FaultProxy, *, retries: int = 0, timeout: float = 5.0) -> redis.Redis:
@@ -97,7 +88,8 @@ def test_cut_closes_every_connection(proxy: FaultProxy) -> None:
         assert s.recv(100) == b"+PONG\r\n"
         assert proxy.cut() == 2
         assert s.recv(100) == b""  # FIN
-    assert wait_for(lambda: proxy.connections == 0)
+    wait_until(lambda: proxy.connections == 0, 5, interval=0.02,
+               what=lambda: "the proxy to count no connection, not %d" % proxy.connections)
     assert a.ping()  # redis-py notices the closed connection and opens a new one
     a.close()
 
@@ -133,18 +125,16 @@ def test_dropped_reply_after_the_command_was_applied(proxy: FaultProxy,
 
 
 def test_switch_upstream(proxy: FaultProxy, redis_client: redis.Redis, tmp_path: Path) -> None:
-    other = RedisServer(tmp_path / "other")
-    other.start()
-    try:
+    with RedisServer(tmp_path / "other") as other:
         c = client(proxy, retries=1)
         first = c.info("server")["run_id"]
         proxy.set_upstream(other.port)
         second = c.info("server")["run_id"]
         assert first != second
-        assert second == other.client().info("server")["run_id"]
+        direct = other.client()
+        assert second == direct.info("server")["run_id"]
+        direct.close()
         c.close()
-    finally:
-        other.stop()
 
 
 def test_stop_closes_everything(redis_server: RedisServer) -> None:

@@ -1,7 +1,7 @@
 """A real Redis Cluster for the tests: 3 masters with 1 replica each, on free 127.0.0.1 ports.
 
 :class:`RedisClusterProcesses` starts six ``redis-server --cluster-enabled yes``
-processes (each a :class:`faults.servers.RedisProcess`, so it keeps its port,
+processes (each a :class:`kit.redis.RedisServer`, so it keeps its port,
 data directory and ``nodes-<port>.conf`` across a restart and is signalled by
 pid only), joins them with ``redis-cli --cluster create`` and waits until every
 live node reports ``cluster_state:ok`` and all of them agree on the slot map and
@@ -15,11 +15,12 @@ FAILOVER``), :meth:`migrate_slots` (``redis-cli --cluster reshard``) and
 protocol for one slot), so clients see the MOVED and ASK redirections they
 would see in production.
 
-Fixtures (imported into conftest.py): ``redis_cluster`` is one cluster for the
+The fixtures (:mod:`kit.fixtures`): ``redis_cluster`` is one cluster for the
 session; ``clean_cluster`` is that cluster emptied and healthy again (dead
 nodes restarted); ``private_cluster`` is a fresh cluster for one destructive
-test. A missing redis-server or redis-cli is an error, not a skip: ``make
-test`` installs them.
+test. ``bench/scale.py`` builds its clusters of 1 to 3 masters on this class.
+A missing redis-server or redis-cli is an error, not a skip: ``make test``
+installs them.
 """
 
 from __future__ import annotations
@@ -28,15 +29,18 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
-from faults.servers import ClosingRedis, RedisProcess, free_port
 from redis.cluster import RedisCluster
+
+from bloomcrawl.ops.cluster.processes import free_port
+
+from kit.redis import ClosingRedis, RedisServer
+from kit.wait import WaitTimeout, wait_until
 
 HOST = "127.0.0.1"
 SLOTS = 16384
@@ -132,7 +136,7 @@ class RedisClusterProcesses:
         self.appendonly = appendonly
         self.extra_args = list(extra_args or [])
         self.timeout = timeout
-        self.nodes: dict[int, RedisProcess] = {}
+        self.nodes: dict[int, RedisServer] = {}
         #: every pid this object started, for a test to check none is left running
         self.pids: list[int] = []
         #: port -> node id; ids live in nodes-<port>.conf, so they survive a restart
@@ -156,15 +160,15 @@ class RedisClusterProcesses:
             *self.extra_args,
         ]
 
-    def _start_node(self, taken: set[int]) -> RedisProcess:
+    def _start_node(self, taken: set[int]) -> RedisServer:
         """Start one node on free ports; on a lost race for a port, again on other ones."""
         error: Exception | None = None
         for _ in range(START_ATTEMPTS):
             port = bus_port = 0
             while port in taken or bus_port in taken or port == bus_port:
                 port, bus_port = free_port(), free_port()
-            node = RedisProcess(self.workdir / str(port), port=port, appendonly=self.appendonly,
-                                extra_args=self._node_args(port, bus_port))
+            node = RedisServer(self.workdir / str(port), port=port, appendonly=self.appendonly,
+                               extra_args=self._node_args(port, bus_port))
             try:
                 node.start()
             except RuntimeError as exc:
@@ -202,8 +206,7 @@ class RedisClusterProcesses:
             node.stop()  # waits, then SIGKILL; a no-op for a node already gone
 
     def running(self, port: int) -> bool:
-        proc = self.nodes[port].proc
-        return proc is not None and proc.poll() is None
+        return self.nodes[port].running()
 
     # --- addresses and clients ------------------------------------------------------
 
@@ -327,19 +330,22 @@ class RedisClusterProcesses:
     def _wait(self, what: str, ready: Callable[[], str | None], timeout: float | None) -> float:
         """Poll ``ready`` (None when done, else why not) until done; return the seconds taken."""
         started = time.monotonic()
-        deadline = started + (timeout or self.timeout)
-        reason: str | None = "not checked yet"
-        while True:
+        reason: list[str | None] = ["not checked yet"]
+
+        def done() -> bool:
             try:
-                reason = ready()
+                reason[0] = ready()
             except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
-                reason = "%s: %s" % (type(exc).__name__, exc)
-            if reason is None:
-                return time.monotonic() - started
-            if time.monotonic() > deadline:
-                raise ClusterError("%s: not done after %.0f s (%s)\n%s"
-                                   % (what, timeout or self.timeout, reason, self.check_output()))
-            time.sleep(POLL_S)
+                reason[0] = "%s: %s" % (type(exc).__name__, exc)
+            return reason[0] is None
+
+        try:
+            wait_until(done, timeout or self.timeout, interval=POLL_S)
+        except WaitTimeout:
+            raise ClusterError("%s: not done after %.0f s (%s)\n%s"
+                               % (what, timeout or self.timeout, reason[0],
+                                  self.check_output())) from None
+        return time.monotonic() - started
 
     def _settled_reason(self) -> str | None:
         live = self.live_ports
@@ -539,31 +545,3 @@ class RedisClusterProcesses:
             self._call(port, "CLUSTER", "SETSLOT", slot, "NODE", to_id)
         self.wait_settled(timeout)
         return slot
-
-
-# --- fixtures -----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
-    """One cluster for the session; tests that share it take ``clean_cluster``."""
-    cluster = RedisClusterProcesses(tmp_path_factory.mktemp("redis-cluster")).start()
-    yield cluster
-    cluster.stop()
-
-
-@pytest.fixture
-def clean_cluster(redis_cluster: RedisClusterProcesses) -> Iterator[RedisClusterProcesses]:
-    """The session cluster, healthy again (dead nodes restarted) and empty."""
-    redis_cluster.ensure_healthy()
-    redis_cluster.flushall()
-    yield redis_cluster
-    redis_cluster.close_clients()
-
-
-@pytest.fixture
-def private_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
-    """A cluster of this test's own, for destructive tests (kills, reshards)."""
-    cluster = RedisClusterProcesses(tmp_path_factory.mktemp("redis-cluster-private")).start()
-    yield cluster
-    cluster.stop()

@@ -1,0 +1,92 @@
+"""What a crawl left behind, and the one exactly-once check over it.
+
+:func:`assert_each_once` compares what a site counted with what it should
+have counted (every page exactly once, nothing else); the sites count
+differently (the demo site per page number, the hosts site per host and
+path, the shop per method and path), so each test turns its site's counts
+into such a mapping. :func:`assert_crawled_once` is the whole check of a
+crawl of the demo site: every page once, every page counted and stored
+once, the frontier empty, the workers gone cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from bloomcrawl.core import keys
+
+from kit.workers import Worker, check_exits
+
+if TYPE_CHECKING:
+    from bloomcrawl.ops.demo_site import RunningSite
+
+K = TypeVar("K")
+#: how many keys of each kind a failure message lists
+SHOWN = 20
+
+
+def shared_stats(client: Any, spider: str = "site") -> dict[str, int]:
+    """The spider's shared crawl stats (``<spider>:stats``)."""
+    return {k.decode(): int(v) for k, v in client.hgetall("%s:stats" % spider).items()}
+
+
+def stored_items(client: Any, spider: str = "site") -> list[dict[str, Any]]:
+    """The items in ``<spider>:items``, decoded."""
+    return [json.loads(raw) for raw in client.lrange("%s:items" % spider, 0, -1)]
+
+
+def frontier_left(client: Any, spider: str = "site") -> int:
+    """Requests queued or leased anywhere in a spider's frontier (the filter's partitions).
+
+    Counts the hosts' queues (each partition's counter), the leases, and any
+    queue of before per-host queues, so a request in none of them is lost.
+    Hosts with queued requests or leases left behind count too: their
+    bookkeeping must end empty along with the queues.
+    """
+    f = keys.FrontierKeys(spider)
+    params = client.hget(f.meta, "params")
+    f = keys.FrontierKeys(spider, partitions=json.loads(params)["partitions"])
+    pipe = client.pipeline(transaction=False)
+    for p in range(f.partitions):
+        pipe.get(f.polite(p, "queued"))
+        pipe.zcard(f.queue_part(p))
+        pipe.zcard(f.deadlines(p))
+        pipe.hlen(f.leases(p))
+        pipe.zcard(f.polite(p, "depth"))
+        pipe.hlen(f.polite(p, "busy"))
+    return sum(int(n or 0) for n in pipe.execute())
+
+
+def assert_each_once(counts: Mapping[K, int], expected: Iterable[K] | Mapping[K, int]) -> None:
+    """Every expected key counted exactly as often as expected (once, for an iterable), and
+    nothing else counted."""
+    want: Mapping[K, int] = (expected if isinstance(expected, Mapping)
+                             else dict.fromkeys(expected, 1))
+    missing = sorted((k for k in want if not counts.get(k)), key=repr)
+    wrong = {k: (counts[k], n) for k, n in want.items() if counts.get(k) and counts[k] != n}
+    unexpected = {k: n for k, n in counts.items() if n and k not in want}
+    assert not missing and not wrong and not unexpected, {
+        "missing": missing[:SHOWN],
+        "(got, expected)": dict(sorted(wrong.items(), key=repr)[:SHOWN]),
+        "unexpected": dict(sorted(unexpected.items(), key=repr)[:SHOWN])}
+
+
+def assert_crawled_once(site: RunningSite, client: Any, workers: Sequence[Worker] = (),
+                        spider: str = "site") -> None:
+    """A crawl of the demo site by ``workers`` ended, and did everything once.
+
+    Every page fetched exactly once; the shared stats count each page once and
+    each page's item is stored once; nothing is left in the frontier; every
+    worker exited 0 with no traceback.
+    """
+    hits = site.hits()
+    assert_each_once(dict(enumerate(hits)), range(len(hits)))
+    shared = shared_stats(client, spider)
+    assert shared.get("pages") == len(hits), shared
+    assert shared.get("items") == len(hits), shared
+    urls = [item["url"] for item in stored_items(client, spider)]
+    assert len(urls) == len(set(urls)) == len(hits), (len(urls), len(set(urls)), len(hits))
+    assert frontier_left(client, spider) == 0
+    check_exits(workers)
