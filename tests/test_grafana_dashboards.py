@@ -497,7 +497,9 @@ def test_dashboard_parses_into_the_sdk_model(path: Path) -> None:
     assert isinstance(model, grafana.Dashboard)
     assert model.uid and model.title and model.schema_version == raw["schemaVersion"]
     assert all(isinstance(p, grafana.Panel | grafana.RowPanel) for p in model.panels or [])
-    assert all(isinstance(v, grafana.VariableModel) for v in variables(model))
+    # every variable of the file came through the parse, with its name and type
+    assert [(v.name, v.type_val) for v in variables(model)] == [
+        (v["name"], v.get("type", "query")) for v in raw.get("templating", {}).get("list", [])]
 
 
 @dashboards

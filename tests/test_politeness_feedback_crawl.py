@@ -157,11 +157,12 @@ class DatedRetryAfter(HostsServer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("form", ["seconds"])  # an HTTP date: test_politeness.py (17 s less)
+@pytest.mark.parametrize("form", ["seconds", "http-date"])
 def test_429_holds_its_host_for_retry_after_for_every_worker(
         redis_server: RedisServer, redis_client: redis.Redis, worker_pool: WorkerPool,
         form: str) -> None:
-    """The host's first two requests get 429 Retry-After: 2; each is retried.
+    """The host's first two requests get 429 Retry-After: 2 (``form``: as seconds, or
+    as an HTTP date 2 to 3 s ahead); each is retried.
 
     Several of the host's pages are queued from the start and three workers
     wait for them: after each 429, none may go to the host for 2 s. The other
