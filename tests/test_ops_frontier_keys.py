@@ -236,12 +236,12 @@ def real_frontier(client: redis.Redis, spider: str = "site", partitions: int = 2
     client.rpush(frontier_keys.start_urls, "http://a.test/", "http://b.test/",
                  "http://c.test/")
     front.take_start_entries(2)
-    # the items pipeline's script: each item stored once, its id kept in {<items>}:ids
+    # the items pipeline's script: each item stored once, its id kept for the window
     push = Script("items_push.lua")
     for origin in ("f1:0", "f1:1", "f2:0", "f1:0"):
-        run_scripts(client, [ScriptCall(push, [frontier_keys.items,
-                                               "{%s}:ids" % frontier_keys.items],
-                                        [origin, json.dumps({"o": origin})])])
+        run_scripts(client, [ScriptCall(push, [frontier_keys.items, frontier_keys.item_ids,
+                                               frontier_keys.recent_item_ids],
+                                        [origin, json.dumps({"o": origin}), "60000"])])
     return front
 
 
@@ -299,7 +299,7 @@ def test_clear_leaves_no_key_of_the_spider_and_every_key_of_the_others(
     mine = keys_of(redis_client) - others
     for wanted in (front.keys.lease_counter(0), front.keys.start_leases,
                    front.keys.start_deadlines, front.keys.start_counter,
-                   front.keys.stats_applied, "{site:items}:ids", front.keys.pages_by_node,
+                   front.keys.stats_applied, "{site:items}:recent_ids", front.keys.pages_by_node,
                    custom.meta, custom.lease_counter(1)):
         assert wanted in mine, f"the frontier did not write {wanted}: the test proves nothing"
 

@@ -43,3 +43,6 @@ STATS_KEY = "%(spider)s:stats"
 
 # the items pipeline
 ITEMS_RETRY_TIMEOUT = 300.0
+# an item's id is remembered this long (seconds): a page crawled again within it (its
+# worker died before the ack) stores nothing twice; older ids are dropped
+ITEMS_DEDUP_WINDOW = 7 * 24 * 3600.0

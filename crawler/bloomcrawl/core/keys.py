@@ -102,8 +102,16 @@ def crawl_key(spider_name: str) -> str:
 
 
 def item_ids_key(items_key: str) -> str:
-    """The set of ids of the items stored once each (same slot as the items list)."""
+    """The set of ids of items stored before ids expired (same slot as the items list).
+
+    Never written any more: still read, so that what it holds stays stored once.
+    """
     return "{%s}:ids" % items_key
+
+
+def recent_item_ids_key(items_key: str) -> str:
+    """The zset of ids of the items stored within the dedup window, scored by when (ms)."""
+    return "{%s}:recent_ids" % items_key
 
 
 def filter_name_from_meta(key: str) -> str:
@@ -192,6 +200,7 @@ class FrontierKeys:
         self.start_counter = tag + ":seq"
         self.items = spider_key(defaults.ITEMS_KEY, spider)
         self.item_ids = item_ids_key(self.items)
+        self.recent_item_ids = recent_item_ids_key(self.items)
         self.meta = meta_key(self.filter)
         self.partitions = partitions
 

@@ -3,8 +3,10 @@
 Each item is stored once: under its origin (the request fingerprint of the
 response that yielded it and its position, :mod:`bloomcrawl.crawl.origins`),
 checked and pushed in one atomic call, so a page crawled twice after a
-worker died, or a push sent twice, stores nothing twice. The ids are kept in
-the set ``{<items key>}:ids``.
+worker died, or a push sent twice, stores nothing twice. The ids are kept
+for REDIS_ITEMS_DEDUP_WINDOW seconds (7 days), by Redis's clock, in the
+zset ``{<items key>}:recent_ids``: its memory follows the items of that
+window, not every item ever stored.
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ class RedisItemsPipeline:
     """
 
     def __init__(self, server: redis.Redis, crawler: Crawler, key_pattern: str,
-                 retry_timeout: float = defaults.ITEMS_RETRY_TIMEOUT) -> None:
+                 retry_timeout: float = defaults.ITEMS_RETRY_TIMEOUT,
+                 dedup_window: float = defaults.ITEMS_DEDUP_WINDOW) -> None:
         self.server = server
+        self.dedup_window_ms = max(1, round(dedup_window * 1000))
         self.crawler = crawler
         self.key_pattern = key_pattern
         self.retry_timeout = retry_timeout
@@ -62,7 +66,9 @@ class RedisItemsPipeline:
         pattern = settings.get("REDIS_ITEMS_KEY") or defaults.ITEMS_KEY
         retry = get_float(settings, "REDIS_ITEMS_RETRY_TIMEOUT", defaults.ITEMS_RETRY_TIMEOUT,
                           0, None)
-        return cls(redis_from_settings(settings), crawler, pattern, retry)
+        window = get_float(settings, "REDIS_ITEMS_DEDUP_WINDOW", defaults.ITEMS_DEDUP_WINDOW,
+                           0.001, None)
+        return cls(redis_from_settings(settings), crawler, pattern, retry, window)
 
     # ``spider=None``: Scrapy < 2.14 passes the spider, later versions do not
 
@@ -74,12 +80,10 @@ class RedisItemsPipeline:
         data = self.encoder.encode(item)
         # an item no tracked callback yielded still gets an id: a resent push stores it once
         origin = origins.pop(item) or "u:" + uuid.uuid4().hex
-        call = ScriptCall(_PUSH, [self.key, keys.item_ids_key(self.key)], [origin, data])
         deadline = time.monotonic() + self.retry_timeout
         while True:
             try:
-                stored = await maybe_deferred_to_future(
-                    deferToThread(run_scripts, self.server, [call]))
+                stored = await maybe_deferred_to_future(deferToThread(self.push, origin, data))
             except REDIS_ERRORS as exc:
                 kind = error_kind(exc)
                 if (kind != "unreachable" and kind not in TRANSIENT_REPLIES) or (
@@ -90,6 +94,13 @@ class RedisItemsPipeline:
                 await maybe_deferred_to_future(deferLater(reactor, self.errors.failed(exc)))
                 continue
             self.errors.ok()
-            if stored == [0]:
+            if not stored:
                 self.crawler.stats.inc_value("bloomcrawl/items_stored_before")
             return item
+
+    def push(self, origin: str, data: str) -> bool:
+        """Store one item under its id unless stored within the window (blocks on Redis)."""
+        (stored,) = run_scripts(self.server, [ScriptCall(
+            _PUSH, [self.key, keys.item_ids_key(self.key), keys.recent_item_ids_key(self.key)],
+            [origin, data, str(self.dedup_window_ms)])])
+        return bool(stored)

@@ -322,6 +322,7 @@ def _state_from_meta(
         if state.queue_type not in QUEUE_TYPES:
             state.unreadable("queue type", f"unknown queue_type {state.queue_type!r}")
     item_ids = keys.item_ids_key(frontier.items)
+    recent_ids = keys.recent_item_ids_key(frontier.items)
 
     with reachable(client):
         # never a transaction: on a cluster these keys lie in many slots
@@ -333,6 +334,7 @@ def _state_from_meta(
         pipe.llen(frontier.items)
         pipe.scard(item_ids)
         pipe.hlen(frontier.stats_applied)
+        pipe.zcard(recent_ids)
         counted = has_queue and state.queue_type in QUEUE_TYPES
         if counted:
             for p in range(partitions):
@@ -345,7 +347,8 @@ def _state_from_meta(
                 pipe.get(frontier.lease_counter(p))
         replies = unless_unreachable(pipe.execute(raise_on_error=False))
 
-    stats_reply, node_pages, start_urls, start_leased, items, ids, workers = replies[:7]
+    (stats_reply, node_pages, start_urls, start_leased, items, ids, workers,
+     recent) = replies[:8]
     _read_stats(state, frontier.stats, stats_reply)
     if isinstance(node_pages, dict):
         state.pages_by_node = _pages_by_node(node_pages, frontier.pages_by_node, state)
@@ -357,9 +360,12 @@ def _state_from_meta(
                                      start_leased)
     state.items_stored = _count(state, "items", frontier.items, items)
     state.item_ids = _count(state, "item ids", item_ids, ids)
+    recent_count = _count(state, "recent item ids", recent_ids, recent)
+    if state.item_ids is not None and recent_count is not None:
+        state.item_ids += recent_count
     state.stats_workers = _count(state, "stats workers", frontier.stats_applied, workers)
     if counted:
-        _read_partitions(state, frontier, replies[7:])
+        _read_partitions(state, frontier, replies[8:])
     if has_queue:
         _read_politeness(client, state, frontier, top_domains)
         if state.queue_length is not None:

@@ -120,8 +120,9 @@ _SPIDER_GAUGES: tuple[tuple[str, str, _SpiderValue], ...] = (
     ("bloomcrawl_stored_items", "Items waiting in the spider's Redis items list.",
      lambda s: s.items_stored),
     ("bloomcrawl_stored_item_ids",
-     "Ids of the items stored (each item is stored once); the set is never trimmed, so it"
-     " grows with every item, also after the items list is consumed.", lambda s: s.item_ids),
+     "Ids of stored items remembered so that each is stored once: those stored within"
+     " REDIS_ITEMS_DEDUP_WINDOW (7 days), plus any set of before ids expired.",
+     lambda s: s.item_ids),
     ("bloomcrawl_stats_workers",
      "Worker runs whose stats are recorded in {<spider>:stats}:applied (one field per run;"
      " cleared with the spider).", lambda s: s.stats_workers),

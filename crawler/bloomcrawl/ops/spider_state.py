@@ -91,7 +91,8 @@ class SpiderState:
     #: start URLs a worker took and has not queued yet (``{<start_urls>}:deadlines``)
     start_urls_leased: int | None = None
     items_stored: int | None = None
-    #: ids of the items stored once each (``{<items>}:ids``); never trimmed
+    #: ids of stored items remembered to store each once: those of the dedup window
+    #: (``{<items>}:recent_ids``) and, from before ids expired, ``{<items>}:ids``
     item_ids: int | None = None
     #: leases ever handed out: the sum of the partitions' lease counters
     leases_total: int | None = None

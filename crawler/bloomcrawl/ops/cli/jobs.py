@@ -229,6 +229,7 @@ def _names_of(frontier: keys.FrontierKeys) -> tuple[set[str], list[tuple[str, re
     exact = {frontier.meta, frontier.stats, frontier.stats_applied, frontier.pages_by_node,
              frontier.start_urls, frontier.start_leases, frontier.start_deadlines,
              frontier.start_counter, frontier.items, frontier.item_ids,
+             frontier.recent_item_ids,
              keys.crawl_key(frontier.spider)}
     tag = "{%s:" % frontier.filter
     return exact, [_partitioned(tag), _partitioned("%s:%s" % (frontier.queue, tag))]

@@ -1,0 +1,108 @@
+"""The items pipeline stores each item once, remembering ids for a window only.
+
+A page crawled twice (its worker died before the ack) yields the same items
+under the same ids: they are stored once. The ids are kept for
+REDIS_ITEMS_DEDUP_WINDOW seconds by Redis's clock, so the id zset holds the
+ids of that window, not of every item ever stored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis
+from scrapy import Spider
+from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.test import get_crawler
+
+from bloomcrawl.core import keys
+from bloomcrawl.core.errors import SettingError
+from bloomcrawl.crawl.pipelines import RedisItemsPipeline
+
+from kit.wait import wait_until
+
+
+class ItemsSpider(Spider):
+    name = "items"
+
+
+def pipeline(redis_url: str, **settings: Any) -> RedisItemsPipeline:
+    crawler = get_crawler(ItemsSpider, settings_dict={"REDIS_URL": redis_url, **settings})
+    crawler.spider = ItemsSpider.from_crawler(crawler)
+    built = build_from_crawler(RedisItemsPipeline, crawler)
+    built.open_spider()
+    return built
+
+
+def store(p: RedisItemsPipeline, origin: str, item: dict[str, Any]) -> bool:
+    """What the pipeline does, off the reactor, for an item tagged with ``origin``."""
+    return p.push(origin, json.dumps(item))
+
+
+@pytest.fixture
+def items_keys() -> tuple[str, str, str]:
+    items = "items:items"
+    return items, keys.item_ids_key(items), keys.recent_item_ids_key(items)
+
+
+def test_an_item_yielded_again_within_the_window_is_stored_once(
+        redis_server, redis_client: redis.Redis, items_keys: tuple[str, str, str]) -> None:
+    items, old_ids, recent = items_keys
+    p = pipeline(redis_server.url)
+    stored = [store(p, origin, {"o": origin}) for _ in range(2)  # the page crawled twice
+              for origin in ("fp1:0", "fp1:1")]
+    assert stored == [True, True, False, False]
+    assert redis_client.llen(items) == 2
+    assert redis_client.zcard(recent) == 2 and not redis_client.exists(old_ids)
+    p.server.close()
+
+
+def test_ids_older_than_the_window_are_dropped(
+        redis_server, redis_client: redis.Redis, items_keys: tuple[str, str, str]) -> None:
+    items, _, recent = items_keys
+    p = pipeline(redis_server.url, REDIS_ITEMS_DEDUP_WINDOW=0.3)
+    for i in range(50):
+        store(p, "old:%d" % i, {"n": i})
+    assert redis_client.zcard(recent) == 50
+    # past the window, the next push drops every older id: the zset follows the window
+    assert wait_until(lambda: redis_client.time()[0] * 1000 + redis_client.time()[1] // 1000
+                      > int(redis_client.zrange(recent, -1, -1, withscores=True)[0][1]) + 300,
+                      timeout=5)
+    store(p, "new:0", {"n": "new"})
+    assert redis_client.zrange(recent, 0, -1) == [b"new:0"]
+    # an id of before the window is stored again: the bound the README states
+    assert store(p, "old:0", {"n": 0}) is True
+    assert redis_client.llen(items) == 52
+    p.server.close()
+
+
+def test_ids_of_the_set_of_before_still_count(
+        redis_server, redis_client: redis.Redis, items_keys: tuple[str, str, str]) -> None:
+    items, old_ids, recent = items_keys
+    redis_client.sadd(old_ids, "fp9:0")  # stored by a version that kept every id
+    p = pipeline(redis_server.url)
+    assert store(p, "fp9:0", {"n": 0}) is False
+    assert store(p, "fp9:1", {"n": 1}) is True
+    assert redis_client.llen(items) == 1
+    assert redis_client.scard(old_ids) == 1  # read, never written
+    assert redis_client.zrange(recent, 0, -1) == [b"fp9:1"]
+    p.server.close()
+
+
+@pytest.mark.parametrize("window", ["0", "-1", "a week"])
+def test_a_bad_window_is_a_setting_error(redis_server, window: str) -> None:
+    with pytest.raises(SettingError, match="REDIS_ITEMS_DEDUP_WINDOW"):
+        pipeline(redis_server.url, REDIS_ITEMS_DEDUP_WINDOW=window)
+
+
+def test_the_window_counts_from_redis_time(redis_server, redis_client: redis.Redis,
+                                           items_keys: tuple[str, str, str]) -> None:
+    _, _, recent = items_keys
+    p = pipeline(redis_server.url)
+    store(p, "fp:0", {"n": 0})
+    ((_, score),) = redis_client.zrange(recent, 0, -1, withscores=True)
+    seconds, micros = redis_client.time()
+    assert abs(seconds * 1000 + micros // 1000 - score) < 5_000
+    p.server.close()
