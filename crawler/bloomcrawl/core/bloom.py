@@ -8,10 +8,11 @@ Layout (key names in :mod:`bloomcrawl.core.keys`, sizing in
 * The filter is split into ``partitions`` by fingerprint bytes 17-20. Each
   partition is an independent scalable Bloom filter in one hash slot, so a
   check-and-set is one Lua call on one slot, also on Redis Cluster.
-* Each partition is a list of slices. Slice ``i`` holds ``capacity *
-  growth**i`` items (per partition) at error ``error_rate * (1 - tightening) *
-  tightening**i``; the compound false-positive rate stays below
-  ``error_rate`` however many slices are added.
+* Each partition is a list of slices, added as it fills. Slice ``i`` holds
+  ``initial_capacity * growth**i`` items, so memory follows the items held;
+  the slices that hold ``capacity`` share the error rate, later ones tighten
+  (:mod:`bloomcrawl.core.sizing`): the compound false-positive rate stays
+  below ``error_rate`` however many slices are added.
 * Within a slice, all k bits of an item lie in one block of
   :data:`~bloomcrawl.core.sizing.BLOCK_BITS` bits (a blocked Bloom filter),
   one bit in each of k lanes of the block: one read and at most one write
@@ -48,6 +49,7 @@ from bloomcrawl.core.sizing import (
     BACKENDS,
     DEFAULT_CHUNK_BYTES,
     FINGERPRINT_BYTES,
+    HASHING,
     REDISBLOOM_TIGHTENING,
     FilterParams,
 )
@@ -89,8 +91,12 @@ class BloomFilter:
     """A Bloom filter in Redis shared by every worker.
 
     ``BloomFilter(client, "spider:bloomfilter", capacity=..., error_rate=...)``
-    creates the filter or opens the existing one; different stored parameters
-    raise :class:`FilterMismatchError`.
+    creates the filter or opens the existing one, with the parameters stored
+    with it: other sizing is logged; other partitions, partitioning, bit layout
+    or backend (any difference, with ``strict_params``) raise
+    :class:`FilterMismatchError`.
+    ``initial_capacity`` (None: the default, or what an existing filter has)
+    is what the first slice of each partition holds.
     """
 
     def __init__(
@@ -108,6 +114,8 @@ class BloomFilter:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         backend: str = "bitmap",
         partition_by: str | None = None,
+        initial_capacity: int | None = None,
+        strict_params: bool = defaults.FILTER_STRICT_PARAMS,
     ) -> None:
         keys.check_key(key)
         if backend not in (*BACKENDS, "auto"):
@@ -118,16 +126,22 @@ class BloomFilter:
             tightening = REDISBLOOM_TIGHTENING
         # None: what an existing filter has, "host" for a new one
         self._adopt_partition_by = partition_by is None
+        self._adopt_initial_capacity = initial_capacity is None
+        self._strict_params = strict_params
         common = dict(partitions=partitions, growth=growth, tightening=tightening,
                       chunk_bytes=chunk_bytes, backend=concrete,
-                      partition_by=partition_by or "host")
+                      partition_by=partition_by or "host", hashing=HASHING)
         if bit_exponent is not None or hashes is not None:
             if bit_exponent is None or hashes is None:
                 raise InvalidFilterParameters(
                     "BLOOMFILTER_BIT and BLOOMFILTER_HASH_NUMBER go together: set both or neither")
+            # the seeds' sizing is an allocation the user asked for: kept as it was
             params = FilterParams.fixed(bit_exponent, hashes, **common)
         else:
+            if concrete == "bitmap" and initial_capacity is None:
+                initial_capacity = defaults.FILTER_INITIAL_CAPACITY
             params = FilterParams(capacity=capacity, error_rate=error_rate,
+                                  initial_capacity=initial_capacity,
                                   **common)  # type: ignore[arg-type]
         self.server = server
         self.key = key
@@ -156,10 +170,14 @@ class BloomFilter:
         return self
 
     def _open(self, params: FilterParams, rewrite_partitions: bool = False) -> FilterParams:
-        # a handle made by open() has no _adopt_partition_by: it adopts nothing
-        return create_or_open(self.server, self.key, params,
-                              adopt_partition_by=getattr(self, "_adopt_partition_by", False),
-                              rewrite_partitions=rewrite_partitions)
+        # a handle made by open() has no _adopt_*: it adopts nothing (and asks for
+        # what is stored)
+        return create_or_open(
+            self.server, self.key, params,
+            adopt_partition_by=getattr(self, "_adopt_partition_by", False),
+            adopt_initial_capacity=getattr(self, "_adopt_initial_capacity", False),
+            strict=getattr(self, "_strict_params", False),
+            rewrite_partitions=rewrite_partitions)
 
     # -- operations -----------------------------------------------------
 

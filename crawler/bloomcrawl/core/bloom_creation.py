@@ -1,10 +1,14 @@
 """Creating a Bloom filter in Redis, or opening the one there: what the metadata says.
 
 A filter's parameters are written once (``HSETNX``) and every opener compares
-its own with them, so two workers configured differently never share bits
-unknowingly (:class:`~bloomcrawl.core.errors.FilterMismatchError`). Each
-partition's plan follows from the parameters, so any opener can write it
-again, idempotently; ``ready`` is set last, once the partitions exist.
+its own with them. The stored ones win: an opener asking for other sizing
+(capacity, error rate, growth...) uses the stored filter and logs what
+differed, since the stored plan is what its bits were written with; other
+partitions, partitioning, bit layout or backend would put bits and requests
+elsewhere, and is an error (:class:`~bloomcrawl.core.errors.FilterMismatchError`),
+as is any difference when the opener asks to be strict. Each partition's plan follows
+from the parameters, so any opener can write it again, idempotently;
+``ready`` is set last, once the partitions exist.
 :class:`bloomcrawl.core.bloom.BloomFilter` is the usual way in.
 """
 
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 import redis
@@ -20,6 +25,8 @@ from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.connection import describe_redis, is_cluster, redis_errors
 from bloomcrawl.core.errors import BloomFilterError, FilterMismatchError
 from bloomcrawl.core.sizing import REDISBLOOM_TIGHTENING, FilterParams
+
+logger = logging.getLogger(__name__)
 
 
 def has_redisbloom(server: Any) -> bool:
@@ -55,6 +62,7 @@ def resolve_auto_backend(server: redis.Redis, key: str, params: FilterParams) ->
     changes: dict[str, Any] = {"backend": stored}
     if stored == "redisbloom":
         changes["tightening"] = REDISBLOOM_TIGHTENING
+        changes["initial_capacity"] = None  # RedisBloom sizes its first sub-filter itself
         if params.bit_exponent is not None or float(params.growth) != int(params.growth):
             return params  # cannot: stay on the bitmap backend
     else:
@@ -75,12 +83,17 @@ def parse_stored_params(server: redis.Redis, key: str, raw: bytes | str) -> Filt
 
 def create_or_open(server: redis.Redis, key: str, params: FilterParams, *,
                    adopt_partition_by: bool = False,
+                   adopt_initial_capacity: bool = False,
+                   strict: bool = False,
                    rewrite_partitions: bool = False) -> FilterParams:
     """Store ``params`` unless the filter has some already; the parameters it has.
 
-    Other stored parameters raise :class:`FilterMismatchError` and touch
-    nothing. ``adopt_partition_by``: take the stored ``partition_by`` rather
-    than compare it (the opener did not choose one).
+    Stored parameters that differ in partitions, partitioning, bit layout or
+    backend (or in anything, when ``strict``) raise :class:`FilterMismatchError`
+    and touch nothing; other sizing is the stored one, and what differed is
+    logged.
+    ``adopt_partition_by``, ``adopt_initial_capacity``: take the stored value
+    rather than compare it (the opener did not choose one).
     """
     meta = keys.meta_key(key)
     with redis_errors(server):
@@ -88,15 +101,25 @@ def create_or_open(server: redis.Redis, key: str, params: FilterParams, *,
         stored_raw = server.hget(meta, "params")
     assert stored_raw is not None
     stored = parse_stored_params(server, key, stored_raw)
+    # the hashing is never the opener's choice: a filter keeps the one it was made with
+    adopted: dict[str, Any] = {"hashing": stored.hashing}
     if adopt_partition_by:
-        params = dataclasses.replace(params, partition_by=stored.partition_by)
-    diffs = stored.differences(params)
-    if diffs:
+        adopted["partition_by"] = stored.partition_by
+    if adopt_initial_capacity:
+        adopted["initial_capacity"] = stored.initial_capacity
+    layout = stored.layout_differences(params, adopted)
+    sizing = stored.sizing_differences(params, adopted)
+    if layout or (strict and sizing):
         raise FilterMismatchError(
             "Bloom filter %r at %s exists with other parameters (%s); its bits were left"
             " untouched. Use the stored parameters, another key, or clear the filter."
-            % (key, describe_redis(server), "; ".join(diffs))
+            % (key, describe_redis(server), "; ".join(layout + sizing))
         )
+    if sizing:
+        logger.warning(
+            "Bloom filter %r at %s was created with other sizing (%s): it is opened with"
+            " its own, which its bits were written with (BLOOMFILTER_STRICT_PARAMS=True"
+            " makes this an error)", key, describe_redis(server), "; ".join(sizing))
     write_partitions(server, key, stored, force=rewrite_partitions)
     return stored
 
@@ -112,6 +135,7 @@ def write_partitions(server: redis.Redis, key: str, params: FilterParams,
         "max_slices": len(plan),
         "slices": 1,
         "filtered": 0,
+        "hashing": params.hashing,
     }
     for i, s in enumerate(plan):
         fields["plan:%d" % i] = "%d %d %d" % (s.capacity, s.hashes, s.blocks)

@@ -19,6 +19,12 @@ CLUSTER_PARTITIONS_PER_MASTER = 8
 FILTER_GROWTH = 2.0
 FILTER_TIGHTENING = 0.4
 FILTER_BACKEND = "auto"
+# items the first slice of each partition of a new filter holds: memory follows the URLs
+# seen, and BLOOMFILTER_CAPACITY is how many the filter holds before it tightens further
+FILTER_INITIAL_CAPACITY = 256
+# True: opening a filter stored with other sizing (capacity, error rate, growth...) is an
+# error; False: the stored filter is used and what differed is logged
+FILTER_STRICT_PARAMS = False
 # the seeds' BLOOMFILTER_BIT / BLOOMFILTER_HASH_NUMBER when only one is set
 SEEDS_BIT_EXPONENT = 30
 SEEDS_HASHES = 6

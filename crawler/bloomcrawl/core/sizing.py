@@ -3,6 +3,15 @@
 Pure arithmetic, no Redis: :class:`FilterParams` is what a filter stores in
 its meta hash, and :meth:`FilterParams.plan` is what every opener derives
 from it.
+
+A filter made now starts small and grows with what it holds
+(``initial_capacity``): slice ``i`` of a partition holds ``initial_capacity *
+growth**i`` items. The slices it takes for one partition to hold
+``capacity`` items share ``(1 - tightening)`` of the error rate equally;
+past them, each slice gets ``tightening`` times the previous one's share, so
+the compound rate stays under ``error_rate`` however far it grows. Filters
+made before (no ``initial_capacity`` stored) keep their first slice of
+``capacity / partitions`` items.
 """
 
 from __future__ import annotations
@@ -21,12 +30,22 @@ BLOCK_BITS = 2048
 # just under 32 MiB: with the string header the allocation stays in the 32 MiB size class
 DEFAULT_CHUNK_BYTES = 32 * 1024 * 1024 - 4096
 MAX_SLICES = 24
+#: slices of a small-start filter past those that hold its capacity (32 times the capacity)
+OVERFLOW_SLICES = 5
+#: at most this many slices to reach the capacity: a larger first slice beyond it
+MAX_PLANNED_SLICES = 40
 MAX_CHUNK_BYTES = 256 * 1024 * 1024
 #: "bitmap": plain Redis strings and Lua, any Redis; "redisbloom": the bf module's
 #: BF.MADD inside the same atomic scripts; "auto" picks redisbloom when loaded
 BACKENDS = ("bitmap", "redisbloom")
 #: RedisBloom's scalable filter halves the error of each new sub-filter
 REDISBLOOM_TIGHTENING = 0.5
+#: where an item's bits lie in its block (bloom_common.lua): 1, triple hashing of 16-bit
+#: values, whose few patterns per block add to the false-positive rate (filters made
+#: before); 2, a quadratic sequence of 24-bit values, as independent as the formula assumes
+HASHINGS = (1, 2)
+#: what new filters use
+HASHING = 2
 
 def blocked_false_positive_rate(bits_per_item: float, hashes: int, block_bits: int) -> float:
     """False-positive rate of the blocked, lane-partitioned filter the Lua scripts keep.
@@ -92,6 +111,37 @@ class SlicePlan:
 
 PARTITION_BY = ("host", "fingerprint")
 
+#: what decides where an item's bits are and which partition (and queue) holds it: a
+#: filter stored with others is never opened
+LAYOUT_FIELDS = ("partitions", "partition_by", "block_bits", "hashing", "backend", "version")
+
+
+def allocation_bytes(size: int) -> int:
+    """The bytes jemalloc (Redis's allocator) hands out for a request of ``size``.
+
+    Four size classes per power of two above 128 bytes, multiples of 16 below.
+    """
+    if size <= 8:
+        return 8
+    if size <= 128:
+        return (size + 15) // 16 * 16
+    step = 1 << ((size - 1).bit_length() - 3)
+    return (size + step - 1) // step * step
+
+
+def _sds_header(length: int) -> int:
+    """Redis's string header (sdshdr8/16/32) plus its trailing NUL."""
+    return 4 if length < 1 << 8 else 6 if length < 1 << 16 else 10
+
+
+def fill_allocation(blocks: int, block_bytes: int) -> int:
+    """The most blocks a string of ``blocks`` blocks can hold in the allocation it gets anyway."""
+    size = allocation_bytes(blocks * block_bytes + _sds_header(blocks * block_bytes))
+    room = size - _sds_header(size)
+    while room + _sds_header(room) > size:
+        room -= 1
+    return max(blocks, room // block_bytes)
+
 
 @dataclass(frozen=True)
 class FilterParams:
@@ -112,6 +162,11 @@ class FilterParams:
     #: the request's host, so a host's filter bits, queue and politeness state share
     #: one slot; or "fingerprint", the request's own (filters made before hosts were)
     partition_by: str = "fingerprint"
+    #: items the first slice of each partition holds; None: filters made before
+    #: slices started small, whose first slice holds ``capacity / partitions``
+    initial_capacity: int | None = None
+    #: where an item's bits lie in its block (:data:`HASHINGS`)
+    hashing: int = 1
 
     def __post_init__(self) -> None:
         problems = []
@@ -162,6 +217,19 @@ class FilterParams:
         ):
             problems.append("chunk_bytes must be in %d..%d, got %r"
                             % (block_bytes, MAX_CHUNK_BYTES, self.chunk_bytes))
+        if self.hashing not in HASHINGS or isinstance(self.hashing, bool):
+            problems.append("hashing must be one of %s, got %r"
+                            % (", ".join(map(str, HASHINGS)), self.hashing))
+        initial = self.initial_capacity
+        if initial is not None:
+            if isinstance(initial, bool) or not isinstance(initial, int) or initial < 1:
+                problems.append("initial_capacity must be an integer >= 1, got %r" % (initial,))
+            elif self.bit_exponent is not None:
+                problems.append("BLOOMFILTER_BIT/HASH_NUMBER size the first slice: no"
+                                " initial_capacity with them")
+            elif self.backend == "redisbloom":
+                problems.append("the redisbloom backend sizes its first sub-filter from"
+                                " capacity: no initial_capacity with it")
         if problems:
             raise InvalidFilterParameters("invalid Bloom filter parameters: " + "; ".join(problems))
 
@@ -191,11 +259,16 @@ class FilterParams:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    def differences(self, other: FilterParams) -> list[str]:
-        """``name: stored X, asked for Y`` for each differing parameter."""
-        mine, theirs = asdict(self), asdict(other)
+    def differences(self, other: FilterParams, names: tuple[str, ...] | None = None,
+                    overrides: dict[str, Any] | None = None) -> list[str]:
+        """``name: stored X, asked for Y`` for each differing parameter (of ``names``).
+
+        ``overrides``: values of ``other`` to take instead (compared as plain
+        values, whether or not they would make valid parameters with the rest).
+        """
+        mine, theirs = asdict(self), {**asdict(other), **(overrides or {})}
         out = []
-        for name in mine:
+        for name in mine if names is None else names:
             a, b = mine[name], theirs[name]
             if isinstance(a, float) or isinstance(b, float):
                 same = a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9)
@@ -205,9 +278,66 @@ class FilterParams:
                 out.append("%s: stored %r, asked for %r" % (name, a, b))
         return out
 
+    def layout_differences(self, other: FilterParams,
+                           overrides: dict[str, Any] | None = None) -> list[str]:
+        """Differences that would put bits or requests elsewhere: never opened as is."""
+        return self.differences(other, LAYOUT_FIELDS, overrides)
+
+    def sizing_differences(self, other: FilterParams,
+                           overrides: dict[str, Any] | None = None) -> list[str]:
+        """Differences in how slices are sized: a filter keeps its own."""
+        return self.differences(other, tuple(
+            name for name in self.__dataclass_fields__ if name not in LAYOUT_FIELDS), overrides)
+
     def plan(self) -> list[SlicePlan]:
         """Slice plans of one partition, slice 0 first."""
-        return list(_plan(self))
+        if self.initial_capacity is None:
+            return list(_plan(self))
+        return list(_growing_plan(self))
+
+
+@lru_cache(maxsize=64)
+def _growing_plan(params: FilterParams) -> tuple[SlicePlan, ...]:
+    # Any partition may get every item (a crawl of one host), so the slices to
+    # reach the capacity are counted for one partition. They share (1 -
+    # tightening) of the error equally: with slices growing geometrically, the
+    # newest ones always hold most items, and an equal share keeps their bits
+    # per item the same at every size.
+    assert params.initial_capacity is not None
+    first = min(params.initial_capacity, params.capacity)
+    planned = _slices_to_hold(first, params.growth, params.capacity)
+    if planned > MAX_PLANNED_SLICES:
+        total = sum(params.growth**i for i in range(MAX_PLANNED_SLICES))
+        first = math.ceil(params.capacity / total)
+        planned = _slices_to_hold(first, params.growth, params.capacity)
+    block_bytes = params.block_bits // 8
+    chunk_blocks = params.chunk_bytes // block_bytes
+    slices = []
+    for i in range(max(MAX_SLICES, planned + OVERFLOW_SLICES)):
+        capacity = max(1, int(first * params.growth**i))
+        if i < planned:
+            share = (1 - params.tightening) / planned
+        else:
+            share = (1 - params.tightening) * params.tightening ** (i - planned + 1)
+        error = params.error_rate * share
+        k, bits_per_item = size_slice(error, params.block_bits)
+        blocks = max(1, math.ceil(capacity * bits_per_item / params.block_bits))
+        # a chunk is one allocation: its last (or only) chunk gets the blocks that
+        # fit in the size class it is given anyway, and the slice holds what they can
+        full, last = divmod(blocks, chunk_blocks)
+        if last:
+            blocks = full * chunk_blocks + min(chunk_blocks, fill_allocation(last, block_bytes))
+            capacity = max(capacity, int(blocks * params.block_bits / bits_per_item))
+        slices.append(SlicePlan(capacity=capacity, error_rate=error, hashes=k, blocks=blocks))
+    return tuple(slices)
+
+
+def _slices_to_hold(first: int, growth: float, capacity: int) -> int:
+    held, count = 0, 0
+    while held < capacity and count <= MAX_PLANNED_SLICES:
+        held += max(1, int(first * growth**count))
+        count += 1
+    return count
 
 
 @lru_cache(maxsize=64)

@@ -113,7 +113,13 @@ def spider_key(settings: BaseSettings, name: str, default: str, spider: str) -> 
 
 @dataclass(frozen=True)
 class FilterConfig:
-    """The BLOOMFILTER_* settings, checked: how to open a spider's filter."""
+    """The BLOOMFILTER_* settings, checked: how to open a spider's filter.
+
+    An existing filter is opened with the parameters stored with it: sizing
+    settings that differ (BLOOMFILTER_CAPACITY, _ERROR_RATE, _GROWTH,
+    _TIGHTENING, _BIT, _HASH_NUMBER) are logged once; BLOOMFILTER_STRICT_PARAMS
+    makes them an error, as other partitions, partitioning or backend always are.
+    """
 
     key_pattern: str
     capacity: int
@@ -127,6 +133,8 @@ class FilterConfig:
     backend: str
     #: None: what an existing filter has, "host" for a new one
     partition_by: str | None = None
+    #: BLOOMFILTER_STRICT_PARAMS: a filter stored with other sizing is an error
+    strict_params: bool = defaults.FILTER_STRICT_PARAMS
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str | None = None) -> FilterConfig:
@@ -163,6 +171,8 @@ class FilterConfig:
             hashes=hashes,
             backend=backend,
             partition_by=partition_by,
+            strict_params=settings.getbool("BLOOMFILTER_STRICT_PARAMS",
+                                           defaults.FILTER_STRICT_PARAMS),
         )
         config.check()
         return config
@@ -189,7 +199,7 @@ class FilterConfig:
             raise SettingError("BLOOMFILTER_KEY %r: %s" % (self.key_pattern, exc)) from exc
 
     def open(self, server: Any, spider: str) -> BloomFilter:
-        """Open (or create) ``spider``'s filter; a mismatch with the stored one is an error."""
+        """Open (or create) ``spider``'s filter, with the parameters stored with it."""
         key = self.key(spider)
         partitions = self.partitions
         if partitions is None:
@@ -197,7 +207,8 @@ class FilterConfig:
         return BloomFilter(
             server, key, self.capacity, self.error_rate, partitions=partitions,
             growth=self.growth, tightening=self.tightening, bit_exponent=self.bit_exponent,
-            hashes=self.hashes, backend=self.backend, partition_by=self.partition_by)
+            hashes=self.hashes, backend=self.backend, partition_by=self.partition_by,
+            strict_params=self.strict_params)
 
 
 def default_partitions(server: Any, key: str) -> int:

@@ -6,8 +6,9 @@
 -- ":state"; bit chunks are "<tag>:s<slice>:c<chunk>" next to it.
 --
 -- Each item's k bits lie in one block of BLOCK_BYTES bytes: block index from
--- fingerprint bytes 1-6, h2, h3 and h4 from bytes 7-12. One GETRANGE reads the
--- block; a new item writes back only the span of bytes that changed.
+-- fingerprint bytes 1-6, the bits' positions from bytes 7-15 (7-12 for filters
+-- hashed before, 'hashing' 1). One GETRANGE reads the block; a new item writes
+-- back only the span of bytes that changed.
 local state_key = KEYS[1]
 local prefix = string.sub(state_key, 1, -7)
 local byte, char, sub = string.byte, string.char, string.sub
@@ -16,7 +17,7 @@ local MASK = {[0] = 128, 64, 32, 16, 8, 4, 2, 1}
 
 -- one read for the partition's parameters and its first slice
 local head = redis.call('HMGET', state_key, 'slices', 'block_bytes', 'chunk_blocks', 'max_slices',
-                        'plan:0', 'items:0')
+                        'plan:0', 'items:0', 'hashing')
 local nslices = tonumber(head[1])
 if not nslices then
   return redis.error_reply('BLOOMCRAWL_NOFILTER no filter partition at ' .. state_key)
@@ -25,6 +26,10 @@ local BLOCK_BYTES = tonumber(head[2])
 local BLOCK_BITS = BLOCK_BYTES * 8
 local CHUNK_BLOCKS = tonumber(head[3])
 local MAX_SLICES = tonumber(head[4])
+-- 2: each lane's position from a quadratic sequence of 24-bit values (see below);
+-- 1 (no field: filters made before): triple hashing of 16-bit values
+local QUADRATIC = head[7] == '2'
+local M24 = 16777216
 
 -- per-slice parameters, index 1..nslices; s_added: items this call added
 local s_cap, s_k, s_blocks, s_items, s_added, s_bits_set = {}, {}, {}, {}, {}, {}
@@ -39,7 +44,15 @@ local function load_slice(i)
   set_slice(i, f[1], f[2])
 end
 set_slice(1, head[5], head[6])
-for i = 2, nslices do load_slice(i) end
+if nslices > 1 then  -- the other slices in one read
+  local fields = {}
+  for i = 2, nslices do
+    fields[2 * i - 3] = 'plan:' .. (i - 1)
+    fields[2 * i - 2] = 'items:' .. (i - 1)
+  end
+  local f = redis.call('HMGET', state_key, unpack(fields))
+  for i = 2, nslices do set_slice(i, f[2 * i - 3], f[2 * i - 2]) end
+end
 
 local function mod(a, m)
   local r = a - floor(a / m) * m
@@ -72,43 +85,81 @@ local function allocate(i, key, chunk)
   end
 end
 
--- The block is cut into k lanes of w = floor(BLOCK_BITS / k) bits; bit t of
--- an item lies in lane t at (h2 + t*h3 + t(t-1)/2 * h4) mod w (triple
--- hashing: w^3 distinct patterns per block), so positions come in order.
+-- The block is cut into k lanes of w = floor(BLOCK_BITS / k) bits; bit t of an
+-- item lies in lane t, so positions come in order. Where in the lane: with
+-- QUADRATIC, v = (a + t*b + t^2*c) mod 2^24 for 24-bit a, b, c, scaled to
+-- floor(v * w / 2^24) (two items share every lane with probability far below
+-- the error rates the slices are sized for); else (h2 + t*h3 + t(t-1)/2 * h4)
+-- mod w, triple hashing, whose w^3 patterns per block add about load / w^3 to
+-- the false-positive rate. All of it is exact in Lua's doubles.
 
--- true when all k bits of the item are set in slice i
-local function present(i, h1, h2, h3, h4)
-  local key, off = locate(i, h1)
-  local blk = redis.call('GETRANGE', key, off, off + BLOCK_BYTES - 1)
-  if #blk < BLOCK_BYTES then
-    if #blk == 0 then return false end
-    blk = blk .. string.rep('\0', BLOCK_BYTES - #blk)
-  end
+-- true when all k bits of the item are set in slice i's block, which starts at
+-- byte base + 1 of blk
+local function all_set(blk, base, i, h2, h3, h4)
   local k = s_k[i]
   local w = floor(BLOCK_BITS / k)
   for t = 0, k - 1 do
-    local pos = t * w + (h2 + t * h3 + t * (t - 1) / 2 * h4) % w
+    local pos
+    if QUADRATIC then
+      pos = t * w + floor((h2 + t * h3 + t * t * h4) % M24 * w / M24)
+    else
+      pos = t * w + (h2 + t * h3 + t * (t - 1) / 2 * h4) % w
+    end
     local r8 = pos % 8
     local m = MASK[r8]
-    if byte(blk, (pos - r8) / 8 + 1) % (m + m) < m then return false end
+    if byte(blk, base + (pos - r8) / 8 + 1) % (m + m) < m then return false end
   end
   return true
 end
 
--- check-and-set in slice i: returns the number of bits newly set (0: present)
-local function insert(i, h1, h2, h3, h4)
-  local key, off, chunk = locate(i, h1)
-  local blk = redis.call('GETRANGE', key, off, off + BLOCK_BYTES - 1)
-  if #blk < BLOCK_BYTES then
-    allocate(i, key, chunk)
-    blk = blk .. string.rep('\0', BLOCK_BYTES - #blk)
+-- A GETRANGE costs about what copying 1 KB does. Slices older than the newest
+-- when the call began are not written by it: one that is a single chunk of
+-- fewer than WHOLE_READ_BYTES per item still to decide is read whole, once,
+-- and its blocks are looked up in that copy (with many slices, most are small).
+local WHOLE_READ_BYTES = 512
+local frozen_below = nslices  -- set by decide() and check()
+local undecided = 0           -- items of the call still to decide
+local whole = {}              -- slice -> its chunk read whole, or false
+
+-- true when all k bits of the item are set in slice i
+local function present(i, h1, h2, h3, h4)
+  local w = whole[i]
+  if w == nil then
+    w = false
+    if i < frozen_below and s_blocks[i] <= CHUNK_BLOCKS
+        and s_blocks[i] * BLOCK_BYTES <= undecided * WHOLE_READ_BYTES then
+      w = redis.call('GET', prefix .. ':s' .. (i - 1) .. ':c0') or ''
+    end
+    whole[i] = w
   end
+  local blk, base
+  if w then
+    blk, base = w, mod(h1, s_blocks[i]) * BLOCK_BYTES
+  else
+    local key, off = locate(i, h1)
+    blk, base = redis.call('GETRANGE', key, off, off + BLOCK_BYTES - 1), 0
+  end
+  if #blk < base + BLOCK_BYTES then  -- a chunk never written (or cut short)
+    if #blk <= base then return false end
+    blk, base = sub(blk, base + 1) .. string.rep('\0', base + BLOCK_BYTES - #blk), 0
+  end
+  return all_set(blk, base, i, h2, h3, h4)
+end
+
+-- set the item's bits in blk, slice i's block at offset off of chunk key: writes
+-- back only the span of bytes that changed; returns the number of bits newly set
+local function write_bits(i, key, off, blk, h2, h3, h4)
   local k = s_k[i]
   local w = floor(BLOCK_BITS / k)
   local parts, np = nil, 0
-  local n, lo, prev, cur_bi, cur_val = 0, 0, 0, 0, 0
+  local n, lo, cur_bi, cur_val = 0, 0, 0, 0
   for t = 0, k - 1 do
-    local pos = t * w + (h2 + t * h3 + t * (t - 1) / 2 * h4) % w
+    local pos
+    if QUADRATIC then
+      pos = t * w + floor((h2 + t * h3 + t * t * h4) % M24 * w / M24)
+    else
+      pos = t * w + (h2 + t * h3 + t * (t - 1) / 2 * h4) % w
+    end
     local r8 = pos % 8
     local bi = (pos - r8) / 8 + 1
     local m = MASK[r8]
@@ -131,12 +182,16 @@ local function insert(i, h1, h2, h3, h4)
   end
   if n == 0 then return 0 end
   np = np + 1; parts[np] = char(cur_val)
-  local span = table.concat(parts)
-  redis.call('SETRANGE', key, off + lo - 1, span)
+  redis.call('SETRANGE', key, off + lo - 1, table.concat(parts))
   return n
 end
 
 local function hashes(blob, p)
+  if QUADRATIC then
+    local a1, a2, a3, a4, a5, a6, b1, b2, b3, c1, c2, c3, d1, d2, d3 = byte(blob, p + 1, p + 15)
+    local h1 = ((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6
+    return h1, (b1 * 256 + b2) * 256 + b3, (c1 * 256 + c2) * 256 + c3, (d1 * 256 + d2) * 256 + d3
+  end
   local a1, a2, a3, a4, a5, a6, b1, b2, c1, c2, d1, d2 = byte(blob, p + 1, p + 12)
   local h1 = ((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6
   return h1, b1 * 256 + b2, c1 * 256 + c2, d1 * 256 + d2
@@ -150,10 +205,20 @@ local function add_item(h1, h2, h3, h4)
     load_slice(nslices)
   end
   local newest = nslices
+  -- the newest slice first: it holds most duplicates, and a new item is written there
+  local key, off, chunk = locate(newest, h1)
+  local blk = redis.call('GETRANGE', key, off, off + BLOCK_BYTES - 1)
+  local unallocated = #blk < BLOCK_BYTES
+  if unallocated then
+    blk = blk .. string.rep('\0', BLOCK_BYTES - #blk)
+  elseif all_set(blk, 0, newest, h2, h3, h4) then
+    return false
+  end
   for i = newest - 1, 1, -1 do
     if present(i, h1, h2, h3, h4) then return false end
   end
-  local n = insert(newest, h1, h2, h3, h4)
+  if unallocated then allocate(newest, key, chunk) end
+  local n = write_bits(newest, key, off, blk, h2, h3, h4)
   if n == 0 then return false end
   s_bits_set[newest] = s_bits_set[newest] + n
   s_items[newest] = s_items[newest] + 1
@@ -194,8 +259,10 @@ local function decide(blob, flags)
                              ' BLOOMFILTER_GROWTH for a new filter'})
   end
   local first_slices = nslices
+  frozen_below = nslices
   local out, filtered = {}, 0
   for j = 0, count - 1 do
+    undecided = count - j
     if flags and byte(flags, j + 1) == 49 then
       out[j + 1] = true
     else
@@ -211,7 +278,10 @@ end
 
 local function check(blob)
   local out = {}
-  for j = 0, #blob / 20 - 1 do
+  local count = #blob / 20
+  frozen_below = nslices + 1  -- nothing is written
+  for j = 0, count - 1 do
+    undecided = count - j
     local h1, h2, h3, h4 = hashes(blob, j * 20)
     out[j + 1] = contains_item(h1, h2, h3, h4)
   end
