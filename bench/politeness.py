@@ -85,7 +85,7 @@ from kit.wait import WaitTimeout, wait_until  # noqa: E402
 from kit.workers import wait_opened as kit_wait_opened  # noqa: E402
 
 WORKERS = 3
-MAX_IDLE_S = 2
+MAX_IDLE_S = 1
 START_TIMEOUT_S = 60.0
 SITE_START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0

@@ -39,10 +39,6 @@ def env(cli_env: dict[str, str]) -> dict[str, str]:
     return cli_env
 
 
-def bloomcrawl(env: dict[str, str], *args: str) -> CliRun:
-    return run_cli(*args, env=env)
-
-
 # --- no cluster at all ------------------------------------------------------------------
 
 NO_CLUSTER_LINES = {
@@ -64,7 +60,7 @@ NO_CLUSTER_LINES = {
 @pytest.mark.parametrize("args", list(NO_CLUSTER_LINES), ids=" ".join)
 def test_no_cluster(env: dict[str, str], args: tuple[str, ...]) -> None:
     line = NO_CLUSTER_LINES[args].format(state=env["BLOOMCRAWL_STATE_DIR"])
-    bloomcrawl(env, *args).assert_failed_with(f"bloomcrawl {args[0]}: {line}")
+    run_cli(*args, env=env).assert_failed_with(f"bloomcrawl {args[0]}: {line}")
     assert not Path(env["BLOOMCRAWL_STATE_DIR"]).exists(), "a failed command left state behind"
 
 
@@ -77,7 +73,7 @@ def test_the_command_as_a_process_fails_the_same_way(env: dict[str, str],
 
 
 def test_down_without_a_cluster_has_nothing_to_do(env: dict[str, str]) -> None:
-    run = bloomcrawl(env, "down")
+    run = run_cli("down", env=env)
     assert run.code == 0, run
     assert run.stdout.splitlines() == [
         "no cluster is running (none recorded in %s): nothing to stop"
@@ -109,7 +105,7 @@ def redis_unreachable(port: int) -> str:
 def test_redis_given_but_unreachable(env: dict[str, str], args: tuple[str, ...]) -> None:
     port = free_port()
     # a password in the URL never shows in the line
-    run = bloomcrawl(env, *args, "--redis-url", f"redis://:s3cret@127.0.0.1:{port}/0")
+    run = run_cli(*args, "--redis-url", f"redis://:s3cret@127.0.0.1:{port}/0", env=env)
     run.assert_failed_with(f"bloomcrawl {args[0]}: {redis_unreachable(port)}")
     assert "s3cret" not in run.stdout + run.stderr
 
@@ -119,8 +115,8 @@ def test_crawl_checks_redis_before_starting_any_job(env: dict[str, str],
     port = free_port()
     env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
     # the node is unreachable too: had crawl scheduled first, it would name the node
-    run = bloomcrawl(env, "crawl", "--nodes", f"http://127.0.0.1:{free_port()}",
-                     "http://a.invalid/")
+    run = run_cli("crawl", "--nodes", f"http://127.0.0.1:{free_port()}", "http://a.invalid/",
+                  env=env)
     run.assert_failed_with(f"bloomcrawl crawl: {redis_unreachable(port)}")
 
 
@@ -133,7 +129,7 @@ def node_unreachable(url: str) -> str:
 
 def test_nodes_names_the_node_that_does_not_answer(env: dict[str, str]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    run = bloomcrawl(env, "nodes", "--nodes", url)
+    run = run_cli("nodes", "--nodes", url, env=env)
     run.assert_failed_with(f"bloomcrawl nodes: {node_unreachable(url)}")
     assert run.stdout == url + "\n"  # still the list, for scripts
 
@@ -142,7 +138,7 @@ def test_deploy_to_an_unreachable_node(env: dict[str, str], tmp_path: Path) -> N
     url = f"http://127.0.0.1:{free_port()}"
     egg = tmp_path / "project.egg"
     egg.write_bytes(b"not built: the node is never reached")
-    run = bloomcrawl(env, "deploy", "--nodes", url, "--egg", str(egg), "--version", "7")
+    run = run_cli("deploy", "--nodes", url, "--egg", str(egg), "--version", "7", env=env)
     output = run.stdout + run.stderr
     assert run.code == 1 and "Traceback" not in output, output
     assert run.stdout.splitlines() == [f"FAIL {node_unreachable(url)}",
@@ -151,15 +147,15 @@ def test_deploy_to_an_unreachable_node(env: dict[str, str], tmp_path: Path) -> N
 
 def test_schedule_on_an_unreachable_node(env: dict[str, str]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    run = bloomcrawl(env, "schedule", "--nodes", url)
+    run = run_cli("schedule", "--nodes", url, env=env)
     run.assert_failed_with("bloomcrawl schedule: scheduling site failed on 1 of 1 node(s): "
                            + node_unreachable(url))
 
 
 def test_crawl_on_an_unreachable_node(env: dict[str, str], redis_server: RedisServer) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    run = bloomcrawl(env, "crawl", "--nodes", url, "--redis-url", redis_server.url,
-                     "http://a.invalid/")
+    run = run_cli("crawl", "--nodes", url, "--redis-url", redis_server.url, "http://a.invalid/",
+                  env=env)
     run.assert_failed_with("bloomcrawl crawl: scheduling site failed on 1 of 1 node(s): "
                            + node_unreachable(url))
 
@@ -167,7 +163,7 @@ def test_crawl_on_an_unreachable_node(env: dict[str, str], redis_server: RedisSe
 def test_status_names_the_node_and_still_reports_redis(env: dict[str, str],
                                                        redis_server: RedisServer) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    run = bloomcrawl(env, "status", "--nodes", url, "--redis-url", redis_server.url)
+    run = run_cli("status", "--nodes", url, "--redis-url", redis_server.url, env=env)
     run.assert_failed_with(f"bloomcrawl status: {node_unreachable(url)}")
     assert "nodes: 0 of 1 up" in run.stdout and "redis: " in run.stdout
 
@@ -196,19 +192,19 @@ def test_a_recorded_cluster_that_is_gone(env: dict[str, str]) -> None:
             " is not running: `make down`, then `make up`)")
     for args in (("status",), ("seed", "http://a.invalid/"), ("clear", "--yes"),
                  ("filter-info",), ("crawl", "http://a.invalid/")):
-        bloomcrawl(env, *args).assert_failed_with(f"bloomcrawl {args[0]}: {gone}")
-    run = bloomcrawl(env, "status")
+        run_cli(*args, env=env).assert_failed_with(f"bloomcrawl {args[0]}: {gone}")
+    run = run_cli("status", env=env)
     run.assert_failed_with(f"bloomcrawl status: {node_unreachable(url)}")
-    bloomcrawl(env, "nodes").assert_failed_with(f"bloomcrawl nodes: {node_unreachable(url)}")
-    bloomcrawl(env, "schedule").assert_failed_with(
+    run_cli("nodes", env=env).assert_failed_with(f"bloomcrawl nodes: {node_unreachable(url)}")
+    run_cli("schedule", env=env).assert_failed_with(
         f"bloomcrawl schedule: scheduling site failed on 1 of 1 node(s): {node_unreachable(url)}")
-    bloomcrawl(env, "scale", "2").assert_failed_with(
+    run_cli("scale", "2", env=env).assert_failed_with(
         "bloomcrawl scale: recorded processes are gone (redis, scrapyd-1): `make down`, then"
         " `make up`")
     # down stops nothing it did not start, forgets the record and says so
-    run = bloomcrawl(env, "down")
+    run = run_cli("down", env=env)
     assert run.code == 0 and "local cluster down" in run.stdout, run
-    bloomcrawl(env, "status").assert_failed_with(
+    run_cli("status", env=env).assert_failed_with(
         "bloomcrawl status: " + NO_CLUSTER.format(state=env["BLOOMCRAWL_STATE_DIR"]) + NO_REDIS)
 
 
@@ -219,4 +215,4 @@ def test_an_unreadable_cluster_record(env: dict[str, str]) -> None:
     line = (f"{record} is unreadable (JSONDecodeError: Expecting value: line 1 column 10"
             " (char 9)): stop what it started by hand, then delete it")
     for args in (("status",), ("down",), ("nodes",), ("up",)):
-        bloomcrawl(env, *args).assert_failed_with(f"bloomcrawl {args[0]}: {line}")
+        run_cli(*args, env=env).assert_failed_with(f"bloomcrawl {args[0]}: {line}")

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -39,11 +38,13 @@ from bloomcrawl.ops import inspection as inspect
 from bloomcrawl.ops.cluster.processes import free_port
 from bloomcrawl.ops.exporter import ClusterCollector, ScrapydNodes, build_registry
 from bloomcrawl.ops.exporter import redis_client as exporter_client
+from bloomcrawl.ops.noproxy import OPENER
 
 from kit import CRAWLER
 from kit.data import fingerprints, populate_frontier
 from kit.redis import RedisServer
 from kit.scrapyd import ScrapydNode
+from kit.wait import wait_until
 
 FILTER_METRICS = {
     "bloomcrawl_filter_capacity": lambda f: f.capacity,
@@ -781,16 +782,17 @@ def test_entry_point_serves_metrics_and_stops_on_sigterm(redis_server: RedisServ
 
 
 def fetch_metrics(url: str, proc: subprocess.Popen[str], timeout: float = 30) -> str:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    deadline = time.monotonic() + timeout
-    while True:
+    """The body of ``url`` once the exporter ``proc`` answers (it must not exit first)."""
+
+    def body() -> str | None:
         try:
-            with opener.open(url, timeout=5) as response:
+            with OPENER.open(url, timeout=5) as response:
                 return str(response.read().decode())
         except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+            assert proc.poll() is None, "the exporter exited"
+            return None
+
+    return wait_until(body, timeout, interval=0.1, what=f"{url} answering")
 
 
 def test_collect_is_fresh_on_every_scrape(redis_server: RedisServer,

@@ -8,17 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from kit.checks import assert_crawled_once, frontier_left, shared_stats
+from kit.checks import assert_crawled_once, frontier_left, pages_crawled, shared_stats
 from kit.redis import RedisServer
 from kit.wait import wait_until
 from kit.workers import BASE_SETTINGS, WorkerPool, check_exits, run_workers
 
 pytestmark = pytest.mark.slow
-
-
-def crawled(site) -> int:  # type: ignore[no-untyped-def]
-    """Pages of the demo site fetched at least once."""
-    return sum(1 for h in site.hits() if h)
 
 
 def test_three_workers_crawl_every_page_exactly_once(redis_server, redis_client, demo_site,
@@ -55,7 +50,8 @@ def test_sigkilled_worker_loses_nothing(redis_server, redis_client, demo_site,
     redis_client.rpush("site:start_urls", demo_site.url)
     workers = worker_pool.start_many(3, redis_server.url, settings)
     total = len(demo_site.hits())
-    wait_until(lambda: crawled(demo_site) >= total // 3, 180, what="a third of the site crawled")
+    wait_until(lambda: pages_crawled(demo_site) >= total // 3, 180,
+               what="a third of the site crawled")
     workers[0].kill()
     run_workers(workers[1:], timeout=300)
     hits = demo_site.hits()
@@ -80,12 +76,12 @@ def test_redis_restart_mid_crawl(demo_site, worker_pool: WorkerPool, tmp_path: P
         client.rpush("site:start_urls", demo_site.url)
         workers = worker_pool.start_many(2, server.url)
         total = len(demo_site.hits())
-        wait_until(lambda: crawled(demo_site) >= total // 3, 180,
+        wait_until(lambda: pages_crawled(demo_site) >= total // 3, 180,
                    what="a third of the site crawled")
         run_id = client.info("server")["run_id"]
         client.close()
         server.restart()
-        crawled_at_restart = crawled(demo_site)
+        crawled_at_restart = pages_crawled(demo_site)
         client = server.client()
         assert client.info("server")["run_id"] != run_id  # a real restart
         run_workers(workers, timeout=300)

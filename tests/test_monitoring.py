@@ -44,8 +44,8 @@ GRAFANA = MONITORING / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 DATASOURCES = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"
 DASHBOARD_PROVIDER = GRAFANA / "provisioning" / "dashboards" / "bloomcrawl.yml"
-CRAWL_PAGES = 1500
-SITE_DELAY_MS = 20  # with CONCURRENT_REQUESTS=2 below: the crawl takes 15 s at the least
+CRAWL_PAGES = 1000
+SITE_DELAY_MS = 20  # with CONCURRENT_REQUESTS=2 below: the crawl takes 10 s at the least
 
 
 def run(cmd: list[str], cwd: Path = ROOT) -> str:
@@ -247,7 +247,7 @@ def test_every_panel_and_alert_query_returns_data_from_a_real_crawl(
     prometheus.wait_for('bloomcrawl_filter_duplicates_total{spider="site"} > 0')
     prometheus.wait_for('count_over_time(bloomcrawl_pages_total{spider="site"}[1m]) >= 5')
     # Prometheus saw the crawl under way, not only its end: the site's delay makes the
-    # crawl last at least CRAWL_PAGES * SITE_DELAY_MS / CONCURRENT_REQUESTS (15 s), many
+    # crawl last at least CRAWL_PAGES * SITE_DELAY_MS / CONCURRENT_REQUESTS (10 s), many
     # times the 1 s scrape interval, however loaded the machine
     assert prometheus.query(
         f'count_over_time((bloomcrawl_pages_total{{spider="site"}} > 0 < {CRAWL_PAGES})[5m:1s])')

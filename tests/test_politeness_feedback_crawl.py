@@ -53,7 +53,7 @@ from bloomcrawl.ops.hosts_site import (
     per_agent,
 )
 
-from kit.cli import CliRun, run_cli
+from kit.cli import run_cli
 from kit.politeness import (
     POLITE_CRAWL_TIMEOUT_S,
     assert_pages_once,
@@ -78,11 +78,6 @@ LATENCY = 0.3
 LEASED_BEFORE_S = 0.25
 FANOUT = 10
 GAP_FACTOR = 0.9
-
-
-def bloomcrawl(env: dict[str, str], *args: str) -> CliRun:
-    """The real ``bloomcrawl`` command, as an operator runs it (in-process, under ``env``)."""
-    return run_cli(*args, env=env)
 
 
 def crawl(pool: WorkerPool, redis_url: str, site: RunningHostsSite, settings: dict[str, str],
@@ -243,8 +238,8 @@ def test_throttle_command_changes_a_running_crawl_for_every_worker(
     pages = 60
     url = redis_server.url
     # no crawl of the spider yet: a clear refusal, and nothing written
-    refused = bloomcrawl(cli_env, "throttle", HOST, "--delay", str(THROTTLE_DELAY),
-                         "--redis-url", url)
+    refused = run_cli("throttle", HOST, "--delay", str(THROTTLE_DELAY), "--redis-url", url,
+                      env=cli_env)
     assert refused.code == 1, (refused.stdout, refused.stderr)
     assert refused.stderr.startswith("bloomcrawl throttle: no crawl of site in this Redis yet"), \
         refused.stderr
@@ -256,8 +251,8 @@ def test_throttle_command_changes_a_running_crawl_for_every_worker(
         wait_until(lambda: len(pages_only(site.arrivals())) >= 8, POLITE_CRAWL_TIMEOUT_S,
                    what=site.stats)
         marks["slowing"] = time.monotonic()
-        slowed = bloomcrawl(cli_env, "throttle", HOST, "--delay", str(THROTTLE_DELAY),
-                            "--redis-url", url)
+        slowed = run_cli("throttle", HOST, "--delay", str(THROTTLE_DELAY), "--redis-url", url,
+                         env=cli_env)
         marks["slowed"] = time.monotonic()
         assert slowed.code == 0, (slowed.stdout, slowed.stderr)
         outputs["slowed"] = slowed.stdout
@@ -270,7 +265,7 @@ def test_throttle_command_changes_a_running_crawl_for_every_worker(
         wait_until(slow_enough, POLITE_CRAWL_TIMEOUT_S,
                    what=lambda: (site.stats(), per_agent(site.arrivals())))
         marks["clearing"] = time.monotonic()
-        cleared = bloomcrawl(cli_env, "throttle", HOST, "--clear", "--redis-url", url)
+        cleared = run_cli("throttle", HOST, "--clear", "--redis-url", url, env=cli_env)
         marks["cleared"] = time.monotonic()
         assert cleared.code == 0, (cleared.stdout, cleared.stderr)
         outputs["cleared"] = cleared.stdout
@@ -322,8 +317,8 @@ def test_a_throttle_during_a_429_hold_keeps_the_hold(
         [answer] = [a for a in site.arrivals() if a.kind == THROTTLED]
         assert answer.end is not None
         time.sleep(max(0.0, answer.end + 1.0 - time.monotonic()))
-        done = bloomcrawl(cli_env, "throttle", HOST, "--delay", "0.5", "--redis-url",
-                          redis_server.url)
+        done = run_cli("throttle", HOST, "--delay", "0.5", "--redis-url", redis_server.url,
+                       env=cli_env)
         marks["throttled"] = time.monotonic()
         assert done.code == 0, (done.stdout, done.stderr)
 

@@ -22,7 +22,7 @@ from bloomcrawl.core.politeness import host_of, host_partition
 from bloomcrawl.crawl.config import redis_from_settings
 from bloomcrawl.ops.cluster.processes import free_port
 
-from kit.checks import assert_crawled_once, frontier_left, shared_stats
+from kit.checks import assert_crawled_once, frontier_left, pages_crawled, shared_stats
 from kit.cluster import RedisClusterProcesses
 from kit.data import fill, measure_false_positives, race
 from kit.wait import wait_until
@@ -31,11 +31,6 @@ from kit.workers import WorkerPool, check_exits, run_workers
 pytestmark = pytest.mark.slow
 
 SPIDER = "site"
-
-
-def crawled(site) -> int:  # type: ignore[no-untyped-def]
-    """Pages of the demo site fetched at least once."""
-    return sum(1 for h in site.hits() if h)
 
 
 def owners(cluster: RedisClusterProcesses, names: list[str]) -> set[int]:
@@ -125,7 +120,7 @@ def test_three_workers_crawl_a_cluster_exactly_once(clean_cluster, demo_site,
 
 # two links a page: a binary tree, each page linked from one page only, so a lost
 # link is a lost subtree (a denser site would find it again through other pages)
-@pytest.mark.parametrize("demo_site", [{"pages": 1500, "links_per_page": 2, "delay_ms": 20}],
+@pytest.mark.parametrize("demo_site", [{"pages": 1000, "links_per_page": 2, "delay_ms": 20}],
                          indirect=True)
 @pytest.mark.parametrize("lagging", [False, True], ids=["caught-up", "lagging-replica"])
 def test_a_master_killed_mid_crawl_loses_no_page(private_cluster, demo_site, lagging: bool,
@@ -144,7 +139,7 @@ def test_a_master_killed_mid_crawl_loses_no_page(private_cluster, demo_site, lag
     settings = {"SCHEDULER_LEASE_TIMEOUT": "10", "SCHEDULER_REAP_INTERVAL": "1"}
     workers = worker_pool.start_many(3, cluster.startup_url, settings)
     total = len(demo_site.hits())
-    wait_until(lambda: crawled(demo_site) >= total // 4, 180,
+    wait_until(lambda: pages_crawled(demo_site) >= total // 4, 180,
                what="a quarter of the site crawled")
     victim = cluster.owner_of_slot(cluster.slot_of("%s:stats" % SPIDER))
     fetches = lambda: sum(demo_site.hits())  # noqa: E731
@@ -169,7 +164,7 @@ def test_a_master_killed_mid_crawl_loses_no_page(private_cluster, demo_site, lag
         assert received < written, (received, written)
     else:
         promoted = cluster.kill_master(victim)
-    crawled_at_kill = crawled(demo_site)
+    crawled_at_kill = pages_crawled(demo_site)
     run_workers(workers, timeout=300)
     client = cluster.cluster_client()
     assert promoted in cluster.masters() and victim not in cluster.live_ports
@@ -203,7 +198,7 @@ def test_slots_migrated_mid_crawl_lose_nothing(private_cluster, demo_site,
     client.rpush("%s:start_urls" % SPIDER, demo_site.url)
     workers = worker_pool.start_many(3, cluster.startup_url)
     total = len(demo_site.hits())
-    wait_until(lambda: crawled(demo_site) >= total // 4, 180,
+    wait_until(lambda: pages_crawled(demo_site) >= total // 4, 180,
                what="a quarter of the site crawled")
     f = keys.FrontierKeys(SPIDER, partitions=24)
     # the site is one host: all its requests live in its partition (by host)
@@ -229,7 +224,7 @@ def test_slots_migrated_mid_crawl_lose_nothing(private_cluster, demo_site,
     mover.join(120)
     assert not errors, errors
     assert len(moved) == 9
-    crawled_after = crawled(demo_site)
+    crawled_after = pages_crawled(demo_site)
     run_workers(workers, timeout=300)
     assert crawled_after < total  # the crawl was still going when the slots moved
     client = cluster.cluster_client()

@@ -2,7 +2,7 @@
 
 Two ``scrapy crawl site`` workers crawl a 200-page demo site through the
 fault proxy (SCHEDULER_LEASE_TIMEOUT=3, SCHEDULER_REAP_INTERVAL=1,
-MAX_IDLE_TIME_BEFORE_CLOSE=2); see :mod:`faults.harness` for what is
+MAX_IDLE_TIME_BEFORE_CLOSE=1); see :mod:`faults.harness` for what is
 measured and :meth:`faults.harness.Outcome.problems` for the invariants.
 """
 

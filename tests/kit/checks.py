@@ -32,6 +32,11 @@ def shared_stats(client: Any, spider: str = "site") -> dict[str, int]:
     return {k.decode(): int(v) for k, v in client.hgetall("%s:stats" % spider).items()}
 
 
+def pages_crawled(site: RunningSite) -> int:
+    """Pages of the demo site fetched at least once so far."""
+    return sum(1 for h in site.hits() if h)
+
+
 def stored_items(client: Any, spider: str = "site") -> list[dict[str, Any]]:
     """The items in ``<spider>:items``, decoded."""
     return [json.loads(raw) for raw in client.lrange("%s:items" % spider, 0, -1)]
@@ -77,10 +82,13 @@ def assert_crawled_once(site: RunningSite, client: Any, workers: Sequence[Worker
                         spider: str = "site") -> None:
     """A crawl of the demo site by ``workers`` ended, and did everything once.
 
-    Every page fetched exactly once; the shared stats count each page once and
+    Every page fetched exactly once (none missing, none twice, as the site
+    counts them and page by page); the shared stats count each page once and
     each page's item is stored once; nothing is left in the frontier; every
     worker exited 0 with no traceback.
     """
+    stats = site.stats()
+    assert (stats["missing"], stats["duplicates"]) == (0, 0), stats  # as the site counts
     hits = site.hits()
     assert_each_once(dict(enumerate(hits)), range(len(hits)))
     shared = shared_stats(client, spider)

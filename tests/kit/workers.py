@@ -24,6 +24,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -106,8 +108,6 @@ class Worker:
         self.paused = False
 
     def start(self) -> Worker:
-        import sys
-
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log.unlink(missing_ok=True)  # a log of this worker's alone
         self.process = spawn(self.name, [sys.executable, *self.cmd], log=self.log,
@@ -133,7 +133,7 @@ class Worker:
         assert self.process is not None, "%s was never started" % self.name
         try:
             return self.process.popen.wait(max(0.0, timeout))
-        except Exception:  # subprocess.TimeoutExpired
+        except subprocess.TimeoutExpired:
             return None
 
     def pause(self) -> None:
