@@ -32,8 +32,11 @@ system-deps: ## install redis-server, prometheus (promtool) and docker-compose f
 	scripts/ensure-system-packages.sh redis-server=redis-server promtool=prometheus \
 		docker-compose=docker-compose
 
+# tests at once (pytest-xdist; an idle process takes tests from a busy one); 0: one at a time
+TEST_PROCESSES ?= 2
+
 test: venv system-deps ## run the test suite (starts its own redis-server, scrapyd, prometheus)
-	$(PY) -m pytest --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 # the lowest versions pyproject allows (constraints/lowest.txt): the floors must be true
 LOWEST_VENV := .venv-lowest

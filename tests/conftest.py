@@ -1,5 +1,5 @@
-"""The test session: the kit's fixtures (:mod:`kit.fixtures`), Scrapy's reactor, and the
-Redis clients components built, closed when each test ends.
+"""The test session: the kit's fixtures (:mod:`kit.fixtures`), Scrapy's reactor, the
+Redis clients components built, closed when each test ends, and the fault suite's table.
 
 The kit (``tests/kit``) holds everything the tests start, wait for and check;
 see its package docstring.
@@ -8,6 +8,7 @@ see its package docstring.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -47,3 +48,22 @@ def _disconnect_built_clients() -> Iterator[None]:
     yield
     while _POOLS_TO_DISCONNECT:
         _POOLS_TO_DISCONNECT.pop().disconnect()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The fault suite's table: one row per scenario run, from the tests' reports (so it
+    holds the runs of every process the session ran tests in)."""
+    rows: dict[str, list[list[str]]] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            found = [value for name, value in getattr(report, "user_properties", ())
+                     if name == "fault_outcome"]
+            if found and len(found) >= len(rows.get(report.nodeid, [])):
+                rows[report.nodeid] = found  # a later phase's report holds the earlier rows
+    if not rows:
+        return
+    from faults.harness import SUMMARY_NOTE, format_table
+
+    terminalreporter.section("fault suite: what each fault cost")
+    terminalreporter.write_line(format_table([row for found in rows.values() for row in found]))
+    terminalreporter.write_line(SUMMARY_NOTE)

@@ -1,10 +1,14 @@
-"""Fixtures of the fault suite, and its summary: one row per scenario run.
+"""Fixtures of the fault suite: one row of its summary per scenario run.
 
 ``run_scenario("rollback")`` runs one scenario of :mod:`faults.scenarios`
 (a crawl by real workers through the fault proxy, the fault injected) in
 the test's ``tmp_path`` and returns its :class:`~faults.harness.Outcome`;
 ``fault_run(...)`` builds a :class:`~faults.harness.FaultRun` for a test of
 its own and stops everything it started when the test ends.
+
+Each outcome's row goes into the test's report (``user_properties``, as
+:data:`faults.harness.SUMMARY_PROPERTY`), so the summary table that
+``tests/conftest.py`` prints holds every run, in whichever process it ran.
 """
 
 from __future__ import annotations
@@ -15,20 +19,23 @@ from typing import Any
 
 import pytest
 
-from faults.harness import REPORTS, FaultRun, Outcome, format_table
+from faults.harness import SUMMARY_PROPERTY, FaultRun, Outcome
 from faults.scenarios import SCENARIOS
 
 
 @pytest.fixture
-def run_scenario(tmp_path: Path) -> Callable[..., Outcome]:
+def run_scenario(tmp_path: Path, request: pytest.FixtureRequest) -> Callable[..., Outcome]:
     def run(key: str, **options: Any) -> Outcome:
-        return SCENARIOS[key].run(tmp_path / key, **options)
+        outcome = SCENARIOS[key].run(tmp_path / key, **options)
+        request.node.user_properties.append((SUMMARY_PROPERTY, outcome.row()))
+        return outcome
 
     return run
 
 
 @pytest.fixture
-def fault_run(tmp_path: Path) -> Iterator[Callable[..., FaultRun]]:
+def fault_run(tmp_path: Path, request: pytest.FixtureRequest
+              ) -> Iterator[Callable[..., FaultRun]]:
     runs: list[FaultRun] = []
 
     def make(scenario: str, **options: Any) -> FaultRun:
@@ -39,14 +46,5 @@ def fault_run(tmp_path: Path) -> Iterator[Callable[..., FaultRun]]:
     yield make
     for run in runs:
         run.close()
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not REPORTS:
-        return
-    terminalreporter.section("fault suite: what each fault cost")
-    terminalreporter.write_line(format_table([outcome.row() for outcome in REPORTS]))
-    terminalreporter.write_line(
-        "pages lost: never fetched; items lost: fetched, no item stored; stats error:"
-        " |pages - responses served| + |items - pages served|; recover s: from the end of"
-        " the fault until 17 more pages (or the last one) were served")
+        if run.outcome is not None:
+            request.node.user_properties.append((SUMMARY_PROPERTY, run.outcome.row()))

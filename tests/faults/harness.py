@@ -58,7 +58,7 @@ POLL_S = 0.1
 #: close, one host (the local site) whose budget is every worker's whole concurrency
 FAULT_SETTINGS = merge_settings(BASE_SETTINGS, {
     "CONCURRENT_REQUESTS": "8",
-    "MAX_IDLE_TIME_BEFORE_CLOSE": "2",
+    "MAX_IDLE_TIME_BEFORE_CLOSE": "1",
     "SCHEDULER_LEASE_TIMEOUT": "3",
     "SCHEDULER_REAP_INTERVAL": "1",
     "BLOOMFILTER_CAPACITY": "100000",
@@ -74,8 +74,13 @@ CRAWL_TIMEOUT_S = 120.0
 #: 2 workers x CONCURRENT_REQUESTS can have had in flight when it ended
 RECOVERED_PAGES = 17
 
-#: every outcome of this process, in order (the suite's summary table prints them)
-REPORTS: list[Outcome] = []
+#: the name under which a test's report carries an outcome's row of the summary table
+SUMMARY_PROPERTY = "fault_outcome"
+#: what the summary table's columns mean
+SUMMARY_NOTE = (
+    "pages lost: never fetched; items lost: fetched, no item stored; stats error:"
+    " |pages - responses served| + |items - pages served|; recover s: from the end of"
+    " the fault until 17 more pages (or the last one) were served")
 
 
 @dataclass(frozen=True)
@@ -320,6 +325,8 @@ class FaultRun:
         self.samples: list[tuple[float, int, int]] = []  # (monotonic, GETs, distinct)
         self.started = 0.0
         self.fault_end: float | None = None
+        #: what :meth:`finish` measured
+        self.outcome: Outcome | None = None
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._watch, name="fault-monitor", daemon=True)
 
@@ -462,7 +469,7 @@ class FaultRun:
         if self.contender.shared_stats:
             outcome.stats_error = (abs(shared.get("pages", 0) - outcome.site_responses)
                                    + abs(shared.get("items", 0) - outcome.page_responses))
-        REPORTS.append(outcome)
+        self.outcome = outcome
         return outcome
 
     def _recovery(self) -> float | None:
