@@ -10,7 +10,6 @@ partitioning, hashing or backend always are.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -32,12 +31,9 @@ from bloomcrawl.crawl.config import FilterConfig
 from bloomcrawl.crawl.scheduler import Scheduler
 
 from conftest import disconnect_at_teardown
+from kit.data import fingerprints
 
 OPTIMAL_BITS_PER_ITEM = -math.log(0.001) / math.log(2) ** 2  # 14.38 at error rate 0.001
-
-
-def fingerprints(n: int, salt: str = "") -> list[bytes]:
-    return [hashlib.sha1(("%s%d" % (salt, i)).encode()).digest() for i in range(n)]
 
 
 def add_all(bf: BloomFilter, fps: list[bytes], batch: int = 1000) -> int:

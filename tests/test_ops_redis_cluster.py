@@ -29,7 +29,7 @@ from bloomcrawl.ops.exporter import ClusterCollector, build_registry
 from bloomcrawl.ops.exporter import redis_client as exporter_client
 
 from kit import CRAWLER
-from kit.cli import CliRun, run_cli
+from kit.cli import run_cli
 from kit.cluster import HOST, RedisClusterProcesses
 from kit.data import Frontier, populate_frontier
 from kit.exporter import Exporter
@@ -275,19 +275,12 @@ def test_inspection_finds_spiders_on_every_master_and_only_reads(
 # --- the command line ----------------------------------------------------------------------
 
 
-def bloomcrawl(env: dict[str, str], *args: str) -> CliRun:
-    done = run_cli(*args, env=env)
-    assert "Traceback" not in done.output, done.stderr
-    return done
-
-
 def test_status_and_filter_info_over_a_cluster_url(
     clean_cluster: RedisClusterProcesses, populated: dict[str, Frontier],
     cli_env: dict[str, str],
 ) -> None:
     url = clean_cluster.startup_url
-    done = bloomcrawl(cli_env, "status", "--redis-url", url)
-    assert done.code == 0, done.stderr
+    done = run_cli("status", "--redis-url", url, env=cli_env).assert_ok()
     lines = done.stdout.splitlines()
     assert any(line.startswith("redis: redis+cluster://") and "3 masters" in line
                for line in lines), lines
@@ -303,8 +296,7 @@ def test_status_and_filter_info_over_a_cluster_url(
                             str(front.stats["pages"]), str(front.stats["items"]),
                             str(front.stats["filtered"]), "300"], (header, row)
 
-    done = bloomcrawl(cli_env, "filter-info", "--spider", "site", "--redis-url", url)
-    assert done.code == 0, done.stderr
+    done = run_cli("filter-info", "--spider", "site", "--redis-url", url, env=cli_env).assert_ok()
     info = json.loads(done.stdout)
     assert (info["items"], info["partitions"], info["name"]) == (300, PARTITIONS,
                                                                  "site:bloomfilter")
@@ -322,9 +314,8 @@ def test_clear_deletes_a_spider_on_every_master_and_nothing_else(
     before = keys_on_masters()
     of_site = {port: {k for k in names if "site" in k} for port, names in before.items()}
     assert sum(1 for names in of_site.values() if names) == 3, "site's keys on every master"
-    done = bloomcrawl(cli_env, "clear", "--spider", "site", "--yes", "--redis-url",
-                      clean_cluster.startup_url)
-    assert done.code == 0, done.stderr
+    done = run_cli("clear", "--spider", "site", "--yes", "--redis-url",
+                   clean_cluster.startup_url, env=cli_env).assert_ok()
     total = sum(len(names) for names in of_site.values())
     assert done.stdout.strip() == f"deleted {total} key(s) of site"
     after = keys_on_masters()
@@ -333,8 +324,8 @@ def test_clear_deletes_a_spider_on_every_master_and_nothing_else(
 
 def test_a_cluster_url_nobody_answers_is_one_line(cli_env: dict[str, str]) -> None:
     url = f"redis+cluster://127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
-    done = bloomcrawl(cli_env, "status", "--redis-url", url)
-    assert done.code == 1
+    done = run_cli("status", "--redis-url", url, env=cli_env)
+    assert done.code == 1 and "Traceback" not in done.output, done.output
     assert done.stderr.startswith("bloomcrawl status: cannot reach Redis Cluster at "), done.stderr
     exported = subprocess.run([sys.executable, "-m", "bloomcrawl.ops.exporter", "--redis-url",
                                url, "--once"], env={**cli_env, "PYTHONPATH": str(CRAWLER)},
@@ -434,8 +425,8 @@ def test_a_master_down_with_no_replica_to_take_over(
             for p in masters if p != victim}
         assert registry.get_sample_value("bloomcrawl_filter_items", {"spider": "site"}) is None
 
-    done = bloomcrawl(cli_env, "status", "--redis-url", cluster.startup_url)
-    assert done.code == 1
+    done = run_cli("status", "--redis-url", cluster.startup_url, env=cli_env)
+    assert done.code == 1 and "Traceback" not in done.output, done.output
     rows = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines()
             if line.startswith(f"{HOST}:")}
     assert rows == {node_label(p): "NO" if p == victim else "yes" for p in masters}
