@@ -17,20 +17,17 @@ class WaitTimeout(AssertionError):
 
 
 def wait_until(condition: Callable[[], T], timeout: float, *, interval: float = INTERVAL_S,
-               what: str | Callable[[], object] = "the condition",
-               ignore: tuple[type[BaseException], ...] = ()) -> T:
+               what: str | Callable[[], object] = "the condition") -> T:
     """Call ``condition()`` until it returns something true, and return that.
 
     After ``timeout`` seconds :class:`WaitTimeout` is raised, naming ``what``
     (called, when it is a function, for the state to show). An exception in
-    ``ignore`` counts as not yet (a server that does not answer yet).
+    ``condition`` is the test's failure: a condition that may raise before it
+    holds (a server not listening yet) catches that itself.
     """
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            value = condition()
-        except ignore:
-            value = None  # type: ignore[assignment]
+        value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
