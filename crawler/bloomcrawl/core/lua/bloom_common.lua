@@ -87,21 +87,25 @@ end
 
 -- The block is cut into k lanes of w = floor(BLOCK_BITS / k) bits; bit t of an
 -- item lies in lane t, so positions come in order. Where in the lane: with
--- QUADRATIC, v = (a + t*b + t^2*c) mod 2^24 for 24-bit a, b, c, scaled to
--- floor(v * w / 2^24) (two items share every lane with probability far below
--- the error rates the slices are sized for); else (h2 + t*h3 + t(t-1)/2 * h4)
--- mod w, triple hashing, whose w^3 patterns per block add about load / w^3 to
--- the false-positive rate. All of it is exact in Lua's doubles.
+-- QUADRATIC, v = (a + t*b + t^2*c) mod 2^24 for 24-bit a, b, c (by differences:
+-- v grows by d = b + (2t+1)*c), scaled to floor(v * w / 2^24): two items share
+-- every lane with probability far below the error rates the slices are sized
+-- for. Else (h2 + t*h3 + t(t-1)/2 * h4) mod w, triple hashing, whose w^3
+-- patterns per block add about load / w^3 to the false-positive rate. All of
+-- it is exact in Lua's doubles.
 
 -- true when all k bits of the item are set in slice i's block, which starts at
 -- byte base + 1 of blk
 local function all_set(blk, base, i, h2, h3, h4)
   local k = s_k[i]
   local w = floor(BLOCK_BITS / k)
+  local v, d, c2 = h2, h3 + h4, h4 + h4
   for t = 0, k - 1 do
     local pos
     if QUADRATIC then
-      pos = t * w + floor((h2 + t * h3 + t * t * h4) % M24 * w / M24)
+      local x = v % M24 * w
+      pos = t * w + (x - x % M24) / M24
+      v, d = v + d, d + c2
     else
       pos = t * w + (h2 + t * h3 + t * (t - 1) / 2 * h4) % w
     end
@@ -114,23 +118,30 @@ end
 
 -- A GETRANGE costs about what copying 1 KB does. Slices older than the newest
 -- when the call began are not written by it: one that is a single chunk of
--- fewer than WHOLE_READ_BYTES per item still to decide is read whole, once,
--- and its blocks are looked up in that copy (with many slices, most are small).
+-- fewer than WHOLE_READ_BYTES per lookup the call is still expected to make in
+-- it is read whole, once, and its blocks are looked up in that copy (with many
+-- slices, most are small; new items look in every slice, duplicates in few).
 local WHOLE_READ_BYTES = 512
 local frozen_below = nslices  -- set by decide() and check()
 local undecided = 0           -- items of the call still to decide
-local whole = {}              -- slice -> its chunk read whole, or false
+local count_done = 0          -- items of the call decided
+local whole = {}              -- slice -> its chunk read whole
+local lookups = {}            -- slice -> blocks read from it by this call
 
 -- true when all k bits of the item are set in slice i
 local function present(i, h1, h2, h3, h4)
   local w = whole[i]
-  if w == nil then
-    w = false
-    if i < frozen_below and s_blocks[i] <= CHUNK_BLOCKS
-        and s_blocks[i] * BLOCK_BYTES <= undecided * WHOLE_READ_BYTES then
+  if not w and i < frozen_below and s_blocks[i] <= CHUNK_BLOCKS then
+    -- lookups still expected in slice i: as many per item as so far (the first
+    -- item counts as one)
+    local seen = lookups[i] or 0
+    local done = count_done + 1
+    if s_blocks[i] * BLOCK_BYTES <= (seen + 1) / done * undecided * WHOLE_READ_BYTES then
       w = redis.call('GET', prefix .. ':s' .. (i - 1) .. ':c0') or ''
+      whole[i] = w
+    else
+      lookups[i] = seen + 1
     end
-    whole[i] = w
   end
   local blk, base
   if w then
@@ -153,10 +164,13 @@ local function write_bits(i, key, off, blk, h2, h3, h4)
   local w = floor(BLOCK_BITS / k)
   local parts, np = nil, 0
   local n, lo, cur_bi, cur_val = 0, 0, 0, 0
+  local v, d, c2 = h2, h3 + h4, h4 + h4
   for t = 0, k - 1 do
     local pos
     if QUADRATIC then
-      pos = t * w + floor((h2 + t * h3 + t * t * h4) % M24 * w / M24)
+      local x = v % M24 * w
+      pos = t * w + (x - x % M24) / M24
+      v, d = v + d, d + c2
     else
       pos = t * w + (h2 + t * h3 + t * (t - 1) / 2 * h4) % w
     end
@@ -262,7 +276,7 @@ local function decide(blob, flags)
   frozen_below = nslices
   local out, filtered = {}, 0
   for j = 0, count - 1 do
-    undecided = count - j
+    undecided, count_done = count - j, j
     if flags and byte(flags, j + 1) == 49 then
       out[j + 1] = true
     else
@@ -281,7 +295,7 @@ local function check(blob)
   local count = #blob / 20
   frozen_below = nslices + 1  -- nothing is written
   for j = 0, count - 1 do
-    undecided = count - j
+    undecided, count_done = count - j, j
     local h1, h2, h3, h4 = hashes(blob, j * 20)
     out[j + 1] = contains_item(h1, h2, h3, h4)
   end
