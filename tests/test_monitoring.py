@@ -222,11 +222,8 @@ def monitored_crawl(
             prometheus = Prometheus(tmp_path / "prometheus", exporter.port)
             prometheus.wait_for('up{job="bloomcrawl"} == 1')
             redis_client.rpush("site:start_urls", site.url)
-            worker = worker_pool.start("worker", redis_server.url, {
-                # the demo site is one host, and a host's URLs fill one partition of the
-                # filter (capacity / partitions): sized so that its false positives cannot
-                # drop one of the pages the test counts (3000 did, at 2x that share)
-                "BLOOMFILTER_CAPACITY": "200000", "CONCURRENT_REQUESTS": "2"})
+            # the kit's filter settings: no false positive drops a page the test counts
+            worker = worker_pool.start("worker", redis_server.url, {"CONCURRENT_REQUESTS": "2"})
             yield prometheus, worker, closed_node
         finally:
             worker_pool.close()
