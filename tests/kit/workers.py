@@ -41,8 +41,9 @@ BASE_SETTINGS: dict[str, str] = {
     "REMOTE_CONTROL_ENABLED": "False",
     "TELNETCONSOLE_ENABLED": "False",
     "LOG_LEVEL": "INFO",
-    # the worker closes this many seconds after the frontier emptied: long enough for
-    # every worker to see the crawl's last links, and each crawl test pays it once
+    # the worker closes this many seconds after the cluster's frontier emptied (queued,
+    # leased and start entries all count): 1 s ends no crawl early, and every crawl test
+    # pays it once
     "MAX_IDLE_TIME_BEFORE_CLOSE": "1",
     "BLOOMFILTER_CAPACITY": "200000",
     # a new filter starts with small slices (256 URLs a partition) that share the error
