@@ -213,23 +213,40 @@ end
 
 -- add one item: true when it was new. Grows the filter when the newest slice is full.
 -- (decide() refuses a call when the last possible slice is full: see below.)
+-- the slices in the order lookups try them: most items first, where a duplicate
+-- most likely is (the newest once it holds more than the one before it)
+local order = {}
+local function order_slices()
+  for i = 1, nslices do order[i] = i end
+  table.sort(order, function(a, b)
+    if s_items[a] ~= s_items[b] then return s_items[a] > s_items[b] end
+    return a > b
+  end)
+end
+
 local function add_item(h1, h2, h3, h4)
   if s_items[nslices] >= s_cap[nslices] and nslices < MAX_SLICES then
     nslices = nslices + 1
     load_slice(nslices)
+    order_slices()
   end
   local newest = nslices
-  -- the newest slice first: it holds most duplicates, and a new item is written there
-  local key, off, chunk = locate(newest, h1)
-  local blk = redis.call('GETRANGE', key, off, off + BLOCK_BYTES - 1)
-  local unallocated = #blk < BLOCK_BYTES
-  if unallocated then
-    blk = blk .. string.rep('\0', BLOCK_BYTES - #blk)
-  elseif all_set(blk, 0, newest, h2, h3, h4) then
-    return false
-  end
-  for i = newest - 1, 1, -1 do
-    if present(i, h1, h2, h3, h4) then return false end
+  -- the newest slice's block is read in its turn and kept: a new item is written there
+  local key, off, chunk, blk, unallocated
+  for n = 1, nslices do
+    local i = order[n]
+    if i == newest then
+      key, off, chunk = locate(newest, h1)
+      blk = redis.call('GETRANGE', key, off, off + BLOCK_BYTES - 1)
+      unallocated = #blk < BLOCK_BYTES
+      if unallocated then
+        blk = blk .. string.rep('\0', BLOCK_BYTES - #blk)
+      elseif all_set(blk, 0, newest, h2, h3, h4) then
+        return false
+      end
+    elseif present(i, h1, h2, h3, h4) then
+      return false
+    end
   end
   if unallocated then allocate(newest, key, chunk) end
   local n = write_bits(newest, key, off, blk, h2, h3, h4)
@@ -241,8 +258,8 @@ local function add_item(h1, h2, h3, h4)
 end
 
 local function contains_item(h1, h2, h3, h4)
-  for i = nslices, 1, -1 do
-    if present(i, h1, h2, h3, h4) then return true end
+  for n = 1, nslices do
+    if present(order[n], h1, h2, h3, h4) then return true end
   end
   return false
 end
@@ -274,6 +291,7 @@ local function decide(blob, flags)
   end
   local first_slices = nslices
   frozen_below = nslices
+  order_slices()
   local out, filtered = {}, 0
   for j = 0, count - 1 do
     undecided, count_done = count - j, j
@@ -294,6 +312,7 @@ local function check(blob)
   local out = {}
   local count = #blob / 20
   frozen_below = nslices + 1  -- nothing is written
+  order_slices()
   for j = 0, count - 1 do
     undecided, count_done = count - j, j
     local h1, h2, h3, h4 = hashes(blob, j * 20)
