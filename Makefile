@@ -44,7 +44,8 @@ LOWEST_TESTS := tests/test_scheduler.py tests/test_frontier_protocol.py tests/te
 	tests/test_bloom.py tests/test_dupefilter.py tests/test_frontier_crawl.py tests/faults \
 	tests/test_redis_cluster_crawl.py tests/test_politeness.py tests/test_politeness_crawl.py \
 	tests/test_politeness_feedback_crawl.py tests/test_codec.py tests/test_scheduler_user_requests.py \
-	tests/test_user_project.py
+	tests/test_user_project.py tests/test_scheduler_parts.py tests/test_filter_growth.py \
+	tests/test_items_window.py
 
 $(LOWEST_VENV)/.installed: pyproject.toml constraints/lowest.txt
 	$(PYTHON) -m venv $(LOWEST_VENV)
@@ -53,7 +54,8 @@ $(LOWEST_VENV)/.installed: pyproject.toml constraints/lowest.txt
 	touch $@
 
 test-lowest: $(LOWEST_VENV)/.installed system-deps ## the crawl and fault tests on the lowest supported Scrapy, Twisted, redis-py
-	$(LOWEST_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(LOWEST_TESTS)
+	$(LOWEST_VENV)/bin/python -m pytest -n $(TEST_PROCESSES) --dist worksteal --durations=15 \
+		$(PYTEST_ARGS) $(LOWEST_TESTS)
 
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check crawler tests bench

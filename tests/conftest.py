@@ -15,12 +15,7 @@ import redis
 import scrapy
 from scrapy.utils.reactor import install_reactor
 
-from kit.redis import RedisServer
-
 pytest_plugins = ["kit.fixtures"]
-
-#: test_scheduler.py imports these from here
-__all__ = ["RedisServer", "disconnect_at_teardown"]
 
 if scrapy.version_info < (2, 14):
     # Scrapy 2.13's get_crawler() asks which reactor is installed, and fails when none is

@@ -284,7 +284,7 @@ def test_malformed_redis_url_is_a_setting_error() -> None:
 def test_redis_down_while_crawling_keeps_pending_work(tmp_path) -> None:
     from bloomcrawl.core.errors import RedisUnavailableError
 
-    from conftest import RedisServer
+    from kit.redis import RedisServer
 
     server = RedisServer(tmp_path / "r", appendonly=True)
     server.start()
@@ -424,7 +424,7 @@ def test_an_evicting_redis_is_refused_unless_the_loss_is_accepted(redis_server,
 def test_a_restarted_redis_that_lost_state_gets_what_the_seen_cache_dropped(tmp_path) -> None:
     """A rollback or a restart without persistence: fingerprints this worker remembers
     sending are gone from Redis; what it dropped against them must be sent again."""
-    from conftest import RedisServer
+    from kit.redis import RedisServer
 
     server = RedisServer(tmp_path / "r")  # no persistence: a restart loses everything
     server.start()
@@ -455,7 +455,7 @@ def test_the_same_server_keeps_the_seen_cache(scheduler: Scheduler) -> None:
 
 
 def test_counts_redis_lost_in_a_restart_are_sent_again_once(tmp_path) -> None:
-    from conftest import RedisServer
+    from kit.redis import RedisServer
 
     server = RedisServer(tmp_path / "r")  # no persistence: a restart loses the stats too
     server.start()
