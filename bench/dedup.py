@@ -17,6 +17,14 @@ fingerprints never inserted. Then the dupefilters' ``request_seen`` with
 fingerprinting included, built the way Scrapy builds them, and the recipe's
 false positives at a realistic fill.
 
+Then Redis memory as a filter with the default settings grows, beside the
+filters made before it started small (one slice per partition sized for
+BLOOMFILTER_CAPACITY): measured (``MEMORY USAGE`` of the filter's keys, ``INFO
+memory``) from 1,000 to 10 million fingerprints, computed from the slice plan
+at 100 million and 1 billion; and the Redis CPU per decision at 10 million,
+where the growing filter has many slices to look through (``--growth-only``
+runs just this part).
+
 The output is a plain-text table (``--json PATH`` also writes the numbers).
 Targets are printed as PASS/MISS next to the measured values; nothing here
 asserts them. Wall-clock rates depend on what else the machine is doing:
@@ -31,10 +39,12 @@ import json
 import math
 import os
 import platform
+import random
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +55,10 @@ sys.path[:0] = [str(ROOT / "crawler"), str(ROOT / "tests")]
 import redis  # noqa: E402
 from _redis import CpuSample, cpu_sample  # noqa: E402
 
+from bloomcrawl.core import defaults  # noqa: E402
 from bloomcrawl.core.bloom import BloomFilter  # noqa: E402
+from bloomcrawl.core.bloom_creation import create_or_open  # noqa: E402
+from bloomcrawl.core.sizing import FilterParams, allocation_bytes  # noqa: E402
 from bloomcrawl.ops.cluster.processes import redisbloom_module  # noqa: E402
 
 from kit.redis import RedisServer  # noqa: E402
@@ -75,12 +88,16 @@ class Sizes:
     requests: int  # Request objects for bloomcrawl's and scrapy-redis's request_seen
     recipe_requests: int  # the first of those given to the recipe's request_seen
     fill_bit: int  # BLOOMFILTER_BIT of the recipe's realistic-fill false-positive test
+    growth_max: int  # the filter's memory is measured up to this many fingerprints
+    growth_decisions: int  # decisions timed at growth_max for the Redis CPU per decision
 
 
 FULL = Sizes(single=50_000, batched=1_000_000, recipe=5_000, unseen=100_000,
-             recipe_unseen=20_000, requests=20_000, recipe_requests=5_000, fill_bit=19)
+             recipe_unseen=20_000, requests=20_000, recipe_requests=5_000, fill_bit=19,
+             growth_max=10_000_000, growth_decisions=100_000)
 QUICK = Sizes(single=2_000, batched=20_000, recipe=300, unseen=5_000,
-              recipe_unseen=1_000, requests=1_000, recipe_requests=300, fill_bit=14)
+              recipe_unseen=1_000, requests=1_000, recipe_requests=300, fill_bit=14,
+              growth_max=100_000, growth_decisions=5_000)
 
 
 # --- measurements -------------------------------------------------------------
@@ -553,6 +570,214 @@ def bench_recipe_fill(client: redis.Redis, bit: int, bits_per_item: float, why: 
     return FillRow(why, bit, items, RECIPE_HASHES, len(unseen_hex), hits)
 
 
+# --- Redis memory as the filter grows, and lookups across its slices -------------
+#
+# The defaults a user gets (BLOOMFILTER_CAPACITY 100 million, 4 partitions), the
+# fingerprints spread over the partitions as a crawl of many hosts spreads them.
+# "before": the parameters filters made before this release stored (one slice per
+# partition sized for the capacity, triple hashing); "now": a new filter's.
+
+GROWTH_KEY = "bench:growth:bloomfilter"
+CHUNK_KEY = re.compile(rb":s\d+:c\d+$")  # a slice's bit chunk (core/keys.py chunk_key)
+GROWTH_SIZES = tuple(10**e for e in range(3, 10))
+HOSTS = 1000  # URL i is on host i % HOSTS
+PAGE_LINKS = 30  # a page's links, all to its host (one partition), one of them new
+
+
+@dataclass
+class GrowthPoint:
+    """A filter's memory at one size."""
+
+    urls: int
+    memory_bytes: int  # MEMORY USAGE of the filter's keys, or the model's figure
+    slices: int  # per partition (the most any has)
+    measured: bool
+    used_memory_bytes: int | None = None  # INFO used_memory over the empty server's
+    model_bytes: int = 0  # what the model says, measured points included
+
+    @property
+    def optimal_bytes(self) -> float:
+        return optimal_bits(self.urls) / 8
+
+    @property
+    def ratio(self) -> float:
+        return self.memory_bytes / self.optimal_bytes
+
+
+@dataclass
+class GrowthScheme:
+    """One filter's growth: memory at each size, Redis CPU per decision at the largest."""
+
+    key: str
+    label: str
+    params: FilterParams
+    points: list[GrowthPoint] = field(default_factory=list)
+    lookups: dict[str, Timing] = field(default_factory=dict)
+    metadata_bytes: int = 0
+    key_overhead_bytes: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "params": json.loads(self.params.to_json()),
+            "points": [{**asdict(pt), "optimal_bytes": pt.optimal_bytes, "ratio": pt.ratio}
+                       for pt in self.points],
+            "redis_cpu_us_per_decision": {k: t.redis_us for k, t in self.lookups.items()},
+            "metadata_bytes": self.metadata_bytes,
+        }
+
+
+def optimal_bits(urls: int) -> float:
+    """The bits of one classic filter sized for exactly ``urls`` at ERROR_RATE, optimal k."""
+    return urls * -math.log(ERROR_RATE) / math.log(2) ** 2
+
+
+HOST_HASHES = [hashlib.sha1(b"host-%d" % h).digest()[:4] for h in range(HOSTS)]
+
+
+def url_fingerprints(label: str, indices: Sequence[int] | range) -> list[bytes]:
+    """Fingerprints of URLs ``indices`` as a host-partitioned filter sees them: bytes 17-20
+    are the hash of URL i's host (i % HOSTS), so a host's URLs share one partition."""
+    prefix = f"{label}:".encode()
+    return [hashlib.sha1(prefix + str(i).encode()).digest()[:16] + HOST_HASHES[i % HOSTS]
+            for i in indices]
+
+
+def growth_schemes() -> list[GrowthScheme]:
+    before = FilterParams(capacity=defaults.FILTER_CAPACITY, error_rate=ERROR_RATE,
+                          partitions=defaults.FILTER_PARTITIONS, partition_by="host")
+    return [
+        GrowthScheme("before", "before (sized up front)", before),
+        GrowthScheme("now", "now (grows)", before),  # its own parameters once created
+    ]
+
+
+def open_growth_filter(client: redis.Redis, scheme: GrowthScheme) -> BloomFilter:
+    if scheme.key == "before":
+        create_or_open(client, GROWTH_KEY, scheme.params)
+        return BloomFilter.open(client, GROWTH_KEY)
+    bf = BloomFilter(client, GROWTH_KEY, capacity=defaults.FILTER_CAPACITY,
+                     error_rate=ERROR_RATE, partitions=defaults.FILTER_PARTITIONS)
+    scheme.params = bf.params
+    return bf
+
+
+def chunk_payloads(params: FilterParams, urls: int) -> tuple[list[int], int]:
+    """The bytes of each chunk a filter holding ``urls`` (spread evenly) has; slices used."""
+    share = urls / params.partitions
+    block_bytes = params.block_bits // 8
+    chunk_blocks = params.chunk_bytes // block_bytes
+    chunks: list[int] = []
+    held, used = 0, 0
+    for plan in params.plan():
+        used += 1
+        full, last = divmod(plan.blocks, chunk_blocks)
+        chunks += [chunk_blocks * block_bytes] * full + ([last * block_bytes] if last else [])
+        held += plan.capacity
+        if held >= share:
+            break
+    return chunks * params.partitions, used
+
+
+def string_allocation(payload: int) -> int:
+    """jemalloc's allocation for a Redis string of ``payload`` bytes (header and NUL)."""
+    header = 4 if payload < 1 << 8 else 6 if payload < 1 << 16 else 10
+    return allocation_bytes(payload + header)
+
+
+def modelled_memory(scheme: GrowthScheme, urls: int) -> tuple[int, int]:
+    """(memory, slices) from the slice plan: allocations, key overhead and metadata."""
+    chunks, used = chunk_payloads(scheme.params, urls)
+    bits = sum(string_allocation(c) + scheme.key_overhead_bytes for c in chunks)
+    return int(bits + scheme.metadata_bytes), used
+
+
+def filter_memory(client: redis.Redis) -> tuple[int, int, int, int]:
+    """(MEMORY USAGE of every key, of the chunks, their payload allocations, chunk keys)."""
+    total = chunk_usage = allocations = count = 0
+    for key in client.scan_iter(count=1000):
+        usage = int(client.memory_usage(key, samples=0) or 0)
+        total += usage
+        if CHUNK_KEY.search(key):
+            chunk_usage += usage
+            allocations += string_allocation(int(client.strlen(key)))
+            count += 1
+    return total, chunk_usage, allocations, count
+
+
+def growth_lookups(client: redis.Redis, bf: BloomFilter, held: int,
+                   decisions: int) -> dict[str, Timing]:
+    """Redis CPU per decision at ``held`` URLs: duplicates, pages, new URLs."""
+    rng = random.Random(7)
+    dups = url_fingerprints("grow", rng.sample(range(held), decisions))
+    out = {}
+    out["duplicates"], _ = timed(client, decisions, in_batches(bf.add_many, dups, ADD_MANY_BATCH))
+    # a page of host h: links to pages of h seen before, and one new page of h
+    pages = []
+    for n in range(decisions // PAGE_LINKS):
+        host = n % HOSTS
+        seen = [host + HOSTS * rng.randrange(held // HOSTS) for _ in range(PAGE_LINKS - 1)]
+        pages.append(url_fingerprints("grow", seen) + url_fingerprints("page", [n * HOSTS + host]))
+
+    def crawl() -> int:
+        return sum(sum(bf.add_many(page)) for page in pages)
+
+    out["pages"], _ = timed(client, len(pages) * PAGE_LINKS, crawl)
+    new = url_fingerprints("new", range(decisions))
+    out["new"], _ = timed(client, decisions, in_batches(bf.add_many, new, ADD_MANY_BATCH))
+    return out
+
+
+def bench_growth(client: redis.Redis, sizes: Sizes) -> list[GrowthScheme]:
+    """Fill each filter to each measured size; the larger sizes from the slice plan."""
+    schemes = growth_schemes()
+    measured = [n for n in GROWTH_SIZES if n <= sizes.growth_max]
+    for scheme in schemes:
+        client.flushall()
+        empty = int(client.info("memory")["used_memory"])
+        bf = open_growth_filter(client, scheme)
+        held = 0
+        for n in measured:
+            for start in range(held, n, ADD_MANY_BATCH):
+                bf.add_many(url_fingerprints("grow", range(start, min(n, start + ADD_MANY_BATCH))))
+            held = n
+            total, chunk_usage, allocations, count = filter_memory(client)
+            scheme.metadata_bytes = total - chunk_usage
+            scheme.key_overhead_bytes = (chunk_usage - allocations) / count if count else 0.0
+            used = int(client.info("memory")["used_memory"]) - empty
+            scheme.points.append(GrowthPoint(n, total, max(bf.info().partition_slices),
+                                             True, used))
+        scheme.lookups = growth_lookups(client, bf, held, sizes.growth_decisions)
+        client.flushall()
+        for point in scheme.points:
+            point.model_bytes = modelled_memory(scheme, point.urls)[0]
+        for n in GROWTH_SIZES:
+            if n > sizes.growth_max:
+                memory, used_slices = modelled_memory(scheme, n)
+                scheme.points.append(GrowthPoint(n, memory, used_slices, False,
+                                                 model_bytes=memory))
+    return schemes
+
+
+def worst_after_growth(scheme: GrowthScheme, one_host: bool = False,
+                       smallest: int = GROWTH_SIZES[0]) -> tuple[float, int]:
+    """The largest memory / optimal just after a slice is added, ``smallest`` to 1e9 URLs
+    (computed)."""
+    params = scheme.params
+    partitions = 1 if one_host else params.partitions
+    worst, where, held = 0.0, 0, 0
+    for plan in params.plan():
+        urls = (held + 1) * partitions
+        if smallest <= urls <= GROWTH_SIZES[-1]:
+            chunks, _ = chunk_payloads(replace(params, partitions=partitions), urls)
+            memory = sum(string_allocation(c) + scheme.key_overhead_bytes for c in chunks)
+            ratio = (memory + scheme.metadata_bytes) / (optimal_bits(urls) / 8)
+            if ratio > worst:
+                worst, where = ratio, urls
+        held += plan.capacity
+    return worst, where
+
+
 # --- output -----------------------------------------------------------------
 
 
@@ -581,6 +806,13 @@ def fmt_us(x: float) -> str:
 
 def fmt_bits(x: float) -> str:
     return f"{x:,.0f}" if x >= 1000 else f"{x:.1f}"
+
+
+def fmt_bytes(x: float) -> str:
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if x >= size:
+            return f"{x / size:,.1f} {unit}"
+    return f"{x:,.0f} B"
 
 
 def fmt_pct(hits: int, checked: int) -> str:
@@ -776,6 +1008,93 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
     }
 
 
+def report_growth(sizes: Sizes, schemes: list[GrowthScheme]) -> dict[str, Any]:
+    before, now = schemes
+    emit()
+    emit(f"Redis memory as the filter grows: the defaults (BLOOMFILTER_CAPACITY"
+         f" {defaults.FILTER_CAPACITY:,}, error rate {ERROR_RATE:g},"
+         f" {defaults.FILTER_PARTITIONS} partitions, by host), URLs of {HOSTS:,} hosts")
+    header = ["URLs", "optimal", "before", "x optimal", "slices", "now", "x optimal", "slices",
+              "how"]
+    cells = []
+    for b, n in zip(before.points, now.points, strict=True):
+        cells.append([fmt_count(b.urls), fmt_bytes(b.optimal_bytes),
+                      fmt_bytes(b.memory_bytes), fmt_ratio(b.ratio), str(b.slices),
+                      fmt_bytes(n.memory_bytes), fmt_ratio(n.ratio), str(n.slices),
+                      "measured" if n.measured else "computed from the slice plan"])
+    for line in table(header, cells):
+        emit(line)
+    emit(f"optimal: one classic filter sized for exactly that many URLs at {ERROR_RATE:g}"
+         f" ({optimal_bits(1):.2f} bits each). before, now: MEMORY USAGE of every key of the"
+         f" filter, metadata included (now: {fmt_bytes(now.metadata_bytes)} at"
+         f" {fmt_count(sizes.growth_max)}); computed: each slice's chunks as jemalloc"
+         " allocates them, plus the key overhead and metadata measured at"
+         f" {fmt_count(sizes.growth_max)}, the URLs shared evenly by the partitions.")
+    measured_now = [p for p in now.points if p.measured]
+    if measured_now:
+        emit("the model / measured, now: "
+             + ", ".join(f"{fmt_count(p.urls)}: {p.model_bytes / p.memory_bytes:.2f}"
+                         for p in measured_now)
+             + f" (the {HOSTS:,} hosts do not share the partitions evenly: one partition may"
+             " have opened its next slice before the others); INFO used_memory over the"
+             " empty server's, now: "
+             + ", ".join(f"{fmt_count(p.urls)}: {fmt_bytes(p.used_memory_bytes or 0)}"
+                         for p in measured_now) + ".")
+    worst, where = worst_after_growth(now)
+    worst_one, where_one = worst_after_growth(now, one_host=True)
+    steady, steady_at = worst_after_growth(now, smallest=10 * GROWTH_SIZES[0])
+    steady_one, steady_one_at = worst_after_growth(now, one_host=True,
+                                                   smallest=10 * GROWTH_SIZES[0])
+    emit(f"now, just after a slice is added (computed, {fmt_count(GROWTH_SIZES[0])} to"
+         f" {fmt_count(GROWTH_SIZES[-1])} URLs): at most {fmt_ratio(worst)} optimal (at"
+         f" {fmt_count(where)} URLs, the metadata's {fmt_bytes(now.metadata_bytes)} weighing"
+         f" most); every URL in one partition (one host): at most {fmt_ratio(worst_one)} (at"
+         f" {fmt_count(where_one)}); from {fmt_count(10 * GROWTH_SIZES[0])} URLs on:"
+         f" {fmt_ratio(steady)} (at {fmt_count(steady_at)}), one host {fmt_ratio(steady_one)}"
+         f" (at {fmt_count(steady_one_at)}). The newest slice is allocated whole and holds"
+         " as many URLs as all before it.")
+
+    emit()
+    held = max(p.urls for p in now.points if p.measured)
+    emit(f"Redis CPU per decision at {fmt_count(held)} URLs (INFO cpu, main thread):"
+         f" {fmt_count(sizes.growth_decisions)} duplicates and then as many new fingerprints"
+         f" in add_many batches of {ADD_MANY_BATCH:,}; pages: {PAGE_LINKS} links to one host"
+         " (one partition, one call), to pages seen before but one")
+    header = ["decisions", "before us/dec", "now us/dec", "x before"]
+    cells = [[what, fmt_us(before.lookups[what].redis_us), fmt_us(now.lookups[what].redis_us),
+              fmt_ratio(ratio(now.lookups[what].redis_us, before.lookups[what].redis_us))]
+             for what in ("duplicates", "pages", "new")]
+    before_last = [p for p in before.points if p.measured][-1]
+    now_last = [p for p in now.points if p.measured][-1]
+    cells.append(["slices per partition", str(before_last.slices), str(now_last.slices), ""])
+    for line in table(header, cells):
+        emit(line)
+    emit("now looks in every slice for a new URL, in the slices holding most URLs first for"
+         " a duplicate; older slices small for what the call still looks up are read whole,"
+         " once per call. One partition's call decides about 250 of a batch of 1,000.")
+
+    decades = [p.ratio for p in now.points]
+    targets = [
+        Target("now: Redis memory / optimal filter bits, worst of 1e3..1e9", max(decades),
+               "<=", 2.0),
+        Target("now: the same just after a slice is added (computed)", worst, "<=", 2.0),
+    ]
+    emit()
+    emit("Targets (issue: Redis memory that follows the crawl); printed, not asserted")
+    cells = [[t.name, f"{t.value:.2f}" if t.value is not None else "n/a", f"{t.op} {t.goal:g}",
+              t.verdict] for t in targets]
+    for line in table(["target", "measured", "goal", "verdict"], cells):
+        emit(line)
+    return {
+        "schemes": {s.key: s.as_json() for s in schemes},
+        "worst_after_growth": {"ratio": worst, "urls": where},
+        "worst_after_growth_one_host": {"ratio": worst_one, "urls": where_one},
+        "worst_after_growth_from_10000": {"ratio": steady, "urls": steady_at},
+        "worst_after_growth_from_10000_one_host": {"ratio": steady_one, "urls": steady_one_at},
+        "targets": [t.as_json() for t in targets],
+    }
+
+
 # --- main -------------------------------------------------------------------
 
 
@@ -812,12 +1131,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", metavar="PATH", help="also write the numbers as JSON to PATH")
     parser.add_argument("--no-redisbloom", action="store_true",
                         help="do not load the RedisBloom module (its rows are skipped)")
+    parser.add_argument("--growth-only", action="store_true",
+                        help="only the filter's memory as it grows and its Redis CPU per"
+                             " decision at the largest size measured")
+    parser.add_argument("--growth-max", type=int, metavar="N",
+                        help="measure the filter's memory up to N fingerprints (default"
+                             f" {FULL.growth_max:,}; {QUICK.growth_max:,} with --quick)")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = QUICK if args.quick else FULL
+    if args.growth_max:
+        sizes = replace(sizes, growth_max=args.growth_max)
     module, skipped = redisbloom_module()
     if args.no_redisbloom:
         module, skipped = None, "--no-redisbloom given"
@@ -851,6 +1178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 (bench_add, (seen[:sizes.single], unseen, "bitmap")),
                 (bench_add_many, (seen[:sizes.batched], unseen, "bitmap")),
             ]
+            if args.growth_only:
+                contenders = []
             backends = ["bitmap"]
             if module:
                 backends.append("redisbloom")
@@ -865,20 +1194,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                 client.flushall()
                 rows.extend(bench(client, *bench_args))
                 client.flushall()
-            seen_rows = bench_request_seen(client, server.url, sizes, backends)
-            add_many = next(r for r in rows if r.key == "add_many")
-            fills = [
-                bench_recipe_fill(client, sizes.fill_bit, add_many.payload_bits_per_item,
-                                  "bloomcrawl's filter bits/item", unseen_hex),
-                bench_recipe_fill(client, sizes.fill_bit, REALISTIC_BITS_PER_ITEM_DESIGN,
-                                  "m/n = 10 (DESIGN.md)", unseen_hex),
-            ]
+            seen_rows: list[SeenRow] = []
+            fills: list[FillRow] = []
+            if not args.growth_only:
+                seen_rows = bench_request_seen(client, server.url, sizes, backends)
+                add_many = next(r for r in rows if r.key == "add_many")
+                fills = [
+                    bench_recipe_fill(client, sizes.fill_bit, add_many.payload_bits_per_item,
+                                      "bloomcrawl's filter bits/item", unseen_hex),
+                    bench_recipe_fill(client, sizes.fill_bit, REALISTIC_BITS_PER_ITEM_DESIGN,
+                                      "m/n = 10 (DESIGN.md)", unseen_hex),
+                ]
+            schemes = bench_growth(client, sizes)
         finally:
             client.close()
     finally:
         server.close()
     env["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    numbers = report(args, sizes, env, rows, seen_rows, fills, skipped)
+    if args.growth_only:
+        emit(f"bloomcrawl duplicate-filter benchmark (bench/dedup.py --growth-only):"
+             f" redis-server {env['redis_version']}, {env['cpus']} CPUs, load average"
+             f" {env['loadavg_start']} at start, {env['loadavg_end']} at end")
+        numbers: dict[str, Any] = {"sizes": asdict(sizes), "environment": env}
+    else:
+        numbers = report(args, sizes, env, rows, seen_rows, fills, skipped)
+    numbers["growth"] = report_growth(sizes, schemes)
     if args.json:
         Path(args.json).write_text(json.dumps(numbers, indent=2, default=str) + "\n")
         emit(f"numbers written to {args.json}")
