@@ -304,3 +304,25 @@ def test_another_hash_scheme_is_still_an_error(
     other = FilterParams(**{**json.loads(made.params.to_json()), **changes})
     with pytest.raises(FilterMismatchError, match=difference):
         create_or_open(redis_client, "scheme:bloomfilter", other)
+
+
+def test_a_partition_whose_state_was_lost_goes_on_with_its_slices(
+        redis_client: redis.Redis) -> None:
+    """An eviction or a DEL of one partition's state, its bit chunks kept."""
+    name = "lost:bloomfilter"
+    bf = BloomFilter(redis_client, name, capacity=100_000, error_rate=0.001, partitions=1)
+    items = fingerprints(20_000, salt="kept-")
+    held = add_all(bf, items)
+    before = bf.info()
+    assert before.slices >= 5
+    redis_client.delete(keys.state_key(name, 0))
+    # the next call finds no state: the partition is written again, from its chunks
+    assert bf.add_many(items[:2000]) == [False] * 2000
+    after = bf.info()
+    assert after.slices == before.slices
+    assert after.bits_set == before.bits_set  # counted again, exactly
+    assert after.items == pytest.approx(held, rel=0.02)
+    # every slice is looked in, and new items go into the newest
+    assert not any(bf.add_many(items))
+    assert sum(bf.add_many(fingerprints(5000, salt="after-"))) >= 4990
+    assert bf.info().slices >= before.slices

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from typing import Any
 
 import redis
@@ -146,10 +147,18 @@ def write_partitions(server: redis.Redis, key: str, params: FilterParams,
             raise BloomFilterError(
                 "Bloom filter %r uses the redisbloom backend, but Redis at %s has no bf"
                 " module loaded" % (key, describe_redis(server)))
+        recovered: dict[int, dict[str, int]] = {}
+        if force and params.backend == "bitmap":
+            pipe = server.pipeline(transaction=False)
+            for p in range(params.partitions):
+                pipe.exists(keys.state_key(key, p))
+            for p, exists in enumerate(pipe.execute()):
+                if not exists:
+                    recovered[p] = recover_counters(server, key, params, p)
         pipe = server.pipeline(transaction=False)
         for p in range(params.partitions):
             state = keys.state_key(key, p)
-            for name, value in fields.items():
+            for name, value in {**fields, **recovered.get(p, {})}.items():
                 pipe.hsetnx(state, name, value)
         pipe.execute()
         if params.backend == "redisbloom":
@@ -164,3 +173,39 @@ def write_partitions(server: redis.Redis, key: str, params: FilterParams,
                     if "exists" not in str(exc).lower():
                         raise
         server.hset(keys.meta_key(key), "ready", 1)
+
+
+def recover_counters(server: redis.Redis, key: str, params: FilterParams,
+                     partition: int) -> dict[str, int]:
+    """The counters of a partition whose state was lost (evicted, deleted) but whose bits
+    were not: its slices are those with chunks, every one but the newest full.
+
+    Without them the partition would go on in its first slice, overfilling it and
+    no longer looking in the others. Bits set are counted again (``BITCOUNT``, a
+    rare path); the newest slice's items are estimated from its bits set.
+    """
+    plan = params.plan()
+    chunk_blocks = params.chunk_bytes // (params.block_bits // 8)
+    counters: dict[str, int] = {}
+    newest = -1
+    for i, s in enumerate(plan):
+        chunks = [keys.chunk_key(key, partition, i, c)
+                  for c in range(-(-s.blocks // chunk_blocks))]
+        if not server.exists(*chunks):
+            break
+        newest = i
+        pipe = server.pipeline(transaction=False)
+        for chunk in chunks:
+            pipe.bitcount(chunk)
+        counters["bits_set:%d" % i] = sum(pipe.execute())
+    if newest < 0:
+        return {}
+    for i in range(newest):
+        counters["items:%d" % i] = plan[i].capacity
+    s = plan[newest]
+    lane_bits = s.blocks * (params.block_bits // s.hashes) * s.hashes
+    fill = min(counters["bits_set:%d" % newest] / lane_bits, 1 - 1e-9)
+    counters["items:%d" % newest] = min(s.capacity, round(-lane_bits / s.hashes
+                                                          * math.log(1 - fill)))
+    counters["slices"] = newest + 1
+    return counters
