@@ -81,12 +81,14 @@ def test_filled_to_capacity_meets_error_rate_and_memory(redis_client: redis.Redi
     bf = BloomFilter(redis_client, "fp:bloomfilter", capacity=capacity, error_rate=p)
     fill(bf, capacity)
     info = bf.info()
-    assert info.slices == 1  # at capacity, it has not grown yet
+    assert info.slices > 1  # it grew to hold them: memory follows the items
     rate = measure_false_positives(bf)
     optimum = -math.log(p) / math.log(2) ** 2
     bits_per_item = info.bits / capacity
     assert rate <= 1.1 * p, rate
-    assert bits_per_item <= 1.15 * optimum, (bits_per_item, optimum)
+    # a filter that does not know its final size: 2.2-3.6 x the optimum for the items
+    # it holds (docs/benchmarks.md), never the allocation of its whole capacity
+    assert bits_per_item <= 3.7 * optimum, (bits_per_item, optimum)
     # the estimate follows what was measured
     assert info.estimated_false_positive_rate == pytest.approx(rate, rel=0.5)
 
@@ -117,14 +119,16 @@ def test_reopening_with_other_parameters_names_the_difference(redis_client) -> N
     bf = BloomFilter(redis_client, "m:bloomfilter", capacity=10_000, error_rate=0.01)
     bf.add_many(fingerprints(100))
     before = {k: redis_client.dump(k) for k in redis_client.keys("*")}
-    with pytest.raises(FilterMismatchError) as err:
-        BloomFilter(redis_client, "m:bloomfilter", capacity=20_000, error_rate=0.001)
+    with pytest.raises(FilterMismatchError) as err:  # other sizing: strict refuses it
+        BloomFilter(redis_client, "m:bloomfilter", capacity=20_000, error_rate=0.001,
+                    strict_params=True)
     message = str(err.value)
     assert "capacity: stored 10000, asked for 20000" in message
     assert "error_rate: stored 0.01, asked for 0.001" in message
     assert "m:bloomfilter" in message
     with pytest.raises(FilterMismatchError, match="bit_exponent"):
-        BloomFilter(redis_client, "m:bloomfilter", bit_exponent=20, hashes=6)
+        BloomFilter(redis_client, "m:bloomfilter", bit_exponent=20, hashes=6,
+                    strict_params=True)
     after = {k: redis_client.dump(k) for k in redis_client.keys("*")}
     assert before == after  # nothing stored was touched
     again = BloomFilter(redis_client, "m:bloomfilter", capacity=10_000, error_rate=0.01)

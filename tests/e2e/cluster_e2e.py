@@ -398,7 +398,9 @@ def check_killed_worker() -> str:
                 timeout=10).close()
     jobs = scrapyd.schedule(t.nodes, "bloomcrawl", "site",
                             [("MAX_IDLE_TIME_BEFORE_CLOSE", "10"),
-                             ("CONCURRENT_REQUESTS_PER_DOMAIN", "64")],
+                             ("CONCURRENT_REQUESTS_PER_DOMAIN", "64"),
+                             # no false positive among the pages counted (see the demo's)
+                             ("BLOOMFILTER_ERROR_RATE", "1e-06")],
                             [("allowed_domains", "demo")])
     seed(client, "site", ["http://demo:8000/"])
     compose = Compose(paths())

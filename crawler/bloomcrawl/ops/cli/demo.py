@@ -26,6 +26,10 @@ from bloomcrawl.ops.console import say
 
 #: a filter sized for the demo, so that its fill shows in status and Grafana
 DEMO_FILTER_CAPACITY = 100_000
+#: the demo shows every page crawled exactly once: at this rate no false positive is
+#: expected among its pages (at the default 0.001, one new URL in about 1,000 may be taken
+#: as seen, since the filter's memory follows the URLs it holds)
+DEMO_ERROR_RATE = 1e-6
 #: the demo site inside the compose network
 COMPOSE_DEMO_URL = "http://demo:8000/"
 
@@ -76,6 +80,7 @@ def demo(paths: Paths, *, workers: int, local: bool, project: str, pages: int | 
     jobs = scrapyd.schedule(target.nodes, project, DEFAULT_SPIDER,
                             [("MAX_IDLE_TIME_BEFORE_CLOSE", str(max_idle)),
                              ("BLOOMFILTER_CAPACITY", str(DEMO_FILTER_CAPACITY)),
+                             ("BLOOMFILTER_ERROR_RATE", repr(DEMO_ERROR_RATE)),
                              # one host for the whole cluster: a budget every worker can use
                              ("CONCURRENT_REQUESTS_PER_DOMAIN",
                               str(DEMO_HOST_CONCURRENCY_PER_WORKER * len(target.nodes)))],
