@@ -53,7 +53,9 @@ READ_ERRORS_METRIC = "bloomcrawl_spider_read_errors"
 
 # name, help, value of a filter; all labelled by spider
 _FILTER_GAUGES: tuple[tuple[str, str, Callable[[BloomInfo], float]], ...] = (
-    ("bloomcrawl_filter_capacity", "Items the filter is sized for before it grows.",
+    ("bloomcrawl_filter_capacity",
+     "BLOOMFILTER_CAPACITY: items the filter holds before its new slices tighten (a floor,"
+     " not an allocation: memory follows the items).",
      lambda f: f.capacity),
     ("bloomcrawl_filter_items", "Distinct items added to the filter.", lambda f: f.items),
     ("bloomcrawl_filter_bits", "Bits of all the filter's slices (allocated or not).",
