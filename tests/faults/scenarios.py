@@ -428,7 +428,7 @@ SCENARIOS: dict[str, Scenario] = {s.key: s for s in (
     Scenario("malformed-meta", "another spider's meta hash malformed", inject_malformed_meta,
              pages=150, bench=False),
     Scenario("growth-limit", "a filter at its slice limit (BLOOMFILTER_GROWTH=1.01)",
-             inject_nothing, pages=400,
+             inject_nothing, pages=1600,
              settings={"BLOOMFILTER_GROWTH": "1.01", "BLOOMFILTER_CAPACITY": "1",
                        "BLOOMFILTER_PARTITIONS": "1"}, bench=False),
 )}
