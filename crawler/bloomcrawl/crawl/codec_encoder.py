@@ -297,26 +297,25 @@ def _enc_bytearray(encoder: ValueEncoder, value: bytearray) -> Any:
     return {TAG: "bytearray", "v": base64.b64encode(value).decode("ascii")}
 
 
-def _enc_datetime(encoder: ValueEncoder, value: datetime.datetime) -> Any:
-    out: dict[str, Any] = {TAG: "datetime"}
+def _enc_clock(tag: str, encoder: ValueEncoder, value: datetime.datetime | datetime.time
+               ) -> Any:
+    """A datetime or a time: naive as ISO text, aware with its zone, and its fold."""
+    out: dict[str, Any] = {TAG: tag}
     if value.tzinfo is None:
         out["v"] = value.isoformat()
     else:
-        encoder._encode_tz(value.tzinfo, out, "datetime", value)
+        encoder._encode_tz(value.tzinfo, out, tag, value)
     if value.fold:
         out["fold"] = 1
     return out
+
+
+def _enc_datetime(encoder: ValueEncoder, value: datetime.datetime) -> Any:
+    return _enc_clock("datetime", encoder, value)
 
 
 def _enc_time(encoder: ValueEncoder, value: datetime.time) -> Any:
-    out: dict[str, Any] = {TAG: "time"}
-    if value.tzinfo is None:
-        out["v"] = value.isoformat()
-    else:
-        encoder._encode_tz(value.tzinfo, out, "time", value)
-    if value.fold:
-        out["fold"] = 1
-    return out
+    return _enc_clock("time", encoder, value)
 
 
 def _enc_date(encoder: ValueEncoder, value: datetime.date) -> Any:
