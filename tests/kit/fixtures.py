@@ -70,13 +70,18 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
 
 
-@pytest.fixture
-def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis_server.client()
+def _emptied_client(server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of ``server``, emptied before and after the test."""
+    client = server.client()
     client.flushall()
     yield client
     client.flushall()
     client.close()
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    yield from _emptied_client(redis_server)
 
 
 @pytest.fixture(scope="session")
@@ -90,11 +95,7 @@ def redismod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisS
 
 @pytest.fixture
 def redismod_client(redismod_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redismod_server.client()
-    client.flushall()
-    yield client
-    client.flushall()
-    client.close()
+    yield from _emptied_client(redismod_server)
 
 
 @pytest.fixture
