@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from bloomcrawl.core.bloom import BloomFilter
-from bloomcrawl.core.frontier import Frontier
+from bloomcrawl.core.frontier import Frontier, stats_call
 from bloomcrawl.core.keys import FrontierKeys
 
 from kit.data import outgoing
@@ -55,6 +55,24 @@ def test_stats_of_one_exchange_count_once_however_often_sent(frontier: Frontier,
     other = make(redis_client, frontier.bloom, "w2")
     other.exchange((), {}, [(1, {"pages": 5})])
     assert int(redis_client.hget(frontier.keys.stats, "pages")) == 8
+
+
+def test_a_batch_numbers_go_in_one_call_whatever_the_script_cache(
+        frontier: Frontier, redis_client: redis.Redis) -> None:
+    """After a restart or failover the script cache is empty, and other clients load
+    scripts between a pipeline's calls: with one call per number, a NOSCRIPT reply
+    to the lower number let the higher apply first and the lower be refused."""
+    call = stats_call(frontier.keys, "w1", "host", [(1, {"pages": 1}), (2, {"pages": 2})])
+    assert call.args == ["w1", "host", 1, 1, "pages", 1, 2, 1, "pages", 2]
+    redis_client.script_flush()
+    frontier.exchange(outgoing("http://a.test/1"), {},
+                      [(1, {"pages": 1, "items": 1}), (2, {"pages": 2})])
+    # resent with a newer number: only the newer one counts
+    frontier.exchange((), {}, [(2, {"pages": 2}), (3, {"pages": 4, "errors": 1})])
+    frontier.exchange((), {}, [(1, {"pages": 1, "items": 1})])
+    stats = {k.decode(): int(v) for k, v in redis_client.hgetall(frontier.keys.stats).items()}
+    assert stats == {"pages": 7, "items": 1, "errors": 1}
+    assert int(redis_client.hget(frontier.keys.stats_applied, "w1")) == 3
 
 
 def test_renewal_names_the_leases_that_were_lost(frontier: Frontier) -> None:

@@ -117,6 +117,23 @@ def ack_args(acks: Sequence[str]) -> list[str]:
     return out
 
 
+def stats_call(f: keys.FrontierKeys, worker: str, node: str,
+               stats: Sequence[tuple[int, Mapping[str, int]]]) -> ScriptCall:
+    """One call for all of a batch's numbered counts, lowest number first.
+
+    One call, not one per number: a pipeline's calls are not atomic together,
+    and a NOSCRIPT reply to one of them (after a restart or failover, when
+    another client loads the script in between) would let a higher number
+    apply before a lower one, which the script then refuses as already applied.
+    """
+    args: list[Any] = [worker, node]
+    for number, counts in stats:
+        args += [number, len(counts)]
+        for name, value in counts.items():
+            args += [name, value]
+    return ScriptCall(_STATS, [f.stats, f.pages_by_node, f.stats_applied], args)
+
+
 def parse_start_entry(raw: bytes | str) -> dict[str, Any]:
     """One ``<spider>:start_urls`` entry: a URL, or JSON ``{"url", "meta", "priority"}``."""
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
@@ -306,11 +323,8 @@ class Frontier:
             if p != lease_from and tokens:
                 calls.append(ScriptCall(_ACK, [f.leases(p), f.deadlines(p), *f.polite_keys(p)],
                                         [self._cfg(p), self.queue_type, *ack_args(tokens)]))
-        for number, counts in stats:
-            args = [self.worker_id, number, self.node]
-            for name, value in counts.items():
-                args += [name, value]
-            calls.append(ScriptCall(_STATS, [f.stats, f.pages_by_node, f.stats_applied], args))
+        if stats:
+            calls.append(stats_call(f, self.worker_id, self.node, stats))
         if lease_from is not None:
             calls.append(self._lease_call(lease_from, want, acks.get(lease_from, ())))
         if not calls:
