@@ -70,6 +70,7 @@ from _crawl import (
     run_crawl,
 )
 from _site import SiteProcess
+from crawlbench import profile
 
 from kit.redis import RedisServer
 
@@ -100,8 +101,8 @@ FULL = Plan(pages=3000, workers=(1, 2), max_idle=2, timeout=240.0)
 QUICK = Plan(pages=300, workers=(1, 2), max_idle=1, timeout=120.0)
 
 
-def run_all(plan: Plan, contenders: list[Contender], items: str,
-            workdir: Path) -> tuple[list[CrawlRun], list[str]]:
+def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
+            profile_dir: Path | None = None) -> tuple[list[CrawlRun], list[str]]:
     runs: list[CrawlRun] = []
     failures: list[str] = []
     settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": str(plan.max_idle),
@@ -116,11 +117,13 @@ def run_all(plan: Plan, contenders: list[Contender], items: str,
                     print("  running %s, %d process%s ..." % (
                         contender.label, workers, "" if workers == 1 else "es"),
                         file=sys.stderr, flush=True)
+                    run_settings = settings if profile_dir is None else \
+                        profile.worker_settings(contender.settings, settings, profile_dir)
                     try:
                         runs.append(run_crawl(
                             contender, workers=workers, site=site, client=client,
                             redis_url=server.url, workdir=workdir / contender.key,
-                            timeout=plan.timeout, settings=settings))
+                            timeout=plan.timeout, settings=run_settings))
                     except CrawlFailed as exc:
                         failures.append("%s, %d processes: %s" % (contender.label, workers, exc))
                         print(str(exc), file=sys.stderr)
@@ -231,6 +234,19 @@ def print_targets(runs: list[CrawlRun], ceiling: float | None) -> None:
             "worker CPU per page: ceiling / bloomcrawl", memory.worker_cpu_s / mine.worker_cpu_s))
 
 
+def print_profiles(directory: Path, runs: list[CrawlRun]) -> None:
+    """The workers' profiles (``--profile``), per run, beside the in-memory scheduler's."""
+    loaded = []
+    for run in runs:
+        label = "%s, %d proc" % (run.contender.label, run.workers)
+        found = profile.load(directory, "%s-%dw-" % (run.contender.key, run.workers), label,
+                             run.distinct)
+        if found is not None:
+            loaded.append((run, found))
+    baseline = next((p for r, p in loaded if r.contender is MEMORY), None)
+    profile.report([p for _, p in loaded], baseline)
+
+
 def as_json(plan: Plan, runs: list[CrawlRun], failures: list[str]) -> dict[str, Any]:
     ceiling = ceiling_of(runs)
     return {
@@ -270,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", choices=sorted(ITEM_PIPELINES), default="none",
                         help="drop items, or RPUSH them to Redis (every contender)")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="run each worker under cProfile, keep the profiles in DIR and"
+                        " print the top costs (bench/crawlbench/profile.py)")
     args = parser.parse_args(argv)
 
     plan = QUICK if args.quick else FULL
@@ -283,14 +302,19 @@ def main(argv: list[str] | None = None) -> int:
         platform.platform(terse=True), platform.python_version(), os.cpu_count() or 0,
         " ".join("%.2f" % x for x in os.getloadavg())))
     sys.stdout.flush()
+    if args.profile:
+        profile.prepare(args.profile)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bloomcrawl-bench-crawl-") as tmp:
-        runs, failures = run_all(plan, contenders, args.items, Path(tmp))
+        runs, failures = run_all(plan, contenders, args.items, Path(tmp), args.profile)
     print("redis-py %s; finished in %.0f s, load average after: %s" % (
         redis.__version__, time.monotonic() - started,
         " ".join("%.2f" % x for x in os.getloadavg())))
     print()
     print_table(plan, runs, contenders, args.items)
+    if args.profile:
+        print()
+        print_profiles(args.profile, runs)
     if args.json:
         args.json.write_text(json.dumps(as_json(plan, runs, failures), indent=2))
     if failures:
