@@ -259,6 +259,31 @@ class Node:
         return self.request(f"listjobs.json?project={urllib.parse.quote(project)}",
                             timeout=timeout)
 
+    def log_tail(self, log_url: str, size: int = 16384, timeout: float = 10.0) -> str:
+        """The last ``size`` bytes of a job's log (``log_url`` from listjobs.json)."""
+        url = urllib.parse.urljoin(self.url + "/", log_url)
+        headers = {}
+        if self.username:
+            token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+            headers["Authorization"] = "Basic " + token
+        try:
+            # twisted's static files answer a suffix range (bytes=-N) with an error: the
+            # length first, then the range from an offset
+            head = urllib.request.Request(url, headers=headers, method="HEAD")
+            with OPENER.open(head, timeout=timeout) as response:
+                length = int(response.headers.get("Content-Length") or 0)
+            start = max(0, length - size)
+            request = urllib.request.Request(url, headers={**headers,
+                                                           "Range": f"bytes={start}-"})
+            with OPENER.open(request, timeout=timeout) as response:
+                raw: bytes = response.read()
+        except urllib.error.HTTPError as exc:
+            raise ScrapydError(url, f"HTTP {exc.code} {exc.reason}") from exc
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            reason = str(getattr(exc, "reason", exc)) or type(exc).__name__
+            raise ScrapydError(url, reason, unreachable=self.url) from exc
+        return raw[-size:].decode(errors="replace")
+
 
 def _message(answer: Any) -> str:
     """The ``message`` of a JSON answer (the answer itself when it has none)."""

@@ -302,6 +302,13 @@ def cmd_deploy(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_schedule(args: argparse.Namespace, paths: Paths) -> int:
+    if args.every or args.cron:
+        from bloomcrawl.ops.cli.recurring import add_schedule  # it imports this module
+
+        return add_schedule(args, paths)
+    if args.name or args.urls or args.replace:
+        raise OpsError("--name, --replace and URLs make a recurring schedule: add --every or"
+                       " --cron (or use `bloomcrawl crawl URL...` to crawl once)")
     target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=True)
     for url, job in CrawlOptions.from_args(args).schedule(target.nodes, []).items():
         say(f"{url} {job}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bloomcrawl import __version__
 from bloomcrawl.core import defaults, keys
-from bloomcrawl.ops.cli import cluster, demo, jobs, status, throttle
+from bloomcrawl.ops.cli import cluster, demo, jobs, recurring, status, throttle
 from bloomcrawl.ops.cluster.state import REDIS_KINDS
 
 
@@ -98,9 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--egg", help="upload this egg instead of building one")
     p.set_defaults(func=jobs.cmd_deploy)
 
-    p = sub.add_parser("schedule", help="start a job of SPIDER on every node")
+    p = sub.add_parser("schedule", help="start a job of SPIDER on every node; with --every"
+                       " or --cron, a recurring crawl the cluster's timer fires")
     _add_nodes(p)
+    _add_redis(p)
     _add_crawl_options(p)
+    recurring.add_schedule_options(p)
     p.set_defaults(func=jobs.cmd_schedule)
 
     p = sub.add_parser("seed", help="push start URLs to <spider>:start_urls")
@@ -126,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=jobs.cmd_clear)
 
     throttle.add_parser(sub, _add_redis, spider_name)
+    recurring.add_parsers(sub, _add_nodes, _add_redis)
 
     # --- looking at it (cli/status.py)
     p = sub.add_parser("status", help="nodes, jobs, queue, leases, filter fill")

@@ -86,6 +86,7 @@ class LocalCluster:
                 cluster = self._start_redis()
             self._check_alive(cluster)
             self._scale_to(cluster, workers)
+            self._ensure_timer(cluster)
             self._ensure_prometheus(cluster)
             if demo:
                 self.start_demo(cluster)
@@ -132,6 +133,19 @@ class LocalCluster:
         process = start_prometheus(config, self.dir / "prometheus-data", port=port,
                                    log=self.dir / "prometheus.log", cwd=self.dir)
         cluster.ports["prometheus"] = port
+        self._record(cluster, process)
+
+    def _ensure_timer(self, cluster: Cluster) -> None:
+        """The timer that fires recurring crawls (``bloomcrawl schedule --every``); it reads
+        the nodes from the recorded cluster at each firing, so scaling needs no restart."""
+        if any(p.name == "timer" for p in cluster.processes):
+            return
+        env = self._child_env(cluster.redis_url)
+        env["BLOOMCRAWL_ROOT"] = str(self.paths.root)
+        env["BLOOMCRAWL_STATE_DIR"] = str(self.paths.state_dir)
+        env["BLOOMCRAWL_ENV_FILE"] = str(self.paths.env_file)
+        process = spawn("timer", [self.python, "-m", "bloomcrawl.ops.cli", "timer"],
+                        log=self.dir / "timer.log", cwd=self.dir, env=env)
         self._record(cluster, process)
 
     def _exporter_env(self, cluster: Cluster) -> dict[str, str]:
