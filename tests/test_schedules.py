@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 import redis
@@ -16,6 +17,7 @@ import redis
 from bloomcrawl.ops import scrapyd
 from bloomcrawl.ops.cli.target import Target
 from bloomcrawl.ops.console import OpsError
+from bloomcrawl.ops.demo_site import RunningSite
 from bloomcrawl.ops.runs import FINISHED, RunStore, check_run
 from bloomcrawl.ops.schedules import ScheduleStore, Spec, parse_duration, spec_from_options
 from bloomcrawl.ops.timer import Timer
@@ -110,13 +112,13 @@ def jobs_of(node: ScrapydNode) -> list[str]:
 def timers(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """``start(redis_url, nodes)``: a ``bloomcrawl timer`` process; all stopped by pid."""
     started: list[subprocess.Popen[bytes]] = []
-    logs: list[object] = []
+    logs: list[IO[bytes]] = []
     env = dict(os.environ, SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD,
                BLOOMCRAWL_STATE_DIR=str(tmp_path / "state"),
                BLOOMCRAWL_ENV_FILE=str(tmp_path / "no.env"), BLOOMCRAWL_ROOT=str(ROOT))
 
     def start(redis_url: str, nodes: str) -> subprocess.Popen[bytes]:
-        log = open(tmp_path / ("timer-%d.log" % len(started)), "wb")  # noqa: SIM115
+        log = open(tmp_path / ("timer-%d.log" % len(started)), "wb")
         logs.append(log)
         proc = subprocess.Popen(
             [sys.executable, "-m", "bloomcrawl.ops.cli", "timer", "--redis-url", redis_url,
@@ -135,7 +137,7 @@ def timers(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
             proc.kill()
             proc.wait(10)
     for log in logs:
-        log.close()  # type: ignore[attr-defined]
+        log.close()
 
 
 def test_two_timers_fire_each_slot_once(redis_server: RedisServer, redis_client: redis.Redis,
@@ -259,3 +261,59 @@ def test_schedules_command_lists_pauses_resumes_and_removes(
     gone = run_cli("schedules", "--redis-url", url, "pause", "news", env=cli_env)
     assert gone.code == 1 and "no schedule named news" in gone.stderr
     assert redis_client.keys("{bloomcrawl:schedules}*") == []
+
+
+# --- a real crawl, fired twice --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("demo_site", [{"pages": 40}], indirect=True)
+def test_each_firing_is_a_run_of_its_own(redis_server: RedisServer, redis_client: redis.Redis,
+                                         scrapyd_nodes: Callable[..., ScrapydNode],
+                                         demo_site: RunningSite, tmp_path: Path) -> None:
+    """The bundled project deployed to a real scrapyd; its schedule fired by a timer, then
+    run by hand: each run crawls under its own id with its own counters."""
+    node = scrapyd_nodes("scrapyd", redis_url=redis_server.url)
+    env = dict(os.environ, SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD,
+               BLOOMCRAWL_STATE_DIR=str(tmp_path / "state"),
+               BLOOMCRAWL_ENV_FILE=str(tmp_path / "no.env"), BLOOMCRAWL_ROOT=str(ROOT))
+    deployed = run_cli("deploy", "--nodes", node.url, env=env)
+    assert deployed.code == 0, deployed.output
+    made = run_cli("schedule", "--redis-url", redis_server.url, "--nodes", node.url,
+                   "--name", "demo", "--every", "1h", "--max-idle", "1",
+                   "-s", "REMOTE_CONTROL_ENABLED=False", "-s", "TELNETCONSOLE_ENABLED=False",
+                   "-s", "BLOOMFILTER_ERROR_RATE=1e-6", demo_site.url, env=env)
+    assert made.code == 0, made.output
+    nodes = [scrapyd.Node(node.url, USERNAME, PASSWORD)]
+    assert Timer(redis_client, lambda: Target(redis_server.url, nodes, None, None)).tick() == [
+        "demo"]
+    runs = RunStore(redis_client)
+
+    def finished(run_id: str) -> bool:
+        run = runs.get(run_id)
+        assert run is not None
+        return check_run(redis_client, runs, run, nodes)
+
+    [first] = runs.recent()
+    wait_until(lambda: finished(first.id), 120, interval=0.5, what="the first run to end")
+    # every page once; the start URL also as a link to "/" (a dont_filter start request is
+    # fetched under its run's id, not as the page's own fingerprint: as Scrapy does)
+    assert demo_site.hits() == [2] + [1] * 39
+    again = run_cli("schedules", "--redis-url", redis_server.url, "--nodes", node.url,
+                    "run-now", "demo", env=env)
+    assert again.code == 0, again.output
+    second = runs.recent()[0]
+    assert second.id != first.id and "-now-" in second.id
+    wait_until(lambda: finished(second.id), 120, interval=0.5, what="the second run to end")
+    done = {run.id: run for run in runs.recent()}
+    one, two = done[first.id], done[second.id]
+    assert (one.finish_reason, two.finish_reason) == ("finished", "finished")
+    assert (one.counters["pages"], one.counters["items"]) == (41, 41)
+    # the second run fetches its start URL again (its own crawl id); every link is seen
+    assert (two.counters["pages"], two.counters["items"]) == (1, 1)
+    assert two.counters["filtered"] >= 1
+    assert demo_site.hits() == [3] + [1] * 39
+    listed = run_cli("runs", "--redis-url", redis_server.url, env=env)
+    assert listed.code == 0, listed.output
+    lines = listed.stdout.splitlines()
+    assert lines[0].startswith(second.id) and lines[1].startswith(first.id), listed.stdout
+    assert "pages 41, items 41" in lines[1] and "finished" in lines[1], listed.stdout

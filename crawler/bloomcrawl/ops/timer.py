@@ -19,6 +19,7 @@ A firing (:func:`fire`):
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -30,9 +31,10 @@ from typing import Any
 
 import redis
 
+from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.errors import BloomcrawlError
 from bloomcrawl.ops import scrapyd
-from bloomcrawl.ops.cli.jobs import CrawlOptions, seed
+from bloomcrawl.ops.cli.jobs import CrawlOptions, check_start_urls
 from bloomcrawl.ops.cli.target import Target
 from bloomcrawl.ops.console import OpsError
 from bloomcrawl.ops.runs import RUNNING, Run, RunStore, check_run, run_id_for, shared_stats
@@ -74,7 +76,7 @@ def fire(client: redis.Redis, target: Target, schedule: Schedule, slot: float, *
     run = Run(run_id, spec.name, spec.spider, spec.project, slot, fired_at,
               stats_start=shared_stats(client, spec.spider))
     if spec.urls:
-        seed(client, spec.spider, spec.urls)
+        seed_run(client, spec.spider, spec.urls)
     results = scrapyd.for_each_node(target.nodes, lambda n: n.request("schedule.json", data))
     for node, answer, error in results:
         if answer is not None:
@@ -91,6 +93,16 @@ def fire(client: redis.Redis, target: Target, schedule: Schedule, slot: float, *
                    reason="" if run.jobs else "no node started a job" if target.nodes
                    else "no scrapyd node is known")
     return outcome
+
+
+def seed_run(client: redis.Redis, spider: str, urls: list[str]) -> None:
+    """Push a run's start URLs: fetched again at every run (``dont_filter``), once per run
+    whichever worker takes them (a start request goes through the filter under the run's
+    crawl id)."""
+    check_start_urls(urls)
+    entries = [json.dumps({"url": url, "dont_filter": True, "meta": {"is_start_request": True}})
+               for url in urls]
+    client.rpush(keys.spider_key(defaults.START_URLS_KEY, spider), *entries)
 
 
 class Timer:
