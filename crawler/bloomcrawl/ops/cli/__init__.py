@@ -6,6 +6,8 @@ that other commands call too (``demo`` is ``up``, ``deploy``, ``schedule``,
 
 * :mod:`~bloomcrawl.ops.cli.cluster`: ``up``, ``down``, ``scale``, ``logs``, ``nodes``
 * :mod:`~bloomcrawl.ops.cli.jobs`: ``deploy``, ``schedule``, ``seed``, ``crawl``, ``clear``
+* :mod:`~bloomcrawl.ops.cli.recurring`: ``schedule --every/--cron``, ``schedules``,
+  ``runs``, ``timer``
 * :mod:`~bloomcrawl.ops.cli.status`: ``status``, ``filter-info``, a crawl's progress
 * :mod:`~bloomcrawl.ops.cli.demo`: ``demo``
 * :mod:`~bloomcrawl.ops.cli.parser`: the command line;
