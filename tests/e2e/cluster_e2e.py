@@ -65,6 +65,8 @@ from bloomcrawl.ops.cluster.compose import Compose  # noqa: E402
 from bloomcrawl.ops.cluster.envfile import read_env_file  # noqa: E402
 from bloomcrawl.ops.cluster.processes import free_port, port_is_free  # noqa: E402
 from bloomcrawl.ops.cluster.state import Paths  # noqa: E402
+from bloomcrawl.ops.runs import RunStore  # noqa: E402
+from bloomcrawl.ops.schedules import ScheduleStore  # noqa: E402
 
 #: the case running: its compose project and where its .env and state are (see use())
 PROJECT = "bloomcrawl-e2e"
@@ -449,6 +451,41 @@ def check_scale() -> str:
     return "make deploy reached all %d workers after make scale" % (WORKERS + 1)
 
 
+def check_timer() -> str:
+    """A recurring crawl fired by the timer container, on every worker (scaled ones too)."""
+    t = target()
+    client = t.redis()
+    made = bloomcrawl("schedule", "--name", "e2e", "--every", "1h", "--max-idle", "2",
+                      "-a", "allowed_domains=demo", "http://demo:8000/")
+    assert made.returncode == 0, "schedule: %s" % (made.stdout + made.stderr)[-500:]
+    store, runs = ScheduleStore(client), RunStore(client)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            outcome = store.get("e2e").outcome
+            if outcome is not None:
+                break
+            assert time.monotonic() < deadline, "the timer did not fire the schedule in 120 s"
+            time.sleep(0.5)
+        assert outcome["result"] == "started", outcome
+        # the timer reaches the workers by their compose-network addresses: count them
+        assert len(outcome["started"]) == len(t.nodes), (outcome, [n.url for n in t.nodes])
+        deadline = time.monotonic() + 180
+        while True:
+            run = runs.get(outcome["run"])
+            assert run is not None, outcome
+            if run.status == "finished":
+                break
+            assert time.monotonic() < deadline, "the run did not end in 180 s: %s" % run
+            time.sleep(1)
+        assert run.finish_reason == "finished", run
+        assert run.counters["pages"] >= 1, run.counters
+        return "the timer container fired it on all %d workers; run %s ended %s, %d pages" % (
+            len(outcome["started"]), run.id, run.finish_reason, run.counters["pages"])
+    finally:
+        store.remove("e2e")
+
+
 def prometheus_query(query: str) -> list[dict[str, Any]]:
     url = "http://127.0.0.1:%s/api/v1/query?%s" % (
         env_values()["PROMETHEUS_PORT"], urllib.parse.urlencode({"query": query}))
@@ -520,14 +557,14 @@ def check_cluster_up() -> str:
     detail = check_up("REDIS=cluster")
     masters = masters_with_replicas()
     compose = Compose(paths())
-    for service in ("worker", "exporter"):
+    for service in ("worker", "exporter", "timer"):
         for c in compose.containers(service):
             env = dict(e.partition("=")[::2] for e in c["Config"]["Env"])
             assert env.get("REDIS_URL", "").startswith("redis+cluster://"), (
                 "%s has REDIS_URL %s" % (c["Name"], env.get("REDIS_URL", "").split("@")[-1]))
     init = compose.containers("redis-cluster-init")
     assert init and init[0]["State"]["Status"] == "exited" and init[0]["State"]["ExitCode"] == 0
-    return "%s; masters %s, one replica each; workers and exporter on redis+cluster://" % (
+    return "%s; masters %s, one replica each; workers, exporter, timer on redis+cluster://" % (
         detail, ", ".join(masters))
 
 
@@ -617,8 +654,11 @@ def run_single() -> None:
                   check_demo_crawl)
             check("a worker killed mid-crawl: every page still crawled", check_killed_worker)
             check("make scale WORKERS=4, then make deploy reaches the new worker", check_scale)
+            check("a recurring crawl: the timer container fires it on every worker",
+                  check_timer)
         else:
-            for name in ("2,000-page crawl", "a worker killed mid-crawl", "make scale"):
+            for name in ("2,000-page crawl", "a worker killed mid-crawl", "make scale",
+                         "a recurring crawl"):
                 skip(name, "no deployed cluster (make %s failed)" % ("deploy" if up else "up"))
         if up:
             check("Prometheus has the exporter's metrics", check_prometheus)
