@@ -31,6 +31,9 @@ queued and in-flight requests, delay and concurrency for the spider's
 ``--top-domains`` busiest hosts only (``BLOOMCRAWL_TOP_DOMAINS``, default 10;
 0: none), so the number of ``domain`` labels stays bounded.
 
+Recurring crawls: each schedule's last and next fire and last outcome, and
+its last runs (:mod:`bloomcrawl.ops.schedule_metrics`), read with the rest.
+
 Every flag can also be set from the environment (``REDIS_URL``,
 ``SCRAPYD_NODES``, ``SCRAPYD_SERVICE``, ``SCRAPYD_USERNAME``,
 ``SCRAPYD_PASSWORD``, ``BLOOMCRAWL_EXPORTER_PORT``, ...; see ``--help``).
@@ -67,7 +70,7 @@ from bloomcrawl.core.connection import (
     redis_from_url,
 )
 from bloomcrawl.core.errors import RedisUnavailableError, SettingError
-from bloomcrawl.ops import inspection, metrics, scrapyd
+from bloomcrawl.ops import inspection, metrics, schedule_metrics, scrapyd
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +173,8 @@ class ClusterCollector(Collector):
         self._outages = _Outages("reported as down until it answers again", "answers again")
         self._spider_problems = _Outages("its other metrics are still reported",
                                          "readable again")
+        self._recurring_problems = _Outages("the other schedules and runs are still"
+                                            " reported", "readable again")
         self._masters = _Outages("bloomcrawl_redis_node_up is 0 for it until it answers",
                                  "answers again (or is no master any more)")
         # node URL -> the node_name it last reported, so that a node's pages keep
@@ -220,6 +225,7 @@ class ClusterCollector(Collector):
         nodes = self._redis_nodes()
         try:
             snap = inspection.snapshot(self.client, nodes, top_domains=self.top_domains)
+            recurring = schedule_metrics.read(self.client, snap.redis_time_ms / 1000)
         except REDIS_ERRORS as exc:
             with self._redis_errors_lock:
                 self._redis_errors.failed(exc)
@@ -229,7 +235,9 @@ class ClusterCollector(Collector):
             self._redis_errors.ok()
         up.add_metric([], 1)
         unique = self._unique_spiders(snap.spiders)
-        return [up, *metrics.redis_families(snap), *metrics.spider_families(unique)], unique
+        self._recurring_problems.now(recurring.problems)
+        return [up, *metrics.redis_families(snap), *metrics.spider_families(unique),
+                *schedule_metrics.families(recurring)], unique
 
     def _redis_nodes(self) -> list[inspection.RedisNode]:
         """Each master's figures; a cluster's masters that did not answer logged once each.
