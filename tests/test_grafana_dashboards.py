@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from grafana_foundation_sdk.cog import plugins
 from grafana_foundation_sdk.cog import runtime as cogruntime
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
@@ -51,6 +52,8 @@ from bloomcrawl.core.politeness import filter_fingerprint, host_of
 from bloomcrawl.ops.cluster.processes import free_port
 from bloomcrawl.ops.exporter import ClusterCollector, ScrapydNodes, build_registry
 from bloomcrawl.ops.exporter import redis_client as exporter_client
+from bloomcrawl.ops.runs import FINISHED, Run, RunStore
+from bloomcrawl.ops.schedules import ScheduleStore, Spec
 
 from kit import ROOT
 from kit.data import populate_frontier
@@ -438,6 +441,23 @@ def check_round_trip(raw: dict[str, Any], model: grafana.Dashboard) -> list[str]
 # --- what the exporter exports ------------------------------------------------------------
 
 
+def recurring_crawl(client: redis.Redis) -> None:
+    """A schedule fired once, whose run ended, and a paused one: every label the
+    ``bloomcrawl_schedule*`` and ``bloomcrawl_run_*`` families have shows in a sample."""
+    store = ScheduleStore(client)
+    made = store.add(Spec("news", "site", "bloomcrawl", every=3600).check())
+    store.add(Spec("nightly", "site", "bloomcrawl", cron="0 3 * * *").check())
+    store.set_paused("nightly", True)
+    assert store.claim("news", made.created, "timer-1")
+    store.record("news", {"slot": made.created, "fired_at": made.created, "manual": False,
+                          "result": "started", "run": "news-1", "started": {}, "refused": {}})
+    run = Run("news-1", "news", "site", "bloomcrawl", made.created, made.created,
+              jobs={"http://127.0.0.1:6800": "job1"}, stats_end={"pages": 3})
+    RunStore(client).start(run)
+    run.status, run.finished, run.reasons = FINISHED, made.created + 5, {"job1": "finished"}
+    RunStore(client).save(run)
+
+
 @pytest.fixture(scope="module")
 def exported(redis_server: RedisServer) -> Iterator[Exported]:
     """Every series one scrape of the real exporter has, and their labels where a sample
@@ -457,6 +477,7 @@ def exported(redis_server: RedisServer) -> Iterator[Exported]:
                                                     host_of(url), bloom.params.partition_by),
                                  False, 0.0, json.dumps({"url": url}), host_of(url))
                         for url in urls], {})
+        recurring_crawl(client)
         down = ScrapydNodes(urls=[f"http://127.0.0.1:{free_port()}"], timeout=1.0)
         registry = build_registry(ClusterCollector(exporter_client(redis_server.url),
                                                    scrapyd=down))
@@ -545,6 +566,31 @@ def test_the_politeness_panels_read_the_politeness_metrics() -> None:
             "bloomcrawl_domain_delay_seconds", "bloomcrawl_domain_concurrency"} <= read
     table = next(p for p in panels(model) if p.title == "Busiest domains")
     assert table.type_val == "table"
+
+
+def test_the_recurring_crawls_row_reads_the_schedule_and_run_metrics(exported: Exported
+                                                                     ) -> None:
+    _, model = load(PROVISIONED / "bloomcrawl-overview.json")
+    rows = [p for p in panels(model) if isinstance(p, grafana.RowPanel)]
+    assert [row.title for row in rows] == ["Recurring crawls"]
+    read = {metric for query in panel_queries(model) for metric, _ in selectors(query.expr)}
+    recurring = {name for name in exported
+                 if name.startswith(("bloomcrawl_schedule_", "bloomcrawl_run_"))}
+    # the current run, the last runs, each schedule's last and next fire, its last outcome
+    assert {"bloomcrawl_run_running", "bloomcrawl_run_start_timestamp_seconds",
+            "bloomcrawl_run_duration_seconds", "bloomcrawl_run_pages",
+            "bloomcrawl_run_finished_jobs", "bloomcrawl_schedule_last_fire_timestamp_seconds",
+            "bloomcrawl_schedule_next_fire_timestamp_seconds",
+            "bloomcrawl_schedule_overdue_seconds", "bloomcrawl_schedule_last_outcome"
+            } <= read & recurring
+    # and the scrape showed each of their labels
+    assert all(exported[name] for name in recurring), {
+        name: exported[name] for name in recurring if not exported[name]}
+    assert exported["bloomcrawl_run_pages"] == {"schedule", "spider", "ago"}
+    assert exported["bloomcrawl_schedule_last_outcome"] == {"schedule", "spider", "result"}
+    titles = {p.title for p in panels(model)}
+    assert {"Current run of each schedule", "Last runs", "Schedules: last and next fire",
+            "Last firing outcome"} <= titles
 
 
 # --- each check can fail --------------------------------------------------------------------

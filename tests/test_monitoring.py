@@ -26,6 +26,8 @@ import redis
 from bloomcrawl.ops.cluster.processes import free_port, start_prometheus
 from bloomcrawl.ops.demo_site import serve_in_thread
 from bloomcrawl.ops.noproxy import OPENER
+from bloomcrawl.ops.runs import FINISHED, Run, RunStore
+from bloomcrawl.ops.schedules import ScheduleStore, Spec
 
 from kit import ROOT
 from kit.exporter import Exporter
@@ -143,13 +145,18 @@ def test_dashboard_is_provisionable_as_is() -> None:
         ids = [p["id"] for p in dashboard["panels"]]
         assert len(ids) == len(set(ids))
         for panel in dashboard["panels"]:
+            if panel["type"] == "row":
+                assert "targets" not in panel, panel["title"]
+                continue
             assert panel["targets"], panel["title"]
             grid = panel["gridPos"]
             assert grid["x"] + grid["w"] <= 24, panel["title"]
         titles = " | ".join(p["title"] for p in dashboard["panels"]).lower()
         for wanted in ("fill", "false-positive", "duplicates filtered per second",
                        "pages per second", "pages per second per node", "queue and leases",
-                       "nodes up", "redis memory"):
+                       "nodes up", "redis memory", "recurring crawls",
+                       "current run of each schedule", "last runs",
+                       "schedules: last and next fire", "last firing outcome"):
             assert wanted in titles, wanted
 
 
@@ -206,6 +213,25 @@ class Prometheus:
         self.process.stop(timeout=3)
 
 
+def recurring_crawl(client: redis.Redis) -> None:
+    """A schedule of the crawl's spider, fired twice: its first run ended, the second runs
+    (the timer is not running here: the test records what it would have)."""
+    store = ScheduleStore(client)
+    made = store.add(Spec("hourly", "site", "bloomcrawl", every=3600).check())
+    runs = RunStore(client)
+    for n, slot in enumerate((made.created - 3600, made.created)):
+        run = Run("hourly-%d" % n, "hourly", "site", "bloomcrawl", slot, slot + 1,
+                  jobs={"http://127.0.0.1:6800": "job%d" % n}, stats_end={"pages": 5 + n})
+        runs.start(run)
+        if n == 0:
+            run.status, run.finished, run.reasons = FINISHED, slot + 60, {"job0": "finished"}
+            runs.save(run)
+    assert store.claim("hourly", made.created, "timer-1")
+    store.record("hourly", {"slot": made.created, "fired_at": made.created + 1,
+                            "manual": False, "result": "started", "run": "hourly-1",
+                            "started": {}, "refused": {}, "reason": ""})
+
+
 @pytest.fixture
 def monitored_crawl(
     tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis,
@@ -221,6 +247,7 @@ def monitored_crawl(
         try:
             prometheus = Prometheus(tmp_path / "prometheus", exporter.port)
             prometheus.wait_for('up{job="bloomcrawl"} == 1')
+            recurring_crawl(redis_client)
             redis_client.rpush("site:start_urls", site.url)
             # the kit's filter settings: no false positive drops a page the test counts
             worker = worker_pool.start("worker", redis_server.url, {"CONCURRENT_REQUESTS": "2"})
@@ -252,6 +279,16 @@ def test_every_panel_and_alert_query_returns_data_from_a_real_crawl(
     per_node = prometheus.wait_for(
         'rate(bloomcrawl_node_pages_total{spider="site"}[1m]) > 0')
     assert [r["metric"]["node"] for r in per_node] == [node]
+
+    # the recurring crawl, as the exporter reports it
+    prometheus.wait_for('bloomcrawl_schedule_last_outcome{schedule="hourly",spider="site",'
+                        'result="started"} == 1')
+    assert prometheus.query('bloomcrawl_schedule_overdue_seconds{schedule="hourly"} == 0')
+    assert prometheus.query('bloomcrawl_run_running{schedule="hourly",ago="0"} == 1')
+    assert prometheus.query('bloomcrawl_run_pages{schedule="hourly",ago="1"} == 5')
+    assert prometheus.query('bloomcrawl_run_finished_jobs{schedule="hourly",ago="1",'
+                            'reason="finished"} == 1')
+    assert not prometheus.query('{__name__=~"bloomcrawl_run_.*", ago="2"}')
 
     # every query of every panel
     for path in DASHBOARDS:
