@@ -9,79 +9,63 @@
 -- fingerprint bytes 1-6, the bits' positions from bytes 7-15 (7-12 for filters
 -- hashed before, 'hashing' 1). One GETRANGE reads the block; a new item writes
 -- back only the span of bytes that changed.
+--
+-- What every call pays before deciding anything is kept small (a single request_seen
+-- is one call): the prelude reads one hash field list and defines few functions (each
+-- closure made and each upvalue it captures is paid again on every call); the other
+-- slices' plans are read on the first decide() or check().
 local state_key = KEYS[1]
-local prefix = string.sub(state_key, 1, -7)
-local byte, char, sub = string.byte, string.char, string.sub
-local floor = math.floor
-local MASK = {[0] = 128, 64, 32, 16, 8, 4, 2, 1}
+local byte, char, sub, floor = string.byte, string.char, string.sub, math.floor
 
--- one read for the partition's parameters and its first slice
+-- one read for the partition's parameters and its first slice; it also tells a missing
+-- partition before anything is written
 local head = redis.call('HMGET', state_key, 'slices', 'block_bytes', 'chunk_blocks', 'max_slices',
                         'plan:0', 'items:0', 'hashing')
-local nslices = tonumber(head[1])
-if not nslices then
+if not tonumber(head[1]) then
   return redis.error_reply('BLOOMCRAWL_NOFILTER no filter partition at ' .. state_key)
 end
-local BLOCK_BYTES = tonumber(head[2])
+
+-- The partition, read by the first decide() or check() of the call: per slice (index
+-- 1..n) its capacity CAP, hashes K and blocks BLOCKS; the newest slice's items, and
+-- what this call added to it. Each table, string and closure a call makes costs it
+-- again (allocation, then the garbage collector): a call makes few.
+local CAP, K, BLOCKS
+local n, items, added, bits_added = 0, 0, 0, 0
+local BLOCK_BYTES, CHUNK_BLOCKS, MAX_SLICES = tonumber(head[2]), tonumber(head[3]), tonumber(head[4])
 local BLOCK_BITS = BLOCK_BYTES * 8
-local CHUNK_BLOCKS = tonumber(head[3])
-local MAX_SLICES = tonumber(head[4])
--- 2: each lane's position from a quadratic sequence of 24-bit values (see below);
--- 1 (no field: filters made before): triple hashing of 16-bit values
+-- 'hashing' 2: each lane's position from a quadratic sequence of 24-bit values (see
+-- below); 1 (no field: filters made before): triple hashing of 16-bit values
 local QUADRATIC = head[7] == '2'
-local M24 = 16777216
+local prefix = sub(state_key, 1, -7)
 
--- per-slice parameters, index 1..nslices; s_added: items this call added
-local s_cap, s_k, s_blocks, s_items, s_added, s_bits_set = {}, {}, {}, {}, {}, {}
-local function set_slice(i, plan, items)
-  local c, k, b = string.match(plan, '^(%d+) (%d+) (%d+)$')
-  s_cap[i], s_k[i], s_blocks[i] = tonumber(c), tonumber(k), tonumber(b)
-  s_items[i] = tonumber(items) or 0
-  s_added[i], s_bits_set[i] = 0, 0
-end
-local function load_slice(i)
-  local f = redis.call('HMGET', state_key, 'plan:' .. (i - 1), 'items:' .. (i - 1))
-  set_slice(i, f[1], f[2])
-end
-set_slice(1, head[5], head[6])
-if nslices > 1 then  -- the other slices in one read
-  local fields = {}
-  for i = 2, nslices do
-    fields[2 * i - 3] = 'plan:' .. (i - 1)
-    fields[2 * i - 2] = 'items:' .. (i - 1)
+local function load_partition()
+  n = tonumber(head[1])
+  CAP, K, BLOCKS = {}, {}, {}
+  local plans, last = head, 5
+  if n > 1 then
+    -- slices before the newest are full (a slice is added when the newest is): their
+    -- plans and the newest's items, in one read
+    local fields = {'plan:0'}
+    for i = 2, n do fields[i] = 'plan:' .. (i - 1) end
+    fields[n + 1] = 'items:' .. (n - 1)
+    plans = redis.call('HMGET', state_key, unpack(fields))
+    items = tonumber(plans[n + 1]) or 0
+    last = 1
+  else
+    items = tonumber(head[6]) or 0
   end
-  local f = redis.call('HMGET', state_key, unpack(fields))
-  for i = 2, nslices do set_slice(i, f[2 * i - 3], f[2 * i - 2]) end
-end
-
-local function mod(a, m)
-  local r = a - floor(a / m) * m
-  if r < 0 then r = r + m elseif r >= m then r = r - m end
-  return r
-end
-
--- where item (h1) lives in slice i: key and byte offset of its block
-local chunk_keys = {}
-local function locate(i, h1)
-  local bidx = mod(h1, s_blocks[i])
-  local chunk = floor(bidx / CHUNK_BLOCKS)
-  local off = (bidx - chunk * CHUNK_BLOCKS) * BLOCK_BYTES
-  local id = chunk * 64 + i
-  local key = chunk_keys[id]
-  if not key then
-    key = prefix .. ':s' .. (i - 1) .. ':c' .. chunk
-    chunk_keys[id] = key
+  for i = 1, n do
+    local c, k, b = string.match(plans[last + i - 1], '^(%d+) (%d+) (%d+)$')
+    CAP[i], K[i], BLOCKS[i] = tonumber(c), tonumber(k), tonumber(b)
   end
-  return key, off, chunk
 end
 
--- first write into a chunk: allocate it whole, in one allocation (growing a
--- string by SETRANGE over-allocates up to twice its size)
-local function allocate(i, key, chunk)
-  local blocks = math.min(CHUNK_BLOCKS, s_blocks[i] - chunk * CHUNK_BLOCKS)
-  local size = blocks * BLOCK_BYTES
-  if redis.call('STRLEN', key) < size then
-    redis.call('SETRANGE', key, size - 1, '\0')
+-- write back what this call added to the newest slice
+local function save_newest()
+  if added > 0 then
+    redis.call('HINCRBY', state_key, 'bits_set:' .. (n - 1), bits_added)
+    redis.call('HINCRBY', state_key, 'items:' .. (n - 1), added)
+    added, bits_added = 0, 0
   end
 end
 
@@ -93,230 +77,217 @@ end
 -- for. Else (h2 + t*h3 + t(t-1)/2 * h4) mod w, triple hashing, whose w^3
 -- patterns per block add about load / w^3 to the false-positive rate. All of
 -- it is exact in Lua's doubles.
-
--- true when all k bits of the item are set in slice i's block, which starts at
--- byte base + 1 of blk
-local function all_set(blk, base, i, h2, h3, h4)
-  local k = s_k[i]
-  local w = floor(BLOCK_BITS / k)
-  local v, d, c2 = h2, h3 + h4, h4 + h4
-  for t = 0, k - 1 do
-    local pos
-    if QUADRATIC then
-      local x = v % M24 * w
-      pos = t * w + (x - x % M24) / M24
-      v, d = v + d, d + c2
-    else
-      pos = t * w + (h2 + t * h3 + t * (t - 1) / 2 * h4) % w
-    end
-    local r8 = pos % 8
-    local m = MASK[r8]
-    if byte(blk, base + (pos - r8) / 8 + 1) % (m + m) < m then return false end
-  end
-  return true
-end
+-- An item's lane positions are computed once, as far as a lookup needs them, and used
+-- in every slice with the same k (the slices that hold the capacity share one): LB[t]
+-- the byte (1-based in the block), LM[t] the bit's mask.
+local LB, LM = {}, {}
+local MASKS = '\128\64\32\16\8\4\2\1'
 
 -- A GETRANGE costs about what copying 1 KB does. Slices older than the newest
 -- when the call began are not written by it: one that is a single chunk of
 -- fewer than WHOLE_READ_BYTES per lookup the call is still expected to make in
 -- it is read whole, once, and its blocks are looked up in that copy (with many
 -- slices, most are small; new items look in every slice, duplicates in few).
+-- A call of one item reads no slice whole.
 local WHOLE_READ_BYTES = 512
-local frozen_below = nslices  -- set by decide() and check()
-local undecided = 0           -- items of the call still to decide
-local count_done = 0          -- items of the call decided
-local whole = {}              -- slice -> its chunk read whole
-local lookups = {}            -- slice -> blocks read from it by this call
 
--- true when all k bits of the item are set in slice i
-local function present(i, h1, h2, h3, h4)
-  local w = whole[i]
-  if not w and i < frozen_below and s_blocks[i] <= CHUNK_BLOCKS then
-    -- lookups still expected in slice i: as many per item as so far (the first
-    -- item counts as one)
-    local seen = lookups[i] or 0
-    local done = count_done + 1
-    if s_blocks[i] * BLOCK_BYTES <= (seen + 1) / done * undecided * WHOLE_READ_BYTES then
-      w = redis.call('GET', prefix .. ':s' .. (i - 1) .. ':c0') or ''
-      whole[i] = w
-    else
-      lookups[i] = seen + 1
-    end
-  end
-  local blk, base
-  if w then
-    blk, base = w, mod(h1, s_blocks[i]) * BLOCK_BYTES
-  else
-    local key, off = locate(i, h1)
-    blk, base = redis.call('GETRANGE', key, off, off + BLOCK_BYTES - 1), 0
-  end
-  if #blk < base + BLOCK_BYTES then  -- a chunk never written (or cut short)
-    if #blk <= base then return false end
-    blk, base = sub(blk, base + 1) .. string.rep('\0', base + BLOCK_BYTES - #blk), 0
-  end
-  return all_set(blk, base, i, h2, h3, h4)
-end
-
--- set the item's bits in blk, slice i's block at offset off of chunk key: writes
--- back only the span of bytes that changed; returns the number of bits newly set
-local function write_bits(i, key, off, blk, h2, h3, h4)
-  local k = s_k[i]
-  local w = floor(BLOCK_BITS / k)
-  local parts, np = nil, 0
-  local n, lo, cur_bi, cur_val = 0, 0, 0, 0
-  local v, d, c2 = h2, h3 + h4, h4 + h4
-  for t = 0, k - 1 do
-    local pos
-    if QUADRATIC then
-      local x = v % M24 * w
-      pos = t * w + (x - x % M24) / M24
-      v, d = v + d, d + c2
-    else
-      pos = t * w + (h2 + t * h3 + t * (t - 1) / 2 * h4) % w
-    end
-    local r8 = pos % 8
-    local bi = (pos - r8) / 8 + 1
-    local m = MASK[r8]
-    local val
-    if bi == cur_bi then val = cur_val else val = byte(blk, bi) end
-    if val % (m + m) < m then
-      n = n + 1
-      if bi == cur_bi then
-        cur_val = cur_val + m
+-- Looks the item up in each slice, most items first (where a duplicate most likely
+-- is): the newest and the one before it by items, then the older ones newest first
+-- (they are full, and no larger than the one after them, since growth >= 1). Returns
+-- true (seen), or false and the newest slice's block: key, offset, chunk, bytes,
+-- whether its chunk is unallocated; LB and LM then hold the newest's lanes.
+-- newest: the slice written (0: none); frozen: slices below it may be read whole
+-- (whole: slice -> its copy, looked: slice -> blocks read from it, nil for one item);
+-- undecided, done: the call's items still to decide and decided.
+local function lookup(h1, h2, h3, h4, newest, frozen, whole, looked, undecided, done)
+  local swap = n > 1 and items < CAP[n - 1]
+  local lk, nl, v, d, c2, w = 0, 0, 0, 0, 0, 0  -- nl lanes computed, for k = lk
+  local n_key, n_off, n_chunk, n_blk, n_unallocated
+  for at = 1, n do
+    local i = n + 1 - at
+    if swap and at < 3 then i = n - 2 + at end
+    local k = K[i]
+    local blk, base = nil, 0
+    local copy = whole and whole[i]
+    if not copy and whole and i < frozen and BLOCKS[i] <= CHUNK_BLOCKS then
+      -- lookups still expected in slice i: as many per item as so far (the first
+      -- item counts as one)
+      local seen = looked[i] or 0
+      if BLOCKS[i] * BLOCK_BYTES <= (seen + 1) / (done + 1) * undecided * WHOLE_READ_BYTES then
+        copy = redis.call('GET', prefix .. ':s' .. (i - 1) .. ':c0') or ''
+        whole[i] = copy
       else
-        if cur_bi == 0 then
-          parts = {}; lo = bi
-        else
-          np = np + 1; parts[np] = char(cur_val)
-          if bi > cur_bi + 1 then np = np + 1; parts[np] = sub(blk, cur_bi + 1, bi - 1) end
-        end
-        cur_bi = bi; cur_val = val + m
+        looked[i] = seen + 1
       end
     end
+    if copy then
+      blk, base = copy, h1 % BLOCKS[i] * BLOCK_BYTES
+    else
+      local bidx = h1 % BLOCKS[i]
+      local chunk = floor(bidx / CHUNK_BLOCKS)
+      local key = prefix .. ':s' .. (i - 1) .. ':c' .. chunk
+      local off = (bidx - chunk * CHUNK_BLOCKS) * BLOCK_BYTES
+      blk = redis.call('GETRANGE', key, off, off + BLOCK_BYTES - 1)
+      if i == newest then
+        n_key, n_off, n_chunk = key, off, chunk
+        n_unallocated = #blk < BLOCK_BYTES
+        if n_unallocated then blk = blk .. string.rep('\0', BLOCK_BYTES - #blk) end
+        n_blk = blk
+      end
+    end
+    if #blk < base + BLOCK_BYTES then  -- a chunk never written (or cut short)
+      if #blk > base then
+        blk, base = sub(blk, base + 1) .. string.rep('\0', base + BLOCK_BYTES - #blk), 0
+      else
+        blk = nil
+      end
+    end
+    if blk and not (i == newest and n_unallocated) then
+      if k ~= lk then lk, nl, v, d, c2, w = k, 0, h2, h3 + h4, h4 + h4, floor(BLOCK_BITS / k) end
+      local all = true
+      for t = 1, k do
+        if t > nl then  -- lane nl (from 0)
+          local pos
+          if QUADRATIC then
+            local x = v % 16777216 * w
+            pos = nl * w + (x - x % 16777216) / 16777216
+            v, d = v + d, d + c2
+          else
+            pos = nl * w + (h2 + nl * h3 + nl * (nl - 1) / 2 * h4) % w
+          end
+          nl = t
+          local r8 = pos % 8
+          LB[t], LM[t] = (pos - r8) / 8 + 1, byte(MASKS, r8 + 1)
+        end
+        local m = LM[t]
+        if byte(blk, base + LB[t]) % (m + m) < m then all = false; break end
+      end
+      if all then return true end
+    end
   end
-  if n == 0 then return 0 end
-  np = np + 1; parts[np] = char(cur_val)
-  redis.call('SETRANGE', key, off + lo - 1, table.concat(parts))
-  return n
+  if newest > 0 then  -- the newest slice's lanes, all of them, for the write
+    local k = K[newest]
+    if k ~= lk then nl, v, d, c2, w = 0, h2, h3 + h4, h4 + h4, floor(BLOCK_BITS / k) end
+    while nl < k do
+      local pos
+      if QUADRATIC then
+        local x = v % 16777216 * w
+        pos = nl * w + (x - x % 16777216) / 16777216
+        v, d = v + d, d + c2
+      else
+        pos = nl * w + (h2 + nl * h3 + nl * (nl - 1) / 2 * h4) % w
+      end
+      nl = nl + 1
+      local r8 = pos % 8
+      LB[nl], LM[nl] = (pos - r8) / 8 + 1, byte(MASKS, r8 + 1)
+    end
+  end
+  return false, n_key, n_off, n_chunk, n_blk, n_unallocated
 end
 
-local function hashes(blob, p)
+-- the hashes of fingerprint j (from 0) of blob: block, and the lanes' a, b, c
+local function hashes(blob, j)
+  local p = j * 20
   if QUADRATIC then
     local a1, a2, a3, a4, a5, a6, b1, b2, b3, c1, c2, c3, d1, d2, d3 = byte(blob, p + 1, p + 15)
-    local h1 = ((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6
-    return h1, (b1 * 256 + b2) * 256 + b3, (c1 * 256 + c2) * 256 + c3, (d1 * 256 + d2) * 256 + d3
+    return ((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6,
+           (b1 * 256 + b2) * 256 + b3, (c1 * 256 + c2) * 256 + c3, (d1 * 256 + d2) * 256 + d3
   end
   local a1, a2, a3, a4, a5, a6, b1, b2, c1, c2, d1, d2 = byte(blob, p + 1, p + 12)
-  local h1 = ((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6
-  return h1, b1 * 256 + b2, c1 * 256 + c2, d1 * 256 + d2
-end
-
--- add one item: true when it was new. Grows the filter when the newest slice is full.
--- (decide() refuses a call when the last possible slice is full: see below.)
--- the slices in the order lookups try them: most items first, where a duplicate
--- most likely is (the newest once it holds more than the one before it)
-local order = {}
-local function order_slices()
-  for i = 1, nslices do order[i] = i end
-  table.sort(order, function(a, b)
-    if s_items[a] ~= s_items[b] then return s_items[a] > s_items[b] end
-    return a > b
-  end)
-end
-
-local function add_item(h1, h2, h3, h4)
-  if s_items[nslices] >= s_cap[nslices] and nslices < MAX_SLICES then
-    nslices = nslices + 1
-    load_slice(nslices)
-    order_slices()
-  end
-  local newest = nslices
-  -- the newest slice's block is read in its turn and kept: a new item is written there
-  local key, off, chunk, blk, unallocated
-  for n = 1, nslices do
-    local i = order[n]
-    if i == newest then
-      key, off, chunk = locate(newest, h1)
-      blk = redis.call('GETRANGE', key, off, off + BLOCK_BYTES - 1)
-      unallocated = #blk < BLOCK_BYTES
-      if unallocated then
-        blk = blk .. string.rep('\0', BLOCK_BYTES - #blk)
-      elseif all_set(blk, 0, newest, h2, h3, h4) then
-        return false
-      end
-    elseif present(i, h1, h2, h3, h4) then
-      return false
-    end
-  end
-  if unallocated then allocate(newest, key, chunk) end
-  local n = write_bits(newest, key, off, blk, h2, h3, h4)
-  if n == 0 then return false end
-  s_bits_set[newest] = s_bits_set[newest] + n
-  s_items[newest] = s_items[newest] + 1
-  s_added[newest] = s_added[newest] + 1
-  return true
-end
-
-local function contains_item(h1, h2, h3, h4)
-  for n = 1, nslices do
-    if present(order[n], h1, h2, h3, h4) then return true end
-  end
-  return false
-end
-
--- write back the counters an add call changed (checked = items + filtered)
-local function save_counters(first_slices, filtered)
-  for i = 1, nslices do
-    if s_added[i] > 0 then
-      redis.call('HINCRBY', state_key, 'bits_set:' .. (i - 1), s_bits_set[i])
-      redis.call('HINCRBY', state_key, 'items:' .. (i - 1), s_added[i])
-    end
-  end
-  if filtered > 0 then redis.call('HINCRBY', state_key, 'filtered', filtered) end
-  if nslices ~= first_slices then redis.call('HSET', state_key, 'slices', nslices) end
+  return ((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6,
+         b1 * 256 + b2, c1 * 256 + c2, d1 * 256 + d2
 end
 
 -- Check-and-set each fingerprint of blob (20 bytes each); flags (optional) has one
 -- character per fingerprint, '1' meaning dont_filter: kept without touching the filter.
--- Returns a table of booleans: true = new (or dont_filter), false = seen.
+-- Returns a table of booleans: true = new (or dont_filter), false = seen. Grows the
+-- partition when its newest slice is full; refuses the call (before anything is written)
+-- when the last slice the plan allows is full: answering "seen" from there on would
+-- drop every new URL silently.
 local function decide(blob, flags)
-  local count = #blob / 20
-  -- the last slice the plan allows is full: answering "seen" from here on would
-  -- drop every new URL silently, so refuse before anything is written
-  if nslices >= MAX_SLICES and s_items[nslices] >= s_cap[nslices] then
+  if not CAP then load_partition() end
+  if n >= MAX_SLICES and items >= CAP[n] then
     error({err = 'BLOOMCRAWL_FULL the Bloom filter partition at ' .. state_key ..
-                             ' holds ' .. s_items[nslices] .. ' items in its last slice (' ..
+                             ' holds ' .. items .. ' items in its last slice (' ..
                              MAX_SLICES .. ' slices): raise BLOOMFILTER_CAPACITY or' ..
                              ' BLOOMFILTER_GROWTH for a new filter'})
   end
-  local first_slices = nslices
-  frozen_below = nslices
-  order_slices()
+  local first_slices, frozen = n, n
+  local count = #blob / 20
+  local whole, looked
+  if count > 1 then whole, looked = {}, {} end
   local out, filtered = {}, 0
   for j = 0, count - 1 do
-    undecided, count_done = count - j, j
     if flags and byte(flags, j + 1) == 49 then
       out[j + 1] = true
     else
-      local h1, h2, h3, h4 = hashes(blob, j * 20)
-      local new = add_item(h1, h2, h3, h4)
-      out[j + 1] = new
-      if not new then filtered = filtered + 1 end
+      if items >= CAP[n] and n < MAX_SLICES then  -- the newest is full: add a slice
+        save_newest()
+        local f = redis.call('HMGET', state_key, 'plan:' .. n, 'items:' .. n)
+        n = n + 1
+        local c, k, b = string.match(f[1], '^(%d+) (%d+) (%d+)$')
+        CAP[n], K[n], BLOCKS[n] = tonumber(c), tonumber(k), tonumber(b)
+        items = tonumber(f[2]) or 0
+      end
+      local h1, h2, h3, h4 = hashes(blob, j)
+      local seen, key, off, chunk, blk, unallocated =
+        lookup(h1, h2, h3, h4, n, frozen, whole, looked, count - j, j)
+      local set = 0
+      if not seen then
+        if unallocated then
+          -- first write into a chunk: allocate it whole, in one allocation (growing a
+          -- string by SETRANGE over-allocates up to twice its size)
+          local size = math.min(CHUNK_BLOCKS, BLOCKS[n] - chunk * CHUNK_BLOCKS) * BLOCK_BYTES
+          if redis.call('STRLEN', key) < size then redis.call('SETRANGE', key, size - 1, '\0') end
+        end
+        -- set the item's bits in blk; write back only the span of bytes that changed
+        local parts, np, lo, cur_bi, cur_val = nil, 0, 0, 0, 0
+        for t = 1, K[n] do
+          local bi, m = LB[t], LM[t]
+          local val
+          if bi == cur_bi then val = cur_val else val = byte(blk, bi) end
+          if val % (m + m) < m then
+            set = set + 1
+            if bi == cur_bi then
+              cur_val = cur_val + m
+            else
+              if cur_bi == 0 then
+                parts = {}; lo = bi
+              else
+                np = np + 1; parts[np] = char(cur_val)
+                if bi > cur_bi + 1 then np = np + 1; parts[np] = sub(blk, cur_bi + 1, bi - 1) end
+              end
+              cur_bi, cur_val = bi, val + m
+            end
+          end
+        end
+        if set > 0 then
+          np = np + 1; parts[np] = char(cur_val)
+          redis.call('SETRANGE', key, off + lo - 1, table.concat(parts))
+          bits_added, items, added = bits_added + set, items + 1, added + 1
+        end
+      end
+      out[j + 1] = set > 0
+      if set == 0 then filtered = filtered + 1 end
     end
   end
-  save_counters(first_slices, filtered)
+  -- write back the counters the call changed (checked = items + filtered)
+  save_newest()
+  if filtered > 0 then redis.call('HINCRBY', state_key, 'filtered', filtered) end
+  if n ~= first_slices then redis.call('HSET', state_key, 'slices', n) end
   return out
 end
 
+-- whether each fingerprint of blob is (probably) in the filter; nothing is written
 local function check(blob)
-  local out = {}
+  if not CAP then load_partition() end
   local count = #blob / 20
-  frozen_below = nslices + 1  -- nothing is written
-  order_slices()
+  local whole, looked
+  if count > 1 then whole, looked = {}, {} end
+  local out = {}
   for j = 0, count - 1 do
-    undecided, count_done = count - j, j
-    local h1, h2, h3, h4 = hashes(blob, j * 20)
-    out[j + 1] = contains_item(h1, h2, h3, h4)
+    local h1, h2, h3, h4 = hashes(blob, j)
+    out[j + 1] = (lookup(h1, h2, h3, h4, 0, n + 1, whole, looked, count - j, j))
   end
   return out
 end
