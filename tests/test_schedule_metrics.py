@@ -16,6 +16,7 @@ from bloomcrawl.ops.exporter import redis_client as exporter_client
 from bloomcrawl.ops.runs import FINISHED, Run, RunStore, run_key
 from bloomcrawl.ops.schedules import ScheduleStore, Spec, redis_time, schedule_key
 
+from kit.cluster import RedisClusterProcesses
 from kit.redis import RedisServer
 from kit.wait import wait_until
 
@@ -286,3 +287,21 @@ def test_the_metric_names_follow_the_naming_rules(
         for sample in family.samples:
             assert set(sample.labels) <= {"schedule", "spider", "result", "ago", "reason"}
             assert sample.labels.get("ago", "0") in {"0", "1", "2", "3", "4"}
+
+
+def test_on_redis_cluster_the_schedules_and_runs_are_read_from_their_slots(
+        clean_cluster: RedisClusterProcesses) -> None:
+    client = clean_cluster.cluster_client()
+    store = ScheduleStore(client)
+    made = store.add(spec("hourly", every=3600))
+    assert store.claim("hourly", made.created, "timer-1")
+    store.record("hourly", outcome(made.created, "skipped"))
+    RunStore(client).start(run("hourly", 1, made.created))
+    registry = scrape(clean_cluster.startup_url)
+    labels = {"schedule": "hourly", "spider": "site"}
+    assert registry.get_sample_value("bloomcrawl_up") == 1
+    assert outcome_of(registry, "hourly")["skipped"] == 1
+    assert registry.get_sample_value("bloomcrawl_schedule_next_fire_timestamp_seconds",
+                                     labels) == made.created + 3600
+    assert registry.get_sample_value("bloomcrawl_run_start_timestamp_seconds",
+                                     {**labels, "ago": "0"}) == made.created
