@@ -11,17 +11,24 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
 from bloomcrawl.core.connection import redis_from_url
-from bloomcrawl.ops import inspection
+from bloomcrawl.ops import inspection, scrapyd
+from bloomcrawl.ops.cli.target import Target
+from bloomcrawl.ops.exporter import ClusterCollector, build_registry
+from bloomcrawl.ops.runs import RunStore, check_run
+from bloomcrawl.ops.timer import Timer
 
 from kit import ROOT
 from kit.checks import assert_crawled_once
 from kit.cli import run_cli
+from kit.scrapyd import PASSWORD as SCRAPYD_PASSWORD
+from kit.scrapyd import USERNAME, ScrapydNode
+from kit.wait import wait_until
 from kit.workers import WorkerPool, run_workers
 
 pytestmark = pytest.mark.slow
@@ -45,7 +52,8 @@ def documented_users() -> dict[str, list[str]]:
 def roles(redis_client: redis.Redis) -> Iterator[dict[str, str]]:
     """The documented users on the test's redis-server: role -> URL."""
     users = documented_users()
-    assert set(users) == {"bloomcrawl-worker", "bloomcrawl-exporter", "bloomcrawl-operator"}
+    assert set(users) == {"bloomcrawl-worker", "bloomcrawl-exporter", "bloomcrawl-operator",
+                          "bloomcrawl-timer"}
     for name, rules in users.items():
         assert ">" + PASSWORD in rules, rules
         redis_client.execute_command("ACL", "SETUSER", name, "reset", *rules)
@@ -82,4 +90,35 @@ def test_each_role_crawls_reads_and_throttles_with_its_documented_commands(
                    env=cli_env)
     assert done.code == 0, done.stderr
     assert "delay 1.5 s" in done.stdout, done.stdout
+    assert redis_client.execute_command("ACL", "LOG") == []
+
+
+def test_the_timer_fires_and_the_exporter_reads_schedules_with_their_documented_commands(
+        redis_client: redis.Redis, roles: dict[str, str],
+        scrapyd_nodes: Callable[..., ScrapydNode], cli_env: dict[str, str]) -> None:
+    node = scrapyd_nodes("scrapyd", probe=True)
+    made = run_cli("schedule", "--redis-url", roles["operator"], "--name", "hourly", "--every",
+                   "1h", "--spider", "sleeper", "--project", "probe", "-a", "seconds=0",
+                   "http://127.0.0.1:9/", env=cli_env)
+    assert made.code == 0, made.output
+    timer_client = redis_from_url(roles["timer"])
+    exporter = redis_from_url(roles["exporter"])
+    try:
+        nodes = [scrapyd.Node(node.url, USERNAME, SCRAPYD_PASSWORD)]
+        timer = Timer(timer_client, lambda: Target(roles["timer"], nodes, None, None))
+        assert timer.tick() == ["hourly"]
+        runs = RunStore(timer_client)
+        [run] = runs.recent()
+        wait_until(lambda: check_run(timer_client, runs, run, nodes), 60, interval=0.2,
+                   what="the run to end")
+        registry = build_registry(ClusterCollector(exporter))
+        assert registry.get_sample_value("bloomcrawl_up") == 1
+        assert registry.get_sample_value("bloomcrawl_schedule_firings_total",
+                                         {"schedule": "hourly", "spider": "sleeper"}) == 1
+        assert registry.get_sample_value(
+            "bloomcrawl_run_running", {"schedule": "hourly", "spider": "sleeper", "ago": "0"}) == 0
+    finally:
+        timer_client.close()
+        exporter.close()
+    assert redis_client.lrange("sleeper:start_urls", 0, -1)  # the run's start URL was pushed
     assert redis_client.execute_command("ACL", "LOG") == []
