@@ -6,6 +6,7 @@ tests; these pin down what each part promises the others.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
@@ -175,18 +176,45 @@ def test_one_exchange_sends_what_is_owed_and_leases_in_the_same_round_trip(
     outbox, frontier = make_outbox(redis_client)
     assert outbox.send() is None  # nothing owed, nothing asked: no round trip
     outbox.add(entry("http://a.test/1"))
-    outbox.add(entry("http://a.test/1"))  # the filter drops the second
+    outbox.add(entry("http://a.test/1"))  # the outbox drops the second
     outbox.count("pages", 2)
     (reply,) = replies(outbox, lease_from=0, want=1)
     assert isinstance(reply, Reply)
-    assert (reply.done.queued, reply.done.filtered, len(reply.leases)) == (1, 1, 1)
-    assert len(reply.batch.outgoing) == 2
+    assert (reply.done.queued, reply.done.filtered, len(reply.leases)) == (1, 0, 1)
+    assert (len(reply.batch.outgoing), reply.batch.duplicates) == (1, 1)
     assert not outbox.owes() and not outbox.exchanging
-    assert redis_client.hget(frontier.keys.stats, "pages") == b"2"
+    assert redis_client.hmget(frontier.keys.stats, "pages", "filtered") == [b"2", b"1"]
     outbox.ack(0, reply.leases[0].token)
     assert outbox.ack_partition() == 0
     replies(outbox)
     assert frontier.size(with_leases=True) == 0
+
+
+def test_requests_of_the_last_exchange_are_not_sent_again(redis_client: redis.Redis) -> None:
+    """A link found again while the exchange that sent it was under way stays here."""
+    def entry(url: str) -> Outgoing:  # fingerprints unlike each other in every byte
+        return Outgoing(hashlib.sha1(url.encode()).digest(), False, 0.0,
+                        '{"url": "%s", "method": "GET"}' % url, "a.test")
+
+    outbox, frontier = make_outbox(redis_client)
+    outbox.add(entry("http://a.test/1"))
+    (reply,) = replies(outbox)
+    assert isinstance(reply, Reply) and reply.done.queued == 1
+    outbox.add(entry("http://a.test/1"))
+    outbox.add(entry("http://a.test/2"))
+    (reply,) = replies(outbox)
+    assert isinstance(reply, Reply)
+    assert [e.payload for e in reply.batch.outgoing] == [
+        '{"url": "http://a.test/2", "method": "GET"}']
+    assert (reply.done.queued, reply.batch.duplicates) == (1, 1)
+    # Redis may have lost them (a restart): from then on they go again
+    outbox.take_dropped()
+    outbox.add(entry("http://a.test/2"))
+    (reply,) = replies(outbox)
+    assert isinstance(reply, Reply)
+    assert (len(reply.batch.outgoing), reply.done.filtered) == (1, 1)
+    # the outbox counts its own; the filter's are the exchange loop's to count
+    assert redis_client.hget(frontier.keys.stats, "filtered") == b"1"
 
 
 def test_a_failed_exchange_puts_its_batch_back_in_front(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import partition_of
 from bloomcrawl.core.connection import describe_redis
 from bloomcrawl.core.errors import SettingError
-from bloomcrawl.core.politeness import BUSY_RETRY_S, Feedback, Politeness, feedback_call
+from bloomcrawl.core.politeness import BUSY_RETRY_S, Feedback, Politeness
 from bloomcrawl.core.scripts import Script, ScriptCall
 from bloomcrawl.core.sizing import BACKENDS
 
@@ -53,10 +53,11 @@ INTERNAL_META_PREFIX = "_bloomcrawl"
 #: requests moved per call from a partition's queue of before per-host queues
 MIGRATE_BATCH = 5000
 
+#: a partition's exchange with requests (the filter's prelude first) and without
 _ENQUEUE = {b: Script.for_backend(b, "polite_common.lua", "frontier_enqueue.lua")
             for b in BACKENDS}
 _LEASE = Script("polite_common.lua", "frontier_lease.lua")
-_ACK = Script("polite_common.lua", "frontier_ack.lua")
+_PEEK = Script("frontier_peek.lua")
 _RENEW = Script("frontier_renew.lua")
 _REAP = Script("polite_common.lua", "frontier_reap.lua")
 _MIGRATE = Script("polite_common.lua", "frontier_migrate.lua")
@@ -100,6 +101,17 @@ class Exchanged:
     #: seconds until a host of the leased partition may be fetched (None: nothing
     #: queued; BUSY_RETRY_S: every host with work has all its slots in flight)
     ready_in: float | None = None
+    #: the same for each partition ``peek`` named
+    peeked: dict[int, float | None] = field(default_factory=dict)
+
+
+def wait_seconds(ms: int) -> float | None:
+    """A script's "ms until the next host is ready" as :attr:`Exchanged.ready_in`.
+
+    -2: every host with work is at its concurrency; its slot frees with an
+    ack this worker does not see: ask again soon, so every worker gets a turn.
+    """
+    return None if ms == -1 else BUSY_RETRY_S if ms == -2 else ms / 1000
 
 
 def ack_args(acks: Sequence[str]) -> list[str]:
@@ -288,7 +300,8 @@ class Frontier:
     def exchange(self, outgoing: Sequence[Outgoing], acks: Mapping[int, Sequence[str]],
                  stats: Sequence[tuple[int, Mapping[str, int]]] = (), *,
                  lease_from: int | None = None, want: int = 1,
-                 feedback: Mapping[int, Feedback] | None = None) -> Exchanged:
+                 feedback: Mapping[int, Feedback] | None = None,
+                 peek: Sequence[int] = ()) -> Exchanged:
         """One round trip: enqueue-if-new, acks, shared stats and, optionally, a lease.
 
         With ``lease_from``, that partition's acks ride in the same script call
@@ -296,52 +309,70 @@ class Frontier:
         ``(number, counts)`` of this worker's exchanges, numbered 1, 2, 3...:
         each number is added to the shared stats once, however often it is
         sent (resend the counts of a failed exchange under its own number).
-        ``feedback`` is what this worker saw of hosts, by partition. Every
-        call may be sent again safely.
+        ``feedback`` is what this worker saw of hosts, by partition. ``peek``:
+        partitions to tell when a host of theirs may be leased
+        (:attr:`Exchanged.peeked`), read in the same round trip. Every call
+        may be sent again safely.
         """
         f = self.keys
         by_partition: dict[int, list[Outgoing]] = defaultdict(list)
         for entry in outgoing:
             by_partition[partition_of(entry.fingerprint, f.partitions)].append(entry)
-        enqueue = _ENQUEUE[self.bloom.params.backend]
-        calls = []
-        # what holds hosts back goes first: an ack below may free a host, and another
-        # worker's lease may come between two calls of this pipeline
-        for p, seen in (feedback or {}).items():
-            call = feedback_call(f, self.politeness, p, seen)
-            if call is not None:
-                calls.append(call)
-        first = len(calls)
-        for p, entries in by_partition.items():
-            args: list[Any] = [b"".join(e.fingerprint for e in entries),
-                               "".join("1" if e.dont_filter else "0" for e in entries),
-                               self.queue_type, self._cfg(p)]
-            for e in entries:
-                args += [repr(e.score), e.host, e.payload]
-            calls.append(ScriptCall(enqueue, [f.state(p), *f.polite_keys(p)], args))
-        for p, tokens in acks.items():
-            if p != lease_from and tokens:
-                calls.append(ScriptCall(_ACK, [f.leases(p), f.deadlines(p), *f.polite_keys(p)],
-                                        [self._cfg(p), self.queue_type, *ack_args(tokens)]))
+        seen = {p: args for p, fb in (feedback or {}).items()
+                if (args := fb.args(self.politeness.autothrottle))}
+        touched = [*seen, *by_partition, *(p for p, tokens in acks.items() if tokens)]
+        # one call per partition: what it saw of hosts first (an ack may free a host),
+        # then its requests, its acks and, last in the pipeline, the lease
+        partitions = [p for p in dict.fromkeys(touched) if p != lease_from]
+        calls = [self._partition_call(p, seen.get(p), by_partition.get(p, ()),
+                                      acks.get(p, ()), 0) for p in partitions]
         if stats:
             calls.append(stats_call(f, self.worker_id, self.node, stats))
+        calls += [ScriptCall(_PEEK, [f.polite(p, "ready"), f.polite(p, "queued")], [])
+                  for p in peek]
         if lease_from is not None:
-            calls.append(self._lease_call(lease_from, want, acks.get(lease_from, ())))
+            partitions.append(lease_from)
+            calls.append(self._partition_call(lease_from, seen.get(lease_from),
+                                              by_partition.get(lease_from, ()),
+                                              acks.get(lease_from, ()), want))
         if not calls:
             return Exchanged()
         sent = time.monotonic()
         results = self.bloom.run_scripts(calls, recreate_filter=self._recreate_filter)
-        queued = sum(r.count(b"1") for r in results[first:first + len(by_partition)])
+        replies = [r for r in results if isinstance(r, list)]
+        queued = sum(reply[0].count(b"1") for reply in replies)
         done = Exchanged(queued=queued, filtered=len(outgoing) - queued)
+        if peek:
+            at = len(calls) - len(peek) - (lease_from is not None)
+            done.peeked = {p: wait_seconds(int(ms))
+                           for p, ms in zip(peek, results[at:at + len(peek)], strict=True)}
         if lease_from is not None:
             reply = results[-1]
-            wait = int(reply[0])
-            # -2: every host with work is at its concurrency; its slot frees with an
-            # ack this worker does not see: ask again soon, so every worker gets a turn
-            done.ready_in = (None if wait == -1 else BUSY_RETRY_S if wait == -2
-                             else wait / 1000)
-            done.leases = self._leases(lease_from, reply[1:], sent)
+            done.ready_in = wait_seconds(int(reply[1]))
+            done.leases = self._leases(lease_from, reply[2:], sent)
         return done
+
+    def _partition_call(self, partition: int, seen: Sequence[Any] | None,
+                        outgoing: Sequence[Outgoing], acks: Sequence[str],
+                        want: int) -> ScriptCall:
+        """The one call of an exchange on ``partition``: what this worker saw of its hosts
+        (:meth:`Feedback.args`), requests, acks, lease."""
+        f = self.keys
+        seen = seen or []
+        args: list[Any] = [self._cfg(partition), self.queue_type, len(seen) // 3, len(acks),
+                           want, self.lease_ms,
+                           # tokens: "<worker>:<partition>:<number from Redis>", unique
+                           "%s:%d:" % (self.worker_id, partition), repr(random.random()),
+                           *seen, *ack_args(acks)]
+        script = _LEASE
+        if outgoing:
+            script = _ENQUEUE[self.bloom.params.backend]
+            args += [b"".join(e.fingerprint for e in outgoing),
+                     "".join("1" if e.dont_filter else "0" for e in outgoing)]
+            for e in outgoing:
+                args += [repr(e.score), e.host, e.payload]
+        return ScriptCall(script, [f.state(partition), f.leases(partition), f.deadlines(partition),
+                                   f.lease_counter(partition), *f.polite_keys(partition)], args)
 
     def applied_stats_number(self) -> int:
         """The number of this worker's last exchange the shared stats hold."""
@@ -351,15 +382,6 @@ class Frontier:
     def lease(self, partition: int, want: int) -> list[Lease]:
         """Lease up to ``want`` requests from one partition."""
         return self.exchange((), {}, lease_from=partition, want=want).leases
-
-    def _lease_call(self, partition: int, want: int, acks: Sequence[str]) -> ScriptCall:
-        f = self.keys
-        return ScriptCall(_LEASE, [f.leases(partition), f.deadlines(partition),
-                                   f.lease_counter(partition), *f.polite_keys(partition)],
-                          # tokens: "<worker>:<partition>:<number from Redis>", unique
-                          [self.queue_type, self.lease_ms, want,
-                           "%s:%d:" % (self.worker_id, partition), self._cfg(partition),
-                           repr(random.random()), *ack_args(acks)])
 
     @staticmethod
     def _leases(partition: int, reply: list[bytes], sent: float) -> list[Lease]:

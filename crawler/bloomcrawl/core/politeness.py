@@ -43,7 +43,6 @@ BUSY_RETRY_S = 0.2
 LAG_REPORTED_S = 0.005
 
 _POLICY = Script("polite_common.lua", "frontier_policy.lua")
-_FEEDBACK = Script("polite_common.lua", "frontier_feedback.lua")
 _INFO = Script("polite_common.lua", "frontier_hosts.lua")
 
 
@@ -193,15 +192,6 @@ class Feedback:
                 out += ["latency", host, "%s|%d|%s|%s|%s" % (
                     _ms(latency), int(ok), repr(float(target)), _ms(start), _ms(most))]
         return out
-
-
-def feedback_call(frontier_keys: keys.FrontierKeys, politeness: Politeness, partition: int,
-                  feedback: Feedback) -> ScriptCall | None:
-    args = feedback.args(politeness.autothrottle)
-    if not args:
-        return None
-    return ScriptCall(_FEEDBACK, frontier_keys.polite_keys(partition),
-                      [politeness.config(frontier_keys, partition), *args])
 
 
 @dataclass(frozen=True)

@@ -209,6 +209,9 @@ class ExchangeLoop:
             self.stats.inc_value("dupefilter/filtered", done.filtered)
             self.stats.inc_value("bloomfilter/filtered", done.filtered)
             self.outbox.count("filtered", done.filtered)
+        if batch.duplicates:  # counted shared by the outbox
+            self.stats.inc_value("dupefilter/filtered", batch.duplicates)
+            self.stats.inc_value("bloomcrawl/filtered_locally", batch.duplicates)
         if reply.frontier_size is not None:
             self.frontier_size = reply.frontier_size
             if reply.frontier_size == 0 and self.starved:
@@ -344,6 +347,7 @@ class Poller:
         self._delay = FIRST_POLL_DELAY
         self._call: Any = None
         self._stopped = False
+        self._read_at = float("-inf")
 
     def start(self) -> None:
         self._schedule(0)
@@ -374,9 +378,14 @@ class Poller:
         self._call = None
         loop = self.loop
         loop.readiness.may_have_work(loop.readiness.waiting_for_others())
-        d = self.start_urls.read()
-        d.addCallbacks(self._read, loop.redis_failed)
-        d.addErrback(log_unexpected, logger, loop.log_extra)
+        # a worker with work reads new start URLs once a MAX_POLL_DELAY (a round trip
+        # each); a starved one, or one with start URLs to ack, at every poll
+        now = time.monotonic()
+        if loop.starved or loop.outbox.has_start_acks() or now - self._read_at >= MAX_POLL_DELAY:
+            self._read_at = now
+            d = self.start_urls.read()
+            d.addCallbacks(self._read, loop.redis_failed)
+            d.addErrback(log_unexpected, logger, loop.log_extra)
         loop.exchange(lease=loop.starved, check_idle=loop.starved)
         self._schedule(self._delay)
         self._delay = min(MAX_POLL_DELAY, self._delay * 2)

@@ -62,6 +62,9 @@ class Batch:
     probe: list[int] = field(default_factory=list)
     #: what the worker saw of hosts, by partition (best effort: not resent on failure)
     feedback: dict[int, Feedback] = field(default_factory=dict)
+    #: requests left out of ``outgoing``: their fingerprint came earlier in it or in the
+    #: last exchange, whose reply the worker's seen cache had not yet when they were made
+    duplicates: int = 0
 
 
 @dataclass
@@ -115,6 +118,8 @@ class Outbox:
         # requests of confirmed exchanges: (when, requests), newest last
         self._sent: deque[tuple[float, list[Outgoing]]] = deque()
         self._sent_count = 0
+        # fingerprints of the last exchange's requests (see Batch.duplicates)
+        self._recent: set[bytes] = set()
         self.exchanging = False
         self._verify_masters = False
         self._number = 0
@@ -166,7 +171,10 @@ class Outbox:
         self._dropped.append(request)
 
     def take_dropped(self) -> list[Any]:
+        """The requests dropped against fingerprints Redis may have lost; from now on
+        nothing is dropped against the last exchange's either."""
         dropped, self._dropped = self._dropped, []
+        self._recent = set()
         return dropped
 
     def start_waiting(self, token: str) -> None:
@@ -182,6 +190,9 @@ class Outbox:
     def take_start_acks(self) -> list[str]:
         acks, self._start_acks = self._start_acks, []
         return acks
+
+    def has_start_acks(self) -> bool:
+        return bool(self._start_acks)
 
     def give_back_start_acks(self, acks: list[str]) -> None:
         self._start_acks[:0] = acks
@@ -206,6 +217,9 @@ class Outbox:
             return None
         if not (self.owes() or lease_from is not None or check_idle):
             return None
+        outgoing, duplicates = self._unique()
+        if duplicates:
+            self._counts["filtered"] += duplicates
         stats, self._unconfirmed_stats = self._unconfirmed_stats, []
         now = time.monotonic()
         if self.stats_interval:
@@ -220,15 +234,33 @@ class Outbox:
             stats.append((self._number, dict(self._counts)))
             self._counts = defaultdict(int)
             self._stats_sent_at = now
-        batch = Batch(self._outgoing, self._acks, stats, self._start_waiting, self._dropped,
+        batch = Batch(outgoing, self._acks, stats, self._start_waiting, self._dropped,
                       lease_from, want, check_idle, self.watch.epoch, probe or [],
-                      self._feedback)
+                      self._feedback, duplicates)
         self._outgoing, self._acks, self._feedback = [], defaultdict(list), {}
         self._start_waiting, self._dropped = [], []
         self.exchanging = True
         d = self.io.run(self._in_thread, self.frontier, batch)
         d.addCallbacks(self._done, self._failed, callbackArgs=(batch,), errbackArgs=(batch,))
         return d
+
+    def _unique(self) -> tuple[list[Outgoing], int]:
+        """The buffered requests, each fingerprint once, less those of the last exchange.
+
+        Links a page yields while an exchange is under way are checked against
+        the seen cache before that exchange's reply fills it: the filter would
+        find them duplicates, at its cost. Left out here, they count as
+        filtered as the filter's duplicates do; a ``dont_filter`` request
+        always goes.
+        """
+        recent, kept, seen = self._recent, [], set()
+        for entry in self._outgoing:
+            if not entry.dont_filter:
+                if entry.fingerprint in recent or entry.fingerprint in seen:
+                    continue
+                seen.add(entry.fingerprint)
+            kept.append(entry)
+        return kept, len(self._outgoing) - len(kept)
 
     def restate(self, applied: int) -> int:
         """Redis lost state: send again the counts it confirmed beyond number ``applied``.
@@ -275,17 +307,22 @@ class Outbox:
             # another call on this thread met a new server since the batch was made:
             # its acks may be for work the old state got; the scheduler decides first
             raise ServerChangedError("Redis changed server before this exchange was sent")
+        probe = batch.probe if batch.lease_from is not None else []
         done = frontier.exchange(batch.outgoing, batch.acks, batch.stats,
                                  lease_from=batch.lease_from, want=batch.want,
-                                 feedback=batch.feedback)
+                                 feedback=batch.feedback, peek=probe)
         reply = Reply(batch, done, list(done.leases))
         if batch.lease_from is not None:
             if len(done.leases) < batch.want:
                 reply.ready_in[batch.lease_from] = done.ready_in
             # fewer than asked: lease the rest from the other partitions one at a
             # time, so a worker never holds more than it asked for (a lease it
-            # cannot fetch at once would break its host's delay)
-            for p in batch.probe:
+            # cannot fetch at once would break its host's delay); only from those
+            # the exchange found a host ready in (peek), each a round trip
+            for p in probe:
+                if done.peeked.get(p) != 0:
+                    reply.ready_in[p] = done.peeked.get(p)
+                    continue
                 if len(reply.leases) >= batch.want:
                     break
                 more = frontier.exchange((), {}, lease_from=p,
@@ -299,6 +336,7 @@ class Outbox:
 
     def _done(self, reply: Reply, batch: Batch) -> Reply:
         self.exchanging = False
+        self._recent = {e.fingerprint for e in batch.outgoing if not e.dont_filter}
         self._start_acks += batch.start_tokens
         now = time.monotonic()
         history = self._confirmed_stats

@@ -21,12 +21,16 @@ local function polite_init(base, cfg)
   local d, c, j, st, prefix = string.match(cfg, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
   PR.delay, PR.conc, PR.jitter, PR.hq = tonumber(d), tonumber(c), tonumber(j), prefix
   PR.start = tonumber(st)
+  PR.pol = {}
   local t = redis.call('TIME')
   PR.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- delay (ms, before jitter), concurrency and back-off end (ms) of a host
+-- delay (ms, before jitter), concurrency and back-off end (ms) of a host; read once per
+-- call (PR.pol), so whatever writes a policy field first clears PR.pol
 local function host_policy(host)
+  local p = PR.pol[host]
+  if p then return p[1], p[2], p[3] end
   local v = redis.call('HMGET', PR.policy, 'delay:' .. host, 'conc:' .. host,
                        'sdelay:' .. host, 'sconc:' .. host, 'robots:' .. host,
                        'auto:' .. host, 'until:' .. host)
@@ -34,7 +38,10 @@ local function host_policy(host)
   local conc = tonumber(v[2]) or tonumber(v[4]) or PR.conc
   -- AutoThrottle: a host it has not adapted yet starts at AUTOTHROTTLE_START_DELAY
   delay = math.max(delay, tonumber(v[5]) or 0, tonumber(v[6]) or PR.start)
-  return delay, math.max(conc, 1), tonumber(v[7]) or 0
+  conc = math.max(conc, 1)
+  local hold = tonumber(v[7]) or 0
+  PR.pol[host] = {delay, conc, hold}
+  return delay, conc, hold
 end
 
 -- the host a lease value "score|host|payload" is for; nil for a value of before
@@ -74,26 +81,53 @@ local function hq_push(host, score, payload, front)
   return added
 end
 
--- the host's next request: payload, score (nil when its queue is empty)
-local function hq_pop(host)
-  local q, payload, score = PR.hq .. host, nil, '0'
+-- the most arguments one command of a script gets from unpack()
+local SPREAD = 1000
+
+-- push requests at the back of a host's queue, in order: list {score1, payload1, ...};
+-- one command for the queue, one for the depth, one for the partition's count
+local function hq_push_all(host, list)
+  local q, added = PR.hq .. host, 0
+  for s = 1, #list, SPREAD do
+    local e = math.min(#list, s + SPREAD - 1)
+    if PR.qtype == 'priority' then
+      added = added + redis.call('ZADD', q, unpack(list, s, e))
+    else
+      local payloads = {}
+      for i = s + 1, e, 2 do payloads[#payloads + 1] = list[i] end
+      redis.call('RPUSH', q, unpack(payloads))
+      added = added + #payloads
+    end
+  end
+  if added > 0 then
+    redis.call('ZINCRBY', PR.depth, added, host)
+    redis.call('INCRBY', PR.queued, added)
+  end
+  return added
+end
+
+-- up to n of the host's next requests: {payload1, score1, ...} (empty when its queue is)
+local function hq_pop(host, n)
+  local q, got = PR.hq .. host, {}
   if PR.qtype == 'priority' then
-    local r = redis.call('ZPOPMIN', q)
-    payload, score = r[1], r[2]
-  elseif PR.qtype == 'fifo' then
-    payload = redis.call('LPOP', q)
+    got = redis.call('ZPOPMIN', q, n)
   else
-    payload = redis.call('RPOP', q)
+    local r = redis.call(PR.qtype == 'fifo' and 'LPOP' or 'RPOP', q, n)
+    for _, payload in ipairs(r or {}) do
+      got[#got + 1] = payload
+      got[#got + 1] = '0'
+    end
   end
-  if not payload then
+  local count = #got / 2
+  if count == 0 then
     redis.call('ZREM', PR.depth, host)
-    return nil
+    return got
   end
-  if tonumber(redis.call('ZINCRBY', PR.depth, -1, host)) <= 0 then
+  if tonumber(redis.call('ZINCRBY', PR.depth, -count, host)) <= 0 then
     redis.call('ZREM', PR.depth, host)
   end
-  redis.call('DECR', PR.queued)
-  return payload, score
+  redis.call('INCRBY', PR.queued, -count)
+  return got
 end
 
 -- a host with queued requests and a free slot belongs in ready, at its next allowed time
@@ -109,36 +143,220 @@ local function make_ready(host)
   redis.call('ZADD', PR.ready, tonumber(redis.call('ZSCORE', PR.next, host) or '0'), host)
 end
 
--- a lease of the host ended (acked or expired): its slot is free again
-local function unbusy(host)
-  if redis.call('HINCRBY', PR.busy, host, -1) <= 0 then
+-- n leases of the host ended (acked or expired): their slots are free again
+local function unbusy(host, n)
+  if redis.call('HINCRBY', PR.busy, host, -(n or 1)) <= 0 then
     redis.call('HDEL', PR.busy, host)
   end
   make_ready(host)
 end
 
--- end a lease: 1 when the token was held (only the holder's own token matches).
--- arg: the token, or "token|ms": the lease's response came back that many ms ago. A
--- host with one slot is then not leased again before that plus its delay: its request
--- reached the site before its response came back, however late it left its worker.
-local function end_lease(leases, deadlines, arg)
-  local token, ago = string.match(arg, '^(.*)|(%d+)$')
-  token = token or arg
-  local held = redis.call('ZREM', deadlines, token)
-  local v = redis.call('HGET', leases, token)
-  redis.call('HDEL', leases, token)
-  if v then
-    local host = lease_host(v)
-    if host then
-      if ago then
-        local delay, conc = host_policy(host)
-        local at = PR.now - tonumber(ago) + math.floor(delay * PR.margin)
-        if conc == 1 and at > tonumber(redis.call('ZSCORE', PR.next, host) or '0') then
-          redis.call('ZADD', PR.next, at, host)
-        end
-      end
-      unbusy(host)
+-- end the leases of ARGV[first..last]; returns how many were held (only the holder's own
+-- token matches). An arg is a token, or "token|ms": the lease's response came back that
+-- many ms ago. A host with one slot is then not leased again before that plus its
+-- delay: its request reached the site before its response came back, however late it
+-- left its worker. The leases' hosts are counted once each, whatever how many ended.
+local function end_leases(leases, deadlines, first, last)
+  local tokens, agos, dup = {}, {}, {}
+  for i = first, last do
+    local token, ago = string.match(ARGV[i], '^(.*)|(%d+)$')
+    token = token or ARGV[i]
+    if not dup[token] then  -- a token twice in one call ends one lease
+      dup[token] = true
+      tokens[#tokens + 1] = token
+      agos[#tokens] = tonumber(ago) or false
     end
   end
+  local held, ended, order = 0, {}, {}
+  for s = 1, #tokens, SPREAD do
+    local e = math.min(#tokens, s + SPREAD - 1)
+    held = held + redis.call('ZREM', deadlines, unpack(tokens, s, e))
+    local values = redis.call('HMGET', leases, unpack(tokens, s, e))
+    redis.call('HDEL', leases, unpack(tokens, s, e))
+    for j = s, e do
+      local host = values[j - s + 1] and lease_host(values[j - s + 1])
+      if host then
+        local h = ended[host]
+        if not h then
+          h = {n = 0, ago = false}
+          ended[host] = h
+          order[#order + 1] = host
+        end
+        h.n = h.n + 1
+        local ago = agos[j]
+        if ago and (not h.ago or ago < h.ago) then h.ago = ago end
+      end
+    end
+  end
+  for _, host in ipairs(order) do
+    local h = ended[host]
+    if h.ago then
+      local delay, conc = host_policy(host)
+      local at = PR.now - h.ago + math.floor(delay * PR.margin)
+      if conc == 1 and at > tonumber(redis.call('ZSCORE', PR.next, host) or '0') then
+        redis.call('ZADD', PR.next, at, host)
+      end
+    end
+    unbusy(host, h.n)
+  end
   return held
+end
+
+-- What workers saw of hosts, the triples kind, host, value of ARGV[first..last]:
+--   robots  <Crawl-delay ms>     ('0' clears it)
+--   backoff <ms to hold the host from now>
+--   latency "<latency ms>|<1: ok, 0: an error status>|<target concurrency>|<start ms>|<max ms>"
+--   sent    <ms ago a request of the host went out>: its delay counts from then, so
+--           the host's next lease is no earlier than that plus its delay (a leased
+--           request may wait in a busy worker before it leaves)
+-- AutoThrottle as Scrapy's: aim for latency / target concurrency, move halfway
+-- there, never below the host's base delay nor above the max, and an error
+-- response never shortens the delay.
+local function apply_feedback(first, last)
+  for i = first, last, 3 do
+    local kind, host, value = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    if kind == 'robots' then
+      if tonumber(value) > 0 then
+        redis.call('HSET', PR.policy, 'robots:' .. host, value)
+      else
+        redis.call('HDEL', PR.policy, 'robots:' .. host)
+      end
+      PR.pol[host] = nil
+    elseif kind == 'backoff' then
+      local hold = PR.now + tonumber(value)
+      if hold > tonumber(redis.call('HGET', PR.policy, 'until:' .. host) or '0') then
+        redis.call('HSET', PR.policy, 'until:' .. host, hold)
+        PR.pol[host] = nil
+      end
+      local at = redis.call('ZSCORE', PR.ready, host)
+      if at and tonumber(at) < hold then redis.call('ZADD', PR.ready, hold, host) end
+      if tonumber(redis.call('ZSCORE', PR.next, host) or '0') < hold then
+        redis.call('ZADD', PR.next, hold, host)
+      end
+    elseif kind == 'sent' then
+      local delay = host_policy(host)
+      local at = PR.now - tonumber(value) + math.floor(delay * PR.margin)
+      if at > PR.now then
+        if at > tonumber(redis.call('ZSCORE', PR.next, host) or '0') then
+          redis.call('ZADD', PR.next, at, host)
+        end
+        local r = redis.call('ZSCORE', PR.ready, host)
+        if r and tonumber(r) < at then redis.call('ZADD', PR.ready, at, host) end
+      end
+    elseif kind == 'latency' then
+      local lat, ok, target, start, most = string.match(value,
+          '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+      lat, target, start, most = tonumber(lat), tonumber(target), tonumber(start), tonumber(most)
+      local v = redis.call('HMGET', PR.policy, 'delay:' .. host, 'sdelay:' .. host,
+                           'auto:' .. host)
+      local base = tonumber(v[1]) or tonumber(v[2]) or PR.delay
+      local cur = tonumber(v[3]) or math.max(start, base)
+      local aim = lat / target
+      local new = math.max(aim, (cur + aim) / 2)
+      new = math.min(math.max(base, new), math.max(most, base))
+      if ok == '1' or new > cur then
+        redis.call('HSET', PR.policy, 'auto:' .. host, math.floor(new))
+        PR.pol[host] = nil
+      end
+    end
+  end
+end
+
+-- Lease up to `want` requests from hosts that may be fetched now: each host at most once
+-- per its delay and never beyond its concurrency, cluster-wide. A leased request moves
+-- from its host's queue into the lease hash (value "score|host|payload") with a deadline
+-- from Redis's clock. Tokens are numbered by Redis (the counter), never by the client: a
+-- call sent twice (a reply lost, redis-py retrying) leases a second batch under new
+-- tokens instead of overwriting the first batch's leases, which expire and go back to
+-- the queue. Nothing is lost either way.
+-- A host without a delay that is the only one ready gives all it may at once (up to
+-- its free slots) in one command each; with several ready, each gives one in turn.
+-- u: a random number in [0, 1) for the delay jitter. Appends token, payload, ... to out.
+local function lease_ready(leases, deadlines, counter, want, lease_ms, prefix, u, out)
+  local n = 0
+  while n < want do
+    local r = redis.call('ZRANGEBYSCORE', PR.ready, '-inf', PR.now, 'LIMIT', 0, 2)
+    if #r == 0 then break end
+    local host = r[1]
+    local delay, conc, hold = host_policy(host)
+    local take = 1
+    if #r == 1 and delay == 0 and want - n > 1 then
+      local free = conc - tonumber(redis.call('HGET', PR.busy, host) or '0')
+      take = math.max(1, math.min(want - n, free))
+    end
+    local got = hq_pop(host, take)
+    local count = #got / 2
+    if count == 0 then
+      redis.call('ZREM', PR.ready, host)
+    else
+      if PR.jitter > 0 and delay > 0 then
+        u = (u + 0.6180339887) % 1
+        delay = delay * (1 + PR.jitter * (2 * u - 1))
+      end
+      local at = math.max(PR.now + math.floor(delay * PR.margin), hold)
+      redis.call('ZADD', PR.next, at, host)
+      if redis.call('HINCRBY', PR.busy, host, count) >= conc
+          or not redis.call('ZSCORE', PR.depth, host) then
+        redis.call('ZREM', PR.ready, host)
+      else
+        redis.call('ZADD', PR.ready, at, host)
+      end
+      local last = redis.call('INCRBY', counter, count)
+      local values, deadline, expiry = {}, {}, PR.now + lease_ms
+      for i = 1, count do
+        local token = prefix .. (last - count + i)
+        local payload = got[2 * i - 1]
+        values[2 * i - 1] = token
+        values[2 * i] = got[2 * i] .. '|' .. host .. '|' .. payload
+        deadline[2 * i - 1] = expiry
+        deadline[2 * i] = token
+        out[#out + 1] = token
+        out[#out + 1] = payload
+      end
+      redis.call('HSET', leases, unpack(values))
+      redis.call('ZADD', deadlines, unpack(deadline))
+      n = n + count
+    end
+  end
+end
+
+-- ms until the partition's next host is ready: -1 nothing queued, -2 requests queued but
+-- every host with some is at its concurrency (ready again when a slot frees)
+local function ready_wait()
+  local first = redis.call('ZRANGE', PR.ready, 0, 0, 'WITHSCORES')
+  if #first > 0 then
+    return tostring(math.max(0, tonumber(first[2]) - PR.now))
+  elseif tonumber(redis.call('GET', PR.queued) or '0') > 0 then
+    return '-2'
+  end
+  return '-1'
+end
+
+-- One worker's exchange with one partition, in this order: what it saw of hosts (it may
+-- hold them back), its new requests (enqueue(first arg) when given: the decisions, one
+-- '1' or '0' per request), its finished leases, then a lease of up to `want` requests.
+-- KEYS[1] filter partition state, KEYS[2] leases, KEYS[3] deadlines, KEYS[4] lease
+-- counter, KEYS[5..10] politeness (polite_init)
+-- ARGV[1] cfg, ARGV[2] queue type, ARGV[3] feedback triples, ARGV[4] acks, ARGV[5] want,
+-- ARGV[6] lease ms, ARGV[7] token prefix (the worker), ARGV[8] a random number in [0, 1),
+-- then the feedback triples, the acks, and what enqueue reads.
+-- Returns {decisions, wait, token1, payload1, ...}; wait as ready_wait() ('' when
+-- want is 0).
+local function exchange(enqueue)
+  polite_init(5, ARGV[1])
+  PR.qtype = ARGV[2]
+  local feedback, acks, want = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  local at = 9
+  apply_feedback(at, at + 3 * feedback - 1)
+  at = at + 3 * feedback
+  local ack_from = at
+  at = at + acks
+  local out = {enqueue and enqueue(at) or '', ''}
+  end_leases(KEYS[2], KEYS[3], ack_from, at - 1)
+  if want > 0 then
+    lease_ready(KEYS[2], KEYS[3], KEYS[4], want, tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]),
+                out)
+    out[2] = ready_wait()
+  end
+  return out
 end
