@@ -248,3 +248,27 @@ def test_sizing_formula_matches_standard_filter_for_large_blocks() -> None:
     assert blocked_false_positive_rate(c, k, 1 << 22) == pytest.approx(classic, rel=0.02)
     k2, bits = sizing.size_slice(0.001)
     assert blocked_false_positive_rate(bits, k2, sizing.BLOCK_BITS) <= 0.001
+
+
+def test_two_decisions_in_one_script_count_each_item_once(redis_client: redis.Redis) -> None:
+    """A script may call the prelude's decide() more than once (an exchange of several
+    batches): each call's counters are written once, and a later call sees the earlier
+    one's items, also across a slice added in between."""
+    from bloomcrawl.core.scripts import load_lua
+
+    bf = BloomFilter(redis_client, "t:bloomfilter", capacity=10_000, error_rate=0.001,
+                     partitions=1, initial_capacity=64)
+    fps = fingerprints(300, salt="twice")
+    body = ("local a, b = decide(ARGV[1]), decide(ARGV[2]) local out = {}"
+            " for _, d in ipairs({a, b}) do for j = 1, #d do"
+            " out[#out + 1] = d[j] and '1' or '0' end end return table.concat(out)")
+    source = load_lua("bloom_common.lua") + "\n" + body
+    reply = redis_client.eval(source, 1, keys.state_key("t:bloomfilter", 0),
+                              b"".join(fps[:200]), b"".join(fps[100:]))
+    assert reply == b"1" * 200 + b"0" * 100 + b"1" * 100
+    info = bf.info()
+    assert info.items == 300
+    assert info.filtered == 100
+    assert info.slices >= 3  # the 64-item first slice grew during the calls
+    assert info.bits_set == bitcount_all(redis_client, "t:bloomfilter", 1)
+    assert bf.contains_many(fps) == [True] * 300

@@ -45,12 +45,13 @@ local function load_partition()
   if n > 1 then
     -- slices before the newest are full (a slice is added when the newest is): their
     -- plans and the newest's items, in one read
-    local fields = {'plan:0'}
-    for i = 2, n do fields[i] = 'plan:' .. (i - 1) end
-    fields[n + 1] = 'items:' .. (n - 1)
+    local fields = {}
+    for i = 2, n do fields[i - 1] = 'plan:' .. (i - 1) end
+    fields[n] = 'items:' .. (n - 1)
     plans = redis.call('HMGET', state_key, unpack(fields))
-    items = tonumber(plans[n + 1]) or 0
-    last = 1
+    items = tonumber(plans[n]) or 0
+    plans[0] = head[5]
+    last = 0
   else
     items = tonumber(head[6]) or 0
   end
@@ -81,7 +82,7 @@ end
 -- in every slice with the same k (the slices that hold the capacity share one): LB[t]
 -- the byte (1-based in the block), LM[t] the bit's mask.
 local LB, LM = {}, {}
-local MASKS = '\128\64\32\16\8\4\2\1'
+local MASK = {[0] = 128, 64, 32, 16, 8, 4, 2, 1}
 
 -- A GETRANGE costs about what copying 1 KB does. Slices older than the newest
 -- when the call began are not written by it: one that is a single chunk of
@@ -157,7 +158,7 @@ local function lookup(h1, h2, h3, h4, newest, frozen, whole, looked, undecided, 
           end
           nl = t
           local r8 = pos % 8
-          LB[t], LM[t] = (pos - r8) / 8 + 1, byte(MASKS, r8 + 1)
+          LB[t], LM[t] = (pos - r8) / 8 + 1, MASK[r8]
         end
         local m = LM[t]
         if byte(blk, base + LB[t]) % (m + m) < m then all = false; break end
@@ -179,7 +180,7 @@ local function lookup(h1, h2, h3, h4, newest, frozen, whole, looked, undecided, 
       end
       nl = nl + 1
       local r8 = pos % 8
-      LB[nl], LM[nl] = (pos - r8) / 8 + 1, byte(MASKS, r8 + 1)
+      LB[nl], LM[nl] = (pos - r8) / 8 + 1, MASK[r8]
     end
   end
   return false, n_key, n_off, n_chunk, n_blk, n_unallocated
