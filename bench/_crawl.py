@@ -362,3 +362,128 @@ def pick_contenders(parser: argparse.ArgumentParser, spec: str,
         return [by_key[k.strip()] for k in spec.split(",") if k.strip()]
     except KeyError as exc:
         parser.error("unknown contender %s; choose from %s" % (exc, ", ".join(by_key)))
+
+
+# --- the floor: Redis's own cost for the least a page needs ------------------------------
+
+#: requests in the floor probe, and the pages per exchange it tries
+FLOOR_PAGES = 2000
+FLOOR_BATCHES = (1, 8)
+#: how long Redis is left idle to measure what it spends doing nothing
+FLOOR_IDLE_S = 2.0
+#: the payload of a probe request: what the site spider queues (URL, Referer, depth, ...)
+FLOOR_PAYLOAD = ('{"url": "http://127.0.0.1:8000/page/%d", "method": "GET", "callback": "parse",'
+                 ' "headers": {"Referer": ["http://127.0.0.1:8000/page/%d"]}, "meta": {"depth": 3,'
+                 ' "download_slot": "127.0.0.1"}, "priority": -3, "dont_filter": false}')
+
+
+@dataclass(frozen=True)
+class Floor:
+    """Redis main-thread CPU, microseconds, of the least work a crawled page needs."""
+
+    idle_us_per_s: float  # Redis doing nothing, per second
+    round_trip_us: float  # one PING, one round trip each
+    call_us: float  # an empty EVALSHA, 100 to a pipeline: a script call's own cost
+    #: pages per exchange -> us per page: each page one new link (enqueue-if-new into
+    #: its host's queue, politeness on), its ack, and one lease; the exchange's stats
+    per_page_us: dict[int, float]
+    #: the Bloom filter's part of a new link (bloom_add.lua, same filter settings)
+    decision_us: float
+
+    def per_exchange_us(self) -> tuple[float, float]:
+        """(fixed us per exchange, us per page) fitted to the pages-per-exchange runs."""
+        (b1, c1), (b2, c2) = sorted(self.per_page_us.items())[:2]
+        per_page = (b2 * c2 - b1 * c1) / (b2 - b1)
+        return (c1 - per_page) * b1, per_page
+
+    def at(self, pages_per_s: float, exchanges_per_page: float) -> float:
+        """The floor of a crawl at this rate and batching: Redis's idle CPU per page,
+        plus each exchange's fixed cost shared by its pages, plus each page's own."""
+        fixed, per_page = self.per_exchange_us()
+        return self.idle_us_per_s / pages_per_s + fixed * exchanges_per_page + per_page
+
+
+def _main_cpu(client: redis.Redis) -> float:
+    return cpu_sample(client).main_thread_s
+
+
+def measure_floor(client: redis.Redis, error_rate: float = 1e-6) -> Floor:
+    """What this Redis spends on the least a page needs (a fresh keyspace; flushed after).
+
+    The frontier's own calls (:class:`~bloomcrawl.core.frontier.Frontier`), one
+    host partitioned by host as the demo crawl, CONCURRENT_REQUESTS_PER_DOMAIN
+    64 as bloomcrawl's contender: a page sends one new link, acks its lease and
+    leases the next, one exchange per page (an I/O-bound worker) or several.
+    """
+    import hashlib
+
+    from bloomcrawl.core import keys
+    from bloomcrawl.core.bloom import BloomFilter, partition_of
+    from bloomcrawl.core.frontier import Frontier, Outgoing
+    from bloomcrawl.core.politeness import Politeness, filter_fingerprint
+    from bloomcrawl.core.scripts import Script, ScriptCall
+
+    client.flushall()
+    before = _main_cpu(client)
+    time.sleep(FLOOR_IDLE_S)
+    idle = (_main_cpu(client) - before) / FLOOR_IDLE_S * 1e6
+
+    calls = 5000
+    client.ping()
+    before = _main_cpu(client)
+    for _ in range(calls):
+        client.ping()
+    round_trip = (_main_cpu(client) - before) / calls * 1e6
+
+    empty = client.script_load("return 1")
+    before = _main_cpu(client)
+    for _ in range(calls // 100):
+        pipe = client.pipeline(transaction=False)
+        for _ in range(100):
+            pipe.evalsha(empty, 0)
+        pipe.execute()
+    call = (_main_cpu(client) - before) / calls * 1e6
+
+    per_page: dict[int, float] = {}
+    host = "127.0.0.1"
+    for batch in FLOOR_BATCHES:
+        client.flushall()
+        frontier_keys = keys.FrontierKeys("floor")
+        bloom = BloomFilter(client, frontier_keys.filter, error_rate=error_rate)
+        frontier = Frontier(client, bloom, frontier_keys, queue_type="priority",
+                            lease_timeout=30, worker_id="floor", node="floor",
+                            politeness=Politeness(concurrency=64))
+        frontier.record_layout()
+        partition_by = bloom.params.partition_by
+
+        def outgoing(i: int, partition_by: str = partition_by) -> Outgoing:
+            payload = FLOOR_PAYLOAD % (i, i // 20)
+            fp = hashlib.sha1(payload.encode()).digest()
+            return Outgoing(filter_fingerprint(fp, host, partition_by), False,
+                            -3.0, payload, host)
+
+        # a queue to lease from, and the scripts loaded
+        first = [outgoing(-i - 1) for i in range(batch)]
+        home = partition_of(first[0].fingerprint, frontier_keys.partitions)
+        frontier.exchange(first, {})
+        acks: dict[int, list[str]] = {}
+        before = _main_cpu(client)
+        for number, start in enumerate(range(0, FLOOR_PAGES, batch), 1):
+            done = frontier.exchange([outgoing(i) for i in range(start, start + batch)], acks,
+                                     [(number, {"pages": batch})], lease_from=home, want=batch)
+            acks = {home: [lease.token for lease in done.leases]}
+        per_page[batch] = (_main_cpu(client) - before) / FLOOR_PAGES * 1e6
+
+    # the filter's share: the same number of new fingerprints through bloom_add.lua
+    client.flushall()
+    bloom = BloomFilter(client, "floor:bloomfilter", error_rate=error_rate, partitions=1)
+    add = Script.for_backend("bitmap", "bloom_add.lua")
+    fps = [hashlib.sha1(b"floor-%d" % i).digest() for i in range(FLOOR_PAGES + 1)]
+    bloom.add_many(fps[:1])
+    before = _main_cpu(client)
+    for start in range(1, FLOOR_PAGES + 1, 100):
+        bloom.run_scripts([ScriptCall(add, [keys.state_key("floor:bloomfilter", 0)], [fp])
+                           for fp in fps[start:start + 100]])
+    decision = (_main_cpu(client) - before) / FLOOR_PAGES * 1e6 - call
+    client.flushall()
+    return Floor(idle, round_trip, call, per_page, decision)

@@ -66,6 +66,8 @@ from _crawl import (
     Contender,
     CrawlFailed,
     CrawlRun,
+    Floor,
+    measure_floor,
     pick_contenders,
     run_crawl,
 )
@@ -77,7 +79,7 @@ from kit.redis import RedisServer
 CONTENDERS = (MEMORY, BLOOMCRAWL, SCRAPY_REDIS, RECIPE)
 CEILING_TARGET = 0.9
 ROUND_TRIPS_TARGET = 3.0
-REDIS_CPU_TARGET_US = 50.0
+REDIS_CPU_TARGET_US = 60.0
 TOP_COMMANDS = 8
 ROW = ("%-34s %5d %8.1f %8.1f %8s %6.2f %6s %5d %7d %5d %4s %9.1f %8.2f %9.0f %9s %10.2f"
        " %8.1f")
@@ -127,9 +129,12 @@ def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
                     except CrawlFailed as exc:
                         failures.append("%s, %d processes: %s" % (contender.label, workers, exc))
                         print(str(exc), file=sys.stderr)
+            if BLOOMCRAWL in contenders:
+                print("  measuring Redis's floor ...", file=sys.stderr, flush=True)
+                floor = measure_floor(client)
         finally:
             client.close()
-    return runs, failures
+    return runs, failures, floor
 
 
 def ceiling_of(runs: list[CrawlRun]) -> float | None:
@@ -148,7 +153,7 @@ def verdict(ok: bool | None) -> str:
 
 
 def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
-                items: str) -> None:
+                items: str, floor: Floor | None) -> None:
     ceiling = ceiling_of(runs)
     header = ("%-34s %5s %8s %8s %8s %6s %6s %5s %7s %5s %4s %9s %8s %9s %9s %10s %8s" % (
         "contender", "procs", "pages/s", "per proc", "/ceiling", "span s", "join s", "pages",
@@ -201,12 +206,12 @@ def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
             "%s %.2f (%.0f)" % (name, run.per_page(calls), run.per_page(usec))
             for name, (calls, usec) in top)))
     print()
-    print_targets(runs, ceiling)
+    print_targets(runs, ceiling, floor)
     print()
     print(ORIENTATION)
 
 
-def print_targets(runs: list[CrawlRun], ceiling: float | None) -> None:
+def print_targets(runs: list[CrawlRun], ceiling: float | None, floor: Floor | None) -> None:
     mine = next((r for r in runs if r.contender is BLOOMCRAWL and r.workers == 1), None)
     memory = next((r for r in runs if r.contender is MEMORY and r.workers == 1), None)
     print("targets, bloomcrawl with 1 process:")
@@ -228,6 +233,8 @@ def print_targets(runs: list[CrawlRun], ceiling: float | None) -> None:
     ]
     for name, value, target, result in rows:
         print("  %-40s %8s  %-8s %s" % (name, value, target, result))
+    if floor is not None:
+        print_floor(floor, mine)
     if memory is not None and mine.worker_cpu_s > 0:
         # the same ratio from CPU time: does not depend on what else the machine runs
         print("  %-40s %8.2f  (cross-check, no target)" % (
@@ -247,12 +254,40 @@ def print_profiles(directory: Path, runs: list[CrawlRun]) -> None:
     profile.report([p for _, p in loaded], baseline)
 
 
-def as_json(plan: Plan, runs: list[CrawlRun], failures: list[str]) -> dict[str, Any]:
+def print_floor(floor: Floor, run: CrawlRun) -> None:
+    """The least Redis can spend on this crawl's pages, measured on this machine, and why."""
+    fixed, per_page = floor.per_exchange_us()
+    exchanges = run.per_page(run.round_trips)
+    rate = run.pages_per_second
+    least = floor.at(rate, exchanges)
+    print("  %-40s %8.0f  %-8s %s" % (
+        "floor for this crawl (us, measured)", least, "<= %g" % REDIS_CPU_TARGET_US,
+        "reachable" if least <= REDIS_CPU_TARGET_US else "NOT reachable here"))
+    print("    Redis idle: %.0f us/s = %.1f us a page at %.0f pages/s; a round trip (PING):"
+          " %.1f us; an empty EVALSHA: %.1f us" % (
+              floor.idle_us_per_s, floor.idle_us_per_s / rate, rate, floor.round_trip_us,
+              floor.call_us))
+    print("    a page (one new link, its ack, a lease) through the frontier's calls: %s us"
+          " a page; fitted: %.0f us an exchange + %.0f us a page, of which the filter's"
+          " check-and-set of the new link %.0f us" % (
+              ", ".join("%.0f with %d page%s an exchange" % (us, n, "" if n == 1 else "s")
+                        for n, us in sorted(floor.per_page_us.items())),
+              fixed, per_page, floor.decision_us))
+    print("    floor = idle a page + %.2f exchanges a page (this crawl's round trips) x %.0f"
+          " + %.0f = %.0f us" % (exchanges, fixed, per_page, least))
+
+
+def as_json(plan: Plan, runs: list[CrawlRun], failures: list[str],
+            floor: Floor | None = None) -> dict[str, Any]:
     ceiling = ceiling_of(runs)
     return {
         "pages": plan.pages,
         "ceiling_pages_per_second": ceiling,
         "failures": failures,
+        "floor": None if floor is None else {
+            "idle_us_per_s": floor.idle_us_per_s, "round_trip_us": floor.round_trip_us,
+            "call_us": floor.call_us, "decision_us": floor.decision_us,
+            "per_page_us": {str(k): v for k, v in floor.per_page_us.items()}},
         "runs": [{
             "contender": r.contender.key,
             "workers": r.workers,

@@ -76,6 +76,7 @@ from bloomcrawl.core import defaults, keys  # noqa: E402
 from bloomcrawl.core.bloom import BloomFilter, partition_of  # noqa: E402
 from bloomcrawl.core.connection import redis_from_url  # noqa: E402
 from bloomcrawl.core.frontier import Frontier, Outgoing  # noqa: E402
+from bloomcrawl.core.politeness import filter_fingerprint  # noqa: E402
 from bloomcrawl.core.scripts import Script, ScriptCall  # noqa: E402
 from bloomcrawl.crawl.config import default_partitions  # noqa: E402
 from bloomcrawl.crawl.scheduler import CLUSTER_STATS_INTERVAL  # noqa: E402
@@ -436,9 +437,63 @@ class Exchanges:
         return self.per_exchange(self.commands.get(command, (0, 0))[0])
 
 
-def measure_exchanges(target: Target, count: int) -> Exchanges:
-    """``count`` exchanges, each: 20 links (10 new, 10 seen), the previous lease's ack, the
-    page's stats, and a lease from the next partition in rotation; one after another."""
+#: a page of a filter partitioned by host: of the 10 links it sends new (and the 10 the
+#: page before sent), this many are on its own site, the others each on another one;
+#: a site's pages come SITE_PAGES in a row, as a worker's leases of one host do
+OWN_HOST_LINKS = 8
+SITE_PAGES = 4
+SYNTHETIC_HOSTS = 500
+
+
+def synthetic_host(page: int, link: int) -> str:
+    """The host of link ``link`` (0-9) a synthetic page sends new."""
+    own = page // SITE_PAGES % SYNTHETIC_HOSTS
+    other = own if link < OWN_HOST_LINKS else (own * 7 + link * 13 + 1) % SYNTHETIC_HOSTS
+    return "www.site-%d.example-synthetic.com" % other
+
+
+def synthetic_pages(count: int, by_host: bool) -> list[list[Outgoing]]:
+    """``count`` pages of 20 links: 10 the page before sent (seen), then 10 new.
+
+    ``by_host``: the links go where a filter partitioned by host (the default) puts
+    them, 16 of 20 on the page's own site (:func:`synthetic_host`); else one host's
+    requests spread by fingerprint over every partition (the cost of the calls, not
+    of the politeness).
+    """
+    half = EXCHANGE_LINKS // 2
+    payloads = request_payloads(count * half + half, "-synthetic")
+    fps = [hashlib.sha1(p.encode()).digest() for p in payloads]
+    host = "www.example-news-site-synthetic.com"
+
+    def link(page: int, n: int, j: int) -> Outgoing:
+        if not by_host:
+            return Outgoing(fps[j], False, 0.0, payloads[j], host)
+        # a seen link is one the page before sent new: on the host it had then
+        where = synthetic_host(page - 1, n) if n < half else synthetic_host(page, n - half)
+        return Outgoing(filter_fingerprint(fps[j], where, "host"), False, 0.0, payloads[j],
+                        where)
+
+    return [[link(i, n, j)
+             for n, j in enumerate((*range(i * half, (i + 1) * half),
+                                    *range((i + 1) * half, (i + 2) * half)))]
+            for i in range(count)]
+
+
+def partition_calls(pages: list[list[Outgoing]], partitions: int) -> float:
+    """Script calls per page as :func:`measure_exchanges` sends them with ``partitions``:
+    one per partition its links, the previous lease's ack and its lease touch, and
+    the stats call."""
+    total = 0
+    for i, links in enumerate(pages):
+        touched = {partition_of(e.fingerprint, partitions) for e in links}
+        touched |= {i % partitions, (i - 1) % partitions}
+        total += len(touched) + 1
+    return total / len(pages)
+
+
+def measure_exchanges(target: Target, count: int, by_host: bool = False) -> Exchanges:
+    """``count`` exchanges (:func:`synthetic_pages`), each with the previous lease's ack,
+    the page's stats and a lease from the next partition in rotation; one after another."""
     target.client.flushall()
     frontier_keys = keys.FrontierKeys("synthetic", partitions=target.partitions)
     bloom = BloomFilter(target.client, frontier_keys.filter, capacity=count * EXCHANGE_LINKS,
@@ -447,15 +502,7 @@ def measure_exchanges(target: Target, count: int) -> Exchanges:
                         lease_timeout=300, worker_id="synthetic", node="synthetic")
     frontier.record_layout()
     half = EXCHANGE_LINKS // 2
-    payloads = request_payloads(count * half + half, "-synthetic")
-    fps = [hashlib.sha1(p.encode()).digest() for p in payloads]
-    # one host, its requests spread by fingerprint (a filter partitioned by host would
-    # put them all in one partition): the cost of the calls, not of the politeness
-    host = "www.example-news-site-synthetic.com"
-    pages = [[Outgoing(fps[j], False, 0.0, payloads[j], host)
-              for j in (*range(i * half, (i + 1) * half),  # seen: sent by the page before
-                        *range((i + 1) * half, (i + 2) * half))]  # new
-             for i in range(count)]
+    pages = synthetic_pages(count, by_host)
     frontier.exchange(pages[0][:half], {})  # the first page's "seen" links; scripts loaded
     first = len(target.sampler.history)
     before = target.sampler()
@@ -708,6 +755,8 @@ class TargetResult:
     idle_cpu_per_s: float
     decisions: Decisions
     exchanges: Exchanges
+    #: the same synthetic pages, their links where a filter partitioned by host puts them
+    host_exchanges: Exchanges
     crawls: list[Crawl] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -746,8 +795,10 @@ def run_target(masters: int, plan: Plan, site: SiteProcess, workdir: Path,
         decisions = measure_decisions(target, plan)
         say_progress("  %s: %d synthetic pages, one exchange each ..." % (what, plan.exchanges))
         exchanges = measure_exchanges(target, plan.exchanges)
+        say_progress("  %s: the same pages partitioned by host ..." % what)
+        host_exchanges = measure_exchanges(target, plan.exchanges, by_host=True)
         result = TargetResult(target.name, target.masters, target.partitions,
-                              target.idle_cpu_per_s, decisions, exchanges)
+                              target.idle_cpu_per_s, decisions, exchanges, host_exchanges)
         for workers in plan.workers if crawl else ():
             say_progress("  %s: crawl by %d worker%s ..." % (what, workers,
                                                               "" if workers == 1 else "s"))
@@ -763,6 +814,53 @@ def run_target(masters: int, plan: Plan, site: SiteProcess, workdir: Path,
 
 
 # --- output -----------------------------------------------------------------------
+
+
+#: the plan of docs/scale.md: masters and partitions the per-page estimate is for
+ESTIMATE_MASTERS, ESTIMATE_PARTITIONS = 64, 512
+
+
+def spread(bins: int, draws: float) -> float:
+    """Distinct bins ``draws`` random draws hit, on average."""
+    return bins * (1 - (1 - 1 / bins) ** draws)
+
+
+def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
+                   plan: Plan) -> list[str]:
+    """Redis CPU per synthetic page on ESTIMATE_MASTERS masters (docs/scale.md's estimate).
+
+    From the largest cluster measured: its Redis CPU per page less the filter's
+    work for the page's fingerprints (the partition-call slope measured on one
+    Redis) is the calls' fixed cost, all in (scripts, their pipelines); times the
+    calls a page makes with ESTIMATE_PARTITIONS partitions (counted on the synthetic
+    pages themselves), plus the fingerprints' work again. The high end adds one round
+    trip (a stats call alone less one pipelined) for each master a page reaches
+    beyond those it reached in the measurement.
+    """
+    clusters = [r for r in results if r.name == "cluster"]
+    if not clusters or extras is None:
+        return []
+    biggest = max(clusters, key=lambda r: r.masters)
+    rtt = extras.stats.us_alone - extras.stats.us_pipelined
+    per_fp = extras.calls.per_fingerprint_us
+    lines = [f"ESTIMATE for {ESTIMATE_MASTERS} masters and {ESTIMATE_PARTITIONS} partitions,"
+             f" one exchange a page (arithmetic on the {biggest.label} of {biggest.masters}"
+             f" above, {per_fp:.2f} us a fingerprint and a round trip of {rtt:.1f} us,"
+             f" both measured on one Redis below):"]
+    for name, e, by_host in (("by fingerprint", biggest.exchanges, False),
+                             ("by host", biggest.host_exchanges, True)):
+        scripts = e.calls("evalsha")
+        fingerprints = EXCHANGE_LINKS * per_fp
+        per_call = max(0.0, e.redis_us - fingerprints) / scripts
+        calls = partition_calls(synthetic_pages(min(plan.exchanges, 2000), by_host),
+                                ESTIMATE_PARTITIONS)
+        extra = max(0.0, spread(ESTIMATE_MASTERS, calls) - spread(biggest.masters, scripts))
+        low = calls * per_call + fingerprints
+        high = low + extra * rtt
+        lines.append(f"  {name}: {calls:.1f} calls a page x {per_call:.1f} us + {fingerprints:.0f}"
+                     f" us of fingerprints = {low:,.0f} us; + {extra:.1f} more masters reached"
+                     f" x {rtt:.1f} us = {high:,.0f} us a page")
+    return lines
 
 
 def say(line: str = "") -> None:
@@ -916,6 +1014,24 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
         " its CPU; Redis us/page: every master's CPU, summed, minus idle. reap us/partition:"
         " Frontier.reap() (what each worker runs every SCHEDULER_REAP_INTERVAL, one script"
         " call per partition, nothing expired), Redis CPU per partition.")
+    say()
+    say(f"The same pages partitioned by host (the default for new filters): of each page's"
+        f" {EXCHANGE_LINKS} links, {2 * OWN_HOST_LINKS} on its own site ({SITE_PAGES} pages"
+        f" of a site in a row), the others each on another of {SYNTHETIC_HOSTS} sites")
+    header = ["target", "masters", "ms/page", "client us", "Redis us/page", "cmds/page",
+              "scripts/page", "us/script", "hottest", "leased"]
+    rows = []
+    for r in results:
+        e = r.host_exchanges
+        rows.append([r.label, str(r.masters), "%.2f" % (e.per_exchange(e.seconds) * 1e3),
+                     fmt_us(e.per_exchange(e.client_cpu_s) * 1e6), fmt_us(e.redis_us),
+                     "%.1f" % e.calls(), "%.1f" % e.calls("evalsha"),
+                     fmt_us(e.redis_us / e.calls("evalsha")), "%.2f" % e.hottest,
+                     "%d/%d" % (e.leased, e.exchanges)])
+    for line in table(header, rows):
+        say(line)
+    for line in estimate_lines(results, extras, plan):
+        say(line)
 
     say()
     say("Crawls in detail")

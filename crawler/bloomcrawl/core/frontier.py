@@ -204,6 +204,8 @@ class Frontier:
         #: bumped each time the filter had to be created again (it was deleted):
         #: a worker's memory of fingerprints it sent is stale from then on
         self.filter_generation = 0
+        #: leases requeued whose count Redis has not taken yet (see reap)
+        self._requeued_unsent = 0
 
     @property
     def partitions(self) -> int:
@@ -410,8 +412,12 @@ class Frontier:
                             [self._cfg(p), self.queue_type, most])
                  for p in range(f.partitions)]
         requeued = int(sum(self.bloom.run_scripts(calls)))
-        if requeued:
-            self.server.hincrby(f.stats, "requeued", requeued)
+        # the count goes to the shared stats even if Redis refuses it now (OOM): the
+        # requests are back in the queue whatever, so it is kept for the next reap
+        self._requeued_unsent += requeued
+        if self._requeued_unsent:
+            self.server.hincrby(f.stats, "requeued", self._requeued_unsent)
+            self._requeued_unsent = 0
         return requeued
 
     def release(self, held: Mapping[str, int]) -> int:
