@@ -238,3 +238,19 @@ def test_a_failed_exchange_puts_its_batch_back_in_front(tmp_path: Path) -> None:
         assert client.hget(frontier.keys.stats, "items") == b"1"
         assert outbox.take_start_acks() == ["seed-1"]
         client.close()
+
+
+# -- SeenCache keys ---------------------------------------------------------------------
+
+
+def test_seen_cache_answers_for_a_request_before_its_host_is_known() -> None:
+    from bloomcrawl.core.politeness import filter_fingerprint
+
+    seen = SeenCache(100)
+    own = hashlib.sha1(b"http://a.test/1").digest()
+    sent = filter_fingerprint(own, "a.test", "host")
+    assert sent != own  # the filter's fingerprint carries the host's partition
+    seen.remember([sent], sent=1)
+    # the request's own fingerprint finds it: the host leaves the bytes the cache keys on
+    assert own in seen and sent in seen
+    assert hashlib.sha1(b"http://a.test/2").digest() not in seen

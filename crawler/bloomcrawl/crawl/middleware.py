@@ -63,8 +63,10 @@ class FrontierSpiderMiddleware(_Reporter):
             nonlocal position
             if isinstance(output, Request):
                 # a child request must not carry its parent's lease (spiders copy meta)
-                for key in INTERNAL_META_KEYS:
-                    output.meta.pop(key, None)
+                meta = output.meta
+                if not INTERNAL_META_KEYS.isdisjoint(meta):
+                    for key in INTERNAL_META_KEYS:
+                        meta.pop(key, None)
                 if page is not None:
                     self.pages.child_request(page, output)
             elif output is not None:

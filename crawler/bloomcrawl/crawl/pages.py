@@ -10,8 +10,11 @@ them. :class:`PageTracker` counts what each page still has in hand:
 
 * each item until ``item_scraped``, ``item_dropped`` or ``item_error``
   names its response;
-* each request until the engine took it (``request_scheduled``, then the
-  scheduler queued it, dropped it or filtered it in the same call);
+* each request until the engine took it: ``request_scheduled``, then the
+  scheduler queued it, dropped it or filtered it in the same call
+  (:meth:`PageTracker.taken`); a request a ``request_scheduled`` handler
+  ignored (IgnoreRequest) never reaches the scheduler, and is let go on the
+  reactor's next turn;
 * each *held* request: a request the frontier cannot share, crawled by this
   worker (:mod:`bloomcrawl.crawl.scheduler`), which keeps its parent page's
   lease until it is itself done, so that a worker killed before then leaves
@@ -70,8 +73,12 @@ class PageTracker:
         self._numbers = itertools.count(1)
         self._pages: dict[int, Page] = {}
         self._by_response: dict[int, Page] = {}
-        # requests the engine is scheduling right now (id -> their parent page)
-        self._taking: dict[int, Page] = {}
+        # requests the engine is scheduling right now: id -> (the request, its parent
+        # page). The request is held: one a handler ignored would be freed at once, and
+        # the next request made could take its id
+        self._taking: dict[int, tuple[Request, Page]] = {}
+        # the reactor's next turn lets go of what no scheduler took (at most one pending)
+        self._sweep: Any = None
         s = crawler.signals
         for signal in (signals.item_scraped, signals.item_dropped, signals.item_error):
             s.connect(self._item_done, signal=signal)
@@ -123,7 +130,8 @@ class PageTracker:
         """``request`` stays with this worker: its parent page waits for it."""
         if HOLD_META_KEY in request.meta:  # a retry of a held request: already held
             return
-        parent = self._taking.get(id(request))
+        taking = self._taking.get(id(request))
+        parent = taking[1] if taking is not None else None
         if parent is not None:
             parent.in_hand += 1
         # 0: no parent to hold (a start request), but its page is still tracked and counted
@@ -151,14 +159,30 @@ class PageTracker:
         if parent is None:
             return
         # the engine queues (or drops) the request right after this signal, in the same
-        # call: the parent is done with it once that call returned
-        self._taking[id(request)] = parent
-        call_later(0, self._request_taken, id(request), parent)
+        # call: the parent is done with it once the scheduler took it (taken), or once
+        # that call returned without reaching the scheduler (a handler of this signal
+        # raised IgnoreRequest): whatever is still here on the reactor's next turn. One
+        # timer for all the requests scheduled meanwhile, not one each
+        self._taking[id(request)] = (request, parent)
+        if self._sweep is None:
+            self._sweep = call_later(0, self._let_go)
 
-    def _request_taken(self, key: int, parent: Page) -> None:
-        self._taking.pop(key, None)
-        parent.in_hand -= 1
-        self._maybe_done(parent)
+    def taken(self, request: Request) -> None:
+        """The scheduler took ``request`` (queued, held, dropped or filtered it)."""
+        if self._taking:
+            taking = self._taking.pop(id(request), None)
+            if taking is not None:
+                parent = taking[1]
+                parent.in_hand -= 1
+                self._maybe_done(parent)
+
+    def _let_go(self) -> None:
+        """Requests the engine scheduled that no scheduler took: their call has returned."""
+        self._sweep = None
+        taking, self._taking = self._taking, {}
+        for _, parent in taking.values():
+            parent.in_hand -= 1
+            self._maybe_done(parent)
 
     def _maybe_done(self, page: Page) -> None:
         if not page.ended or page.in_hand > 0 or page.number not in self._pages:

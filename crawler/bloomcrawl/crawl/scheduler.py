@@ -263,6 +263,7 @@ class Scheduler:
             self.tool.close(reason)
             return
         self._closing = True
+        self.intake.flush_counts()
         self.upkeep.stop()
         self.idle.stop()
         self.loop.stop()
@@ -311,7 +312,11 @@ class Scheduler:
         """
         if self.tool is not None:
             return bool(self.tool.enqueue_request(request))
-        return self.intake.enqueue(request)
+        try:
+            return self.intake.enqueue(request)
+        finally:
+            # its parent page is done with it, however it went (PageTracker)
+            self.pages.taken(request)
 
     def next_request(self) -> Request | None:
         """The next leased request, or None when there is none right now.
@@ -325,19 +330,24 @@ class Scheduler:
         if self.tool is not None:
             request: Request | None = self.tool.next_request()
             return request
+        intake = self.intake
+        # the engine asks often: the counts buffered since it last asked go to the stats
+        intake.flush_counts()
         loop = self.loop
-        if not self.book.ready():
+        book = self.book
+        if not book.ready():
             if len(self.held):
                 self.stats.inc_value("scheduler/dequeued")
                 self.stats.inc_value("scheduler/dequeued/memory")
                 return self.held.pop()
             loop.starved = True
             loop.exchange(lease=bool(loop.readiness.ready_now()))
-        if self.book.ready():
-            self.stats.inc_value("scheduler/dequeued")
-            self.stats.inc_value("scheduler/dequeued/redis")
+        if book.ready():
+            counts = intake.counts
+            counts.inc("scheduler/dequeued")
+            counts.inc("scheduler/dequeued/redis")
             loop.starved = False
-            return self.book.pop_ready()
+            return book.pop_ready()
         return None
 
     def __len__(self) -> int:
@@ -352,6 +362,7 @@ class Scheduler:
         Raises the Redis error when the send fails; what was buffered is kept
         for the next try. Tools call this; the scheduler itself never waits.
         """
+        self.intake.flush_counts()
         self.loop.send_now()
 
     @property
@@ -391,6 +402,7 @@ class Scheduler:
 
     def _on_idle(self, spider: Spider) -> None:
         """spider_idle: the spider stays open while the cluster's frontier is not empty."""
+        self.intake.flush_counts()
         loop = self.loop
         if loop.busy_here():
             loop.exchange(lease=loop.starved)
