@@ -104,8 +104,10 @@ QUICK = Plan(pages=300, workers=(1, 2), max_idle=1, timeout=120.0)
 
 
 def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
-            profile_dir: Path | None = None) -> tuple[list[CrawlRun], list[str]]:
+            profile_dir: Path | None = None
+            ) -> tuple[list[CrawlRun], list[str], Floor | None]:
     runs: list[CrawlRun] = []
+    floor = None
     failures: list[str] = []
     settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": str(plan.max_idle),
                 "ITEM_PIPELINES": ITEM_PIPELINES[items]}
@@ -267,8 +269,8 @@ def print_floor(floor: Floor, run: CrawlRun) -> None:
           " %.1f us; an empty EVALSHA: %.1f us" % (
               floor.idle_us_per_s, floor.idle_us_per_s / rate, rate, floor.round_trip_us,
               floor.call_us))
-    print("    a page (one new link, its ack, a lease) through the frontier's calls: %s us"
-          " a page; fitted: %.0f us an exchange + %.0f us a page, of which the filter's"
+    print("    a page (one new link, its ack, a lease) through the frontier's calls, us a page: %s;"
+          " fitted: %.0f us an exchange + %.0f us a page, of which the filter's"
           " check-and-set of the new link %.0f us" % (
               ", ".join("%.0f with %d page%s an exchange" % (us, n, "" if n == 1 else "s")
                         for n, us in sorted(floor.per_page_us.items())),
@@ -341,17 +343,18 @@ def main(argv: list[str] | None = None) -> int:
         profile.prepare(args.profile)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bloomcrawl-bench-crawl-") as tmp:
-        runs, failures = run_all(plan, contenders, args.items, Path(tmp), args.profile)
+        runs, failures, floor = run_all(plan, contenders, args.items, Path(tmp),
+                                        args.profile)
     print("redis-py %s; finished in %.0f s, load average after: %s" % (
         redis.__version__, time.monotonic() - started,
         " ".join("%.2f" % x for x in os.getloadavg())))
     print()
-    print_table(plan, runs, contenders, args.items)
+    print_table(plan, runs, contenders, args.items, floor)
     if args.profile:
         print()
         print_profiles(args.profile, runs)
     if args.json:
-        args.json.write_text(json.dumps(as_json(plan, runs, failures), indent=2))
+        args.json.write_text(json.dumps(as_json(plan, runs, failures, floor), indent=2))
     if failures:
         print()
         print("FAILED runs: %d (details on stderr)" % len(failures))
