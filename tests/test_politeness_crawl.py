@@ -70,8 +70,11 @@ from kit.workers import WorkerPool, check_exits, run_workers
 #: each page links to this many new ones: every worker could have work of the domain at once
 FANOUT = 10
 GAP_FACTOR = 0.9
-SPAN_FACTOR = 1.1
-THROUGHPUT_FACTOR = 0.8
+#: bounds on the crawl's pace that catch a budget applied twice (2x the span) or hosts
+#: holding each other back (a fraction of the throughput), with room for a loaded
+#: machine: how close to ideal the pace is is bench/politeness.py's to measure
+SPAN_FACTOR = 1.5
+THROUGHPUT_FACTOR = 0.5
 
 
 
