@@ -121,8 +121,8 @@ def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
                     print("  running %s, %d process%s ..." % (
                         contender.label, workers, "" if workers == 1 else "es"),
                         file=sys.stderr, flush=True)
-                    run_settings = settings if profile_dir is None else \
-                        profile.worker_settings(contender.settings, settings, profile_dir)
+                    run_settings = profile.worker_settings(
+                        contender.settings, settings, workdir / "threads", profile_dir)
                     try:
                         runs.append(run_crawl(
                             contender, workers=workers, site=site, client=client,
@@ -243,6 +243,19 @@ def print_targets(runs: list[CrawlRun], ceiling: float | None, floor: Floor | No
             "worker CPU per page: ceiling / bloomcrawl", memory.worker_cpu_s / mine.worker_cpu_s))
 
 
+def print_worker_cpu(runs: list[CrawlRun],
+                     worker_cpu: dict[tuple[str, int], profile.WorkerCpu | None]) -> None:
+    """bloomcrawl's worker CPU per page beside the in-memory scheduler's, and its floor."""
+    memory = next((r for r in runs if r.contender is MEMORY and r.workers == 1), None)
+    rows = [profile.CpuRow(
+        r.workers, r.distinct, r.worker_cpu_s, r.pages_per_second,
+        sum(float(p.get("stats", {}).get("scheduler/enqueued/redis") or 0) for p in r.probes),
+        worker_cpu.get((r.contender.key, r.workers)))
+        for r in runs if r.contender is BLOOMCRAWL and r.distinct]
+    profile.print_worker_cpu(rows, memory.per_page(memory.worker_cpu_s) if memory else None,
+                             ceiling_of(runs))
+
+
 def print_profiles(directory: Path, runs: list[CrawlRun]) -> None:
     """The workers' profiles (``--profile``), per run, beside the in-memory scheduler's."""
     loaded = []
@@ -345,11 +358,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bloomcrawl-bench-crawl-") as tmp:
         runs, failures, floor = run_all(plan, contenders, args.items, Path(tmp),
                                         args.profile)
+        worker_cpu = {(r.contender.key, r.workers): profile.read_thread_cpu(
+            Path(tmp) / "threads", "%s-%dw-" % (r.contender.key, r.workers)) for r in runs}
     print("redis-py %s; finished in %.0f s, load average after: %s" % (
         redis.__version__, time.monotonic() - started,
         " ".join("%.2f" % x for x in os.getloadavg())))
     print()
     print_table(plan, runs, contenders, args.items, floor)
+    print()
+    print_worker_cpu(runs, worker_cpu)
     if args.profile:
         print()
         print_profiles(args.profile, runs)

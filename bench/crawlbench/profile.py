@@ -1,4 +1,15 @@
-"""``bench/crawl.py --profile DIR``: each worker's CPU by function, under cProfile.
+"""``bench/crawl.py``: where a worker's CPU goes, per thread and (``--profile DIR``) per function.
+
+Always, :class:`ThreadCpu` (a Scrapy extension, enabled by the
+``BENCH_THREADS_FILE`` setting) splits each worker's CPU time between its
+reactor thread and the others (bloomcrawl's Redis I/O thread) from
+``/proc/self/task``, and :func:`print_worker_cpu` prints bloomcrawl's worker
+CPU per page beside the in-memory scheduler's with the floor of this design:
+the in-memory scheduler's CPU, plus what the Redis I/O thread spent, plus the
+request codec (each new request serialized, each leased one rebuilt),
+measured here.
+
+With ``--profile DIR``, cProfile per function, as follows.
 
 Worker side, :class:`Profiler` (a Scrapy extension, enabled by the
 ``BENCH_PROFILE_PREFIX`` setting): the reactor thread is profiled from its
@@ -29,6 +40,7 @@ from __future__ import annotations
 import atexit
 import cProfile
 import json
+import os
 import pstats
 import re
 import threading
@@ -46,6 +58,14 @@ if TYPE_CHECKING:
 
 SETTING = "BENCH_PROFILE_PREFIX"
 EXTENSION = "crawlbench.profile.Profiler"
+THREADS_SETTING = "BENCH_THREADS_FILE"
+THREADS_EXTENSION = "crawlbench.profile.ThreadCpu"
+#: ThreadCpu reads the threads' CPU times every this many responses
+THREADS_EVERY = 20
+#: issue 20: worker CPU per page at most this many times the in-memory scheduler's
+WORKER_CPU_TARGET = 1.05
+#: issue 20: pages/s per process at least this share of the in-memory ceiling
+CEILING_TARGET = 0.95
 #: the EXTENSIONS of crawlbench.settings, for contenders that do not set their own
 DEFAULT_EXTENSIONS = {"crawlbench.probe.Probe": 0}
 #: built-ins whose own time is a thread waiting, not working (cProfile's clock is wall time)
@@ -68,6 +88,63 @@ CUMULATIVE_OF = frozenset({"bloomcrawl", "scrapy"})
 
 
 # -- worker side -----------------------------------------------------------------------------
+
+
+def thread_cpu_times() -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of this process, by thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    times = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            stat = Path("/proc/self/task/%s/stat" % tid).read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        times[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return times
+
+
+class ThreadCpu:
+    """The reactor thread's and the other threads' CPU time, from the first response on.
+
+    Read every :data:`THREADS_EVERY` responses; the last reading before the
+    spider closed is written (JSON) to ``BENCH_THREADS_FILE``.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.responses = 0
+        self.first: dict[int, float] | None = None
+        self.last: tuple[int, dict[int, float]] | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> ThreadCpu:
+        path = crawler.settings.get(THREADS_SETTING)
+        if not path:
+            raise NotConfigured("%s is not set" % THREADS_SETTING)
+        probe = cls(Path(path))
+        crawler.signals.connect(probe.response_received, signal=signals.response_received)
+        crawler.signals.connect(probe.spider_closed, signal=signals.spider_closed)
+        return probe
+
+    def response_received(self, **kwargs: Any) -> None:
+        self.responses += 1
+        if self.first is None:
+            self.first = thread_cpu_times()
+        elif self.responses % THREADS_EVERY == 0:
+            self.last = (self.responses, thread_cpu_times())
+
+    def spider_closed(self, **kwargs: Any) -> None:
+        if self.first is None or self.last is None:
+            return
+        responses, last = self.last
+        main = threading.main_thread().native_id
+        spent = {tid: cpu - self.first.get(tid, 0.0) for tid, cpu in last.items()}
+        self.path.write_text(json.dumps({
+            "responses": responses - 1,  # the first reading was at the first response
+            "main_s": spent.get(main, 0.0),
+            "other_s": sum(cpu for tid, cpu in spent.items() if tid != main),
+        }))
 
 
 class Profiler:
@@ -153,18 +230,123 @@ def thread_label(name: str) -> str:
 
 
 def worker_settings(contender_settings: dict[str, str], settings: dict[str, str],
-                    directory: Path) -> dict[str, str]:
-    """``settings`` plus what makes each worker of this contender write its profiles.
+                    threads_dir: Path, profile_dir: Path | None = None) -> dict[str, str]:
+    """``settings`` plus what makes each worker write its threads' CPU (and its profiles).
 
-    The profiler joins the contender's own EXTENSIONS (or crawlbench's), which
-    a plain ``-s EXTENSIONS=`` would replace.
+    The extensions join the contender's own EXTENSIONS (or crawlbench's),
+    which a plain ``-s EXTENSIONS=`` would replace.
     """
     extensions = json.loads(contender_settings.get("EXTENSIONS")
                             or settings.get("EXTENSIONS")
                             or json.dumps(DEFAULT_EXTENSIONS))
-    extensions[EXTENSION] = 0
-    return {**settings, "EXTENSIONS": json.dumps(extensions),
-            SETTING: str(directory.resolve() / "{worker}")}
+    extensions[THREADS_EXTENSION] = 0
+    threads_dir.mkdir(parents=True, exist_ok=True)
+    extra = {THREADS_SETTING: str(threads_dir.resolve() / "{worker}.json")}
+    if profile_dir is not None:
+        extensions[EXTENSION] = 0
+        extra[SETTING] = str(profile_dir.resolve() / "{worker}")
+    return {**settings, **extra, "EXTENSIONS": json.dumps(extensions)}
+
+
+@dataclass(frozen=True)
+class WorkerCpu:
+    """One run's worker CPU, split between the reactor threads and the others."""
+
+    #: the others' (the Redis I/O thread's) share of the workers' CPU
+    other_share: float
+
+
+def read_thread_cpu(threads_dir: Path, worker_prefix: str) -> WorkerCpu | None:
+    """What the ThreadCpu of the workers named ``<worker_prefix>*`` wrote, added up."""
+    main = other = 0.0
+    for path in threads_dir.glob("%s*.json" % worker_prefix):
+        data = json.loads(path.read_text())
+        main += data["main_s"]
+        other += data["other_s"]
+    if main + other <= 0:
+        return None
+    return WorkerCpu(other / (main + other))
+
+
+def codec_cost_s(repeat: int = 2000) -> tuple[float, float]:
+    """CPU seconds to serialize one demo-site request and to rebuild one from its entry.
+
+    The ``site`` spider's link: a callback, the crawl's domains and the depth
+    in meta; the fastest of five rounds.
+    """
+    import time
+
+    from scrapy import Request
+    from scrapy.utils.test import get_crawler
+
+    from bloomcrawl.crawl.serialization import ClassAllowList, request_from_json, request_to_json
+    from bloomcrawl.crawl.spiders.site import SiteSpider
+
+    crawler = get_crawler(SiteSpider, {})
+    spider = SiteSpider.from_crawler(crawler)
+    allowed = ClassAllowList.from_settings(crawler.settings).extended("bloomcrawl")
+    request = Request("http://127.0.0.1:8000/page/1234", callback=spider.parse,
+                      meta={"site_domains": ["127.0.0.1"], "depth": 3})
+    entry = request_to_json(request, spider, allowed)
+    best_out = best_in = float("inf")
+    for _ in range(5):
+        started = time.process_time()
+        for _ in range(repeat):
+            request_to_json(request, spider, allowed)
+        middle = time.process_time()
+        for _ in range(repeat):
+            request_from_json(entry, spider, allowed)
+        ended = time.process_time()
+        best_out = min(best_out, (middle - started) / repeat)
+        best_in = min(best_in, (ended - middle) / repeat)
+    return best_out, best_in
+
+
+@dataclass(frozen=True)
+class CpuRow:
+    """What :func:`print_worker_cpu` prints about one bloomcrawl run."""
+
+    workers: int
+    pages: int
+    worker_cpu_s: float
+    pages_per_second: float
+    enqueued: float  # requests sent to Redis, all workers
+    cpu: WorkerCpu | None
+
+
+def print_worker_cpu(rows: list[CpuRow], memory_cpu_per_page_s: float | None,
+                     ceiling: float | None) -> None:
+    """bloomcrawl's worker CPU per page against the in-memory scheduler's, with the floor."""
+    print("worker CPU per page (issue 20): bloomcrawl beside the in-memory scheduler")
+    if memory_cpu_per_page_s is None or not rows:
+        print("  (needs the in-memory and bloomcrawl runs)")
+        return
+    encode_s, decode_s = codec_cost_s()
+    memory_ms = memory_cpu_per_page_s * 1e3
+    print("  in-memory scheduler: %.2f ms/page; the codec here: %.0f us to serialize a request,"
+          " %.0f us to rebuild one" % (memory_ms, encode_s * 1e6, decode_s * 1e6))
+    for row in rows:
+        per_page = row.worker_cpu_s / row.pages
+        ratio = per_page / memory_cpu_per_page_s
+        io_s = row.cpu.other_share * per_page if row.cpu is not None else None
+        codec_s = row.enqueued / row.pages * encode_s + decode_s
+        floor = memory_cpu_per_page_s + (io_s or 0.0) + codec_s
+        rate = row.pages_per_second / row.workers
+        of_ceiling = rate / ceiling if ceiling else None
+        print("  %d process%s: %.2f ms/page = %.2fx (target <= %.2f: %s); pages/s per process"
+              " %.2f of the ceiling (target >= %.2f: %s)" % (
+                  row.workers, "" if row.workers == 1 else "es", per_page * 1e3, ratio,
+                  WORKER_CPU_TARGET, "PASS" if ratio <= WORKER_CPU_TARGET else "MISS",
+                  of_ceiling if of_ceiling is not None else float("nan"), CEILING_TARGET,
+                  "n/a" if of_ceiling is None
+                  else ("PASS" if of_ceiling >= CEILING_TARGET else "MISS")))
+        print("     floor %.2f ms/page = %.2fx: the in-memory scheduler's %.2f + the Redis I/O"
+              " thread's %s + the codec's %.0f us (%.2f requests serialized and one rebuilt a"
+              " page); above the floor: %.0f us/page of bookkeeping on the reactor (page"
+              " tracking, leases, signals, exchanges)" % (
+                  floor * 1e3, floor / memory_cpu_per_page_s, memory_ms,
+                  "n/a" if io_s is None else "%.0f us" % (io_s * 1e6), codec_s * 1e6,
+                  row.enqueued / row.pages, max(0.0, per_page - floor) * 1e6))
 
 
 def prepare(directory: Path) -> None:
