@@ -91,6 +91,9 @@ local MASK = {[0] = 128, 64, 32, 16, 8, 4, 2, 1}
 -- slices, most are small; new items look in every slice, duplicates in few).
 -- A call of one item reads no slice whole.
 local WHOLE_READ_BYTES = 512
+-- chunk key names built by a call of many items: (chunk * 64 + slice) -> name (a name
+-- built again is a new string each time: hashed, interned, collected)
+local NAMES = nil
 
 -- Looks the item up in each slice, most items first (where a duplicate most likely
 -- is): the newest and the one before it by items, then the older ones newest first
@@ -126,7 +129,11 @@ local function lookup(h1, h2, h3, h4, newest, frozen, whole, looked, undecided, 
     else
       local bidx = h1 % BLOCKS[i]
       local chunk = floor(bidx / CHUNK_BLOCKS)
-      local key = prefix .. ':s' .. (i - 1) .. ':c' .. chunk
+      local key = NAMES and NAMES[chunk * 64 + i]
+      if not key then
+        key = prefix .. ':s' .. (i - 1) .. ':c' .. chunk
+        if NAMES then NAMES[chunk * 64 + i] = key end
+      end
       local off = (bidx - chunk * CHUNK_BLOCKS) * BLOCK_BYTES
       blk = redis.call('GETRANGE', key, off, off + BLOCK_BYTES - 1)
       if i == newest then
@@ -216,7 +223,7 @@ local function decide(blob, flags)
   local first_slices, frozen = n, n
   local count = #blob / 20
   local whole, looked
-  if count > 1 then whole, looked = {}, {} end
+  if count > 1 then whole, looked, NAMES = {}, {}, NAMES or {} end
   local out, filtered = {}, 0
   for j = 0, count - 1 do
     if flags and byte(flags, j + 1) == 49 then
@@ -284,7 +291,7 @@ local function check(blob)
   if not CAP then load_partition() end
   local count = #blob / 20
   local whole, looked
-  if count > 1 then whole, looked = {}, {} end
+  if count > 1 then whole, looked, NAMES = {}, {}, NAMES or {} end
   local out = {}
   for j = 0, count - 1 do
     local h1, h2, h3, h4 = hashes(blob, j)
