@@ -268,7 +268,10 @@ def test_every_panel_and_alert_query_returns_data_from_a_real_crawl(
     # the crawl is under way, seen through the exporter by Prometheus
     prometheus.wait_for('bloomcrawl_pages_total{spider="site"} > 0', timeout=90)
     prometheus.wait_for('bloomcrawl_queue_requests{spider="site"} > 0', timeout=30)
-    prometheus.wait_for('bloomcrawl_filter_duplicates_total{spider="site"} > 0')
+    # duplicates: a worker drops the links it sent lately itself (the shared count has
+    # them all); the filter answers for the rest, and checks every new one
+    prometheus.wait_for('bloomcrawl_requests_filtered_total{spider="site"} > 0')
+    prometheus.wait_for('bloomcrawl_filter_checked_total{spider="site"} > 0')
     prometheus.wait_for('count_over_time(bloomcrawl_pages_total{spider="site"}[1m]) >= 5')
     # Prometheus saw the crawl under way, not only its end: the site's delay makes the
     # crawl last at least CRAWL_PAGES * SITE_DELAY_MS / CONCURRENT_REQUESTS (10 s), many
