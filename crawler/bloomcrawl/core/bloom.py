@@ -83,8 +83,11 @@ def normalise_fingerprint(fp: bytes | str) -> bytes:
 def partition_of(fp: bytes, partitions: int) -> int:
     return int.from_bytes(fp[16:20], "big") % partitions
 
-_ADD = {b: Script.for_backend(b, "bloom_add.lua") for b in BACKENDS}
-_CONTAINS = {b: Script.for_backend(b, "bloom_contains.lua") for b in BACKENDS}
+#: by (backend, windowed): a filter with a revisit window runs the window's prelude too
+_ADD = {(b, w): Script.for_backend(b, "bloom_add.lua", windowed=w)
+        for b in BACKENDS for w in (False, True)}
+_CONTAINS = {(b, w): Script.for_backend(b, "bloom_contains.lua", windowed=w)
+             for b in BACKENDS for w in (False, True)}
 
 
 class BloomFilter:
@@ -97,6 +100,8 @@ class BloomFilter:
     :class:`FilterMismatchError`.
     ``initial_capacity`` (None: the default, or what an existing filter has)
     is what the first slice of each partition holds.
+    ``revisit_after`` (seconds; 0: never) forgets an item W to W (1 + 1/g) after it
+    was added, g being ``generations``: a URL is new again after its revisit window.
     """
 
     def __init__(
@@ -116,6 +121,8 @@ class BloomFilter:
         partition_by: str | None = None,
         initial_capacity: int | None = None,
         strict_params: bool = defaults.FILTER_STRICT_PARAMS,
+        revisit_after: float = defaults.FILTER_REVISIT_AFTER,
+        generations: int = defaults.FILTER_GENERATIONS,
     ) -> None:
         keys.check_key(key)
         if backend not in (*BACKENDS, "auto"):
@@ -128,9 +135,17 @@ class BloomFilter:
         self._adopt_partition_by = partition_by is None
         self._adopt_initial_capacity = initial_capacity is None
         self._strict_params = strict_params
+        if revisit_after and backend == "redisbloom":
+            raise InvalidFilterParameters(
+                "a revisit window (BLOOMFILTER_REVISIT_AFTER=%r) needs the bitmap backend:"
+                " RedisBloom's filters cannot forget" % (revisit_after,))
+        if not revisit_after:
+            # without a window the generations mean nothing: never a mismatch
+            generations = defaults.FILTER_GENERATIONS
         common = dict(partitions=partitions, growth=growth, tightening=tightening,
                       chunk_bytes=chunk_bytes, backend=concrete,
-                      partition_by=partition_by or "host", hashing=HASHING)
+                      partition_by=partition_by or "host", hashing=HASHING,
+                      revisit_after=revisit_after, generations=generations)
         if bit_exponent is not None or hashes is not None:
             if bit_exponent is None or hashes is None:
                 raise InvalidFilterParameters(
@@ -185,7 +200,8 @@ class BloomFilter:
         """Add one fingerprint; True if it was new. Atomic (one EVALSHA, no pipeline)."""
         fp = normalise_fingerprint(fp)
         p = partition_of(fp, self.params.partitions)
-        call = ScriptCall(_ADD[self.params.backend], [keys.state_key(self.key, p)], [fp])
+        call = ScriptCall(_ADD[self.params.backend, self.params.windowed],
+                          [keys.state_key(self.key, p)], [fp])
         return bool(self.run_scripts([call])[0] == b"1")
 
     def run_scripts(self, calls: Sequence[ScriptCall], **options: Any) -> list[Any]:
@@ -210,13 +226,13 @@ class BloomFilter:
 
     def add_many(self, fps: Sequence[bytes | str]) -> list[bool]:
         """Add fingerprints; one atomic call per partition touched, in one round trip."""
-        return self._batched(_ADD[self.params.backend], fps)
+        return self._batched(_ADD[self.params.backend, self.params.windowed], fps)
 
     def __contains__(self, fp: bytes | str) -> bool:
         return self.contains_many([fp])[0]
 
     def contains_many(self, fps: Sequence[bytes | str]) -> list[bool]:
-        return self._batched(_CONTAINS[self.params.backend], fps)
+        return self._batched(_CONTAINS[self.params.backend, self.params.windowed], fps)
 
     def _batched(self, script: Script, fps: Sequence[bytes | str]) -> list[bool]:
         if not fps:
@@ -252,10 +268,11 @@ class BloomFilter:
         """Delete the filter's bits, counters and metadata."""
         with redis_errors(self.server):
             for p in range(self.params.partitions):
-                pattern = keys.chunk_pattern(self.key, p)
-                batch = list(self.server.scan_iter(match=pattern, count=1000))
-                if batch:
-                    self.server.unlink(*batch)
+                for pattern in (keys.chunk_pattern(self.key, p),
+                                keys.generation_pattern(self.key, p)):
+                    batch = list(self.server.scan_iter(match=pattern, count=1000))
+                    if batch:
+                        self.server.unlink(*batch)
                 self.server.unlink(keys.state_key(self.key, p), keys.redisbloom_key(self.key, p))
             self.server.unlink(keys.meta_key(self.key))
 

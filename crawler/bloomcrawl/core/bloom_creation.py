@@ -57,7 +57,9 @@ def resolve_auto_backend(server: redis.Redis, key: str, params: FilterParams) ->
             except (ValueError, AttributeError):
                 return params
         else:
-            stored = "redisbloom" if has_redisbloom(server) else "bitmap"
+            # a revisit window is the bitmap backend's alone
+            stored = ("redisbloom" if has_redisbloom(server) and not params.windowed
+                      else "bitmap")
     if stored == params.backend:
         return params
     changes: dict[str, Any] = {"backend": stored}
@@ -138,6 +140,10 @@ def write_partitions(server: redis.Redis, key: str, params: FilterParams,
         "filtered": 0,
         "hashing": params.hashing,
     }
+    if params.windowed:
+        # the template of the generations (bloom_window.lua): their plan, above, and
+        # the window; the live generations are listed in 'gens' as they are made
+        fields.update(period_ms=params.period_ms, generations=params.generations, gens="")
     for i, s in enumerate(plan):
         fields["plan:%d" % i] = "%d %d %d" % (s.capacity, s.hashes, s.blocks)
     with redis_errors(server):

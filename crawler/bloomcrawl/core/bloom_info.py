@@ -9,7 +9,9 @@ and the chunks' lengths, never a ``BITCOUNT``; the RedisBloom backend's from
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -40,6 +42,10 @@ class BloomInfo:
     partition_slices: list[int] = field(default_factory=list)
 
 
+#: one growing filter of a partition: its state, and the name of chunk c of slice s
+_Unit = tuple[dict[bytes, bytes], Callable[[int, int], str]]
+
+
 def filter_info(server: redis.Redis, key: str, params: FilterParams) -> BloomInfo:
     """The figures of filter ``key``, created with ``params``, by its backend."""
     if params.backend == "redisbloom":
@@ -65,32 +71,65 @@ def bitmap_info(server: redis.Redis, key: str, params: FilterParams) -> BloomInf
         for p in range(params.partitions):
             pipe.hgetall(keys.state_key(key, p))
         states = pipe.execute()
+        # per partition, its filters: (state, chunk key of slice s, chunk c); a revisit
+        # window's are its generations still in the window at Redis's TIME
+        units: list[list[_Unit]] = []
+        retired_filtered = [0] * params.partitions
+        if params.windowed:
+            seconds, micros = server.time()
+            current = (seconds * 1000 + micros // 1000) // params.period_ms
+            listed = [[int(g) for g in state.get(b"gens", b"").split()] for state in states]
+            pipe = server.pipeline(transaction=False)
+            for p, gens in enumerate(listed):
+                for g in gens:
+                    pipe.hgetall(keys.generation_state_key(key, p, g))
+            replies = iter(pipe.execute())
+            for p, gens in enumerate(listed):
+                part: list[_Unit] = []
+                for g in gens:
+                    generation: dict[bytes, bytes] = next(replies)
+                    if g >= current - params.generations:
+                        part.append((generation, functools.partial(keys.generation_chunk_key,
+                                                              key, p, g)))
+                    else:  # out of the window, not retired yet: only its duplicates count
+                        retired_filtered[p] += int(generation.get(b"filtered", 0))
+                units.append(part)
+        else:
+            units = [[(state, functools.partial(keys.chunk_key, key, p))]
+                     for p, state in enumerate(states)]
         pipe = server.pipeline(transaction=False)
-        for p, state in enumerate(states):
-            for s in range(int(state.get(b"slices", 1))):
-                for c in range(math.ceil(stored_plan(state, s).blocks / chunk_blocks)):
-                    pipe.strlen(keys.chunk_key(key, p, s, c))
+        for part in units:
+            for state, chunk_key in part:
+                for s in range(int(state.get(b"slices", 1))):
+                    for c in range(math.ceil(stored_plan(state, s).blocks / chunk_blocks)):
+                        pipe.strlen(chunk_key(s, c))
         memory = sum(pipe.execute())
     bits = bits_set = items = checked = filtered = 0
     fp_sum = 0.0
     slices_per_partition = []
     slice_capacity = 0
-    for state in states:
-        nslices = int(state.get(b"slices", 1))
-        slices_per_partition.append(nslices)
+    filtered = sum(retired_filtered)
+    for state, part in zip(states, units, strict=True):
+        # a window's duplicates found in older generations, and those of retired ones
+        filtered += int(state.get(b"filtered", 0)) if params.windowed else 0
         miss = 1.0
-        for s in range(nslices):
-            sp = stored_plan(state, s)
-            s_items = int(state.get(b"items:%d" % s, 0))
-            bits += sp.bits
-            slice_capacity += sp.capacity
-            bits_set += int(state.get(b"bits_set:%d" % s, 0))
-            items += s_items
-            if s_items:
-                miss *= 1 - blocked_false_positive_rate(sp.bits / s_items, sp.hashes,
-                                                        params.block_bits)
+        most_slices = 0
+        for unit, _ in part:
+            nslices = int(unit.get(b"slices", 1))
+            most_slices = max(most_slices, nslices)
+            for s in range(nslices):
+                sp = stored_plan(unit, s)
+                s_items = int(unit.get(b"items:%d" % s, 0))
+                bits += sp.bits
+                slice_capacity += sp.capacity
+                bits_set += int(unit.get(b"bits_set:%d" % s, 0))
+                items += s_items
+                if s_items:
+                    miss *= 1 - blocked_false_positive_rate(sp.bits / s_items, sp.hashes,
+                                                            params.block_bits)
+            filtered += int(unit.get(b"filtered", 0))
+        slices_per_partition.append(most_slices or 1)
         fp_sum += 1 - miss
-        filtered += int(state.get(b"filtered", 0))
     checked = items + filtered
     return BloomInfo(
         capacity=params.capacity,

@@ -25,6 +25,10 @@ FILTER_INITIAL_CAPACITY = 256
 # True: opening a filter stored with other sizing (capacity, error rate, growth...) is an
 # error; False: the stored filter is used and what differed is logged
 FILTER_STRICT_PARAMS = False
+# BLOOMFILTER_REVISIT_AFTER: 0, a filter that never forgets; BLOOMFILTER_GENERATIONS: the
+# generations a revisit window is kept in (an item is forgotten W to W (1 + 1/g) after)
+FILTER_REVISIT_AFTER = 0
+FILTER_GENERATIONS = 4
 # the seeds' BLOOMFILTER_BIT / BLOOMFILTER_HASH_NUMBER when only one is set
 SEEDS_BIT_EXPONENT = 30
 SEEDS_HASHES = 6

@@ -54,8 +54,9 @@ INTERNAL_META_PREFIX = "_bloomcrawl"
 MIGRATE_BATCH = 5000
 
 #: a partition's exchange with requests (the filter's prelude first) and without
-_ENQUEUE = {b: Script.for_backend(b, "polite_common.lua", "frontier_enqueue.lua")
-            for b in BACKENDS}
+_ENQUEUE = {(b, w): Script.for_backend(b, "polite_common.lua", "frontier_enqueue.lua",
+                                       windowed=w)
+            for b in BACKENDS for w in (False, True)}
 _LEASE = Script("polite_common.lua", "frontier_lease.lua")
 _PEEK = Script("frontier_peek.lua")
 _RENEW = Script("frontier_renew.lua")
@@ -368,7 +369,7 @@ class Frontier:
                            *seen, *ack_args(acks)]
         script = _LEASE
         if outgoing:
-            script = _ENQUEUE[self.bloom.params.backend]
+            script = _ENQUEUE[self.bloom.params.backend, self.bloom.params.windowed]
             args += [b"".join(e.fingerprint for e in outgoing),
                      "".join("1" if e.dont_filter else "0" for e in outgoing)]
             for e in outgoing:

@@ -67,6 +67,22 @@ def redisbloom_key(name: str, partition: int) -> str:
     return partition_tag(name, partition) + ":rb"
 
 
+def generation_state_key(name: str, partition: int, generation: int) -> str:
+    """A revisit window's generation of a partition (bloom_window.lua)."""
+    return "%s:g%d%s" % (partition_tag(name, partition), generation, STATE_SUFFIX)
+
+
+def generation_chunk_key(name: str, partition: int, generation: int, slice_index: int,
+                         chunk: int) -> str:
+    return "%s:g%d:s%d:c%d" % (partition_tag(name, partition), generation, slice_index, chunk)
+
+
+def generation_pattern(name: str, partition: int) -> str:
+    """SCAN pattern matching every key of a partition's revisit-window generations."""
+    escaped = partition_tag(name, partition).replace("{", "\\{").replace("}", "\\}")
+    return escaped + ":g*"
+
+
 def chunk_pattern(name: str, partition: int) -> str:
     """SCAN pattern matching every bit chunk of a partition."""
     escaped = partition_tag(name, partition).replace("{", "\\{").replace("}", "\\}")

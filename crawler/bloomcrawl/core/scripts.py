@@ -30,6 +30,8 @@ NOFILTER = "BLOOMCRAWL_NOFILTER"
 #: error prefix of a partition whose last slice is full (it refuses, never answers "seen")
 FULL = "BLOOMCRAWL_FULL"
 BACKEND_PRELUDES = {"bitmap": "bloom_common.lua", "redisbloom": "redisbloom_common.lua"}
+#: a revisit window's decide() and check() over generations (bitmap backend only)
+WINDOW_PRELUDE = "bloom_window.lua"
 
 
 @cache
@@ -47,8 +49,11 @@ class Script:
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
     @classmethod
-    def for_backend(cls, backend: str, *names: str) -> Script:
-        """A partition script: the filter backend's prelude, then ``names``."""
+    def for_backend(cls, backend: str, *names: str, windowed: bool = False) -> Script:
+        """A partition script: the filter backend's prelude (and, for a filter with a
+        revisit window, the window's), then ``names``."""
+        if windowed:
+            return cls(BACKEND_PRELUDES[backend], WINDOW_PRELUDE, *names)
         return cls(BACKEND_PRELUDES[backend], *names)
 
     def queue(self, pipe: Pipeline, keys: Sequence[str], args: Sequence[Any],

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -113,7 +113,10 @@ PARTITION_BY = ("host", "fingerprint")
 
 #: what decides where an item's bits are and which partition (and queue) holds it: a
 #: filter stored with others is never opened
-LAYOUT_FIELDS = ("partitions", "partition_by", "block_bits", "hashing", "backend", "version")
+LAYOUT_FIELDS = ("partitions", "partition_by", "block_bits", "hashing", "backend", "version",
+                 "revisit_after", "generations")
+#: the most generations a revisit window keeps (each call may look in all of them)
+MAX_GENERATIONS = 64
 
 
 def allocation_bytes(size: int) -> int:
@@ -167,6 +170,11 @@ class FilterParams:
     initial_capacity: int | None = None
     #: where an item's bits lie in its block (:data:`HASHINGS`)
     hashing: int = 1
+    #: the revisit window W in seconds (BLOOMFILTER_REVISIT_AFTER): an item added longer
+    #: than W (1 + 1/generations) ago is forgotten; 0, never (filters made before)
+    revisit_after: float = 0
+    #: the generations g a revisit window is kept in (BLOOMFILTER_GENERATIONS)
+    generations: int = defaults.FILTER_GENERATIONS
 
     def __post_init__(self) -> None:
         problems = []
@@ -230,8 +238,44 @@ class FilterParams:
             elif self.backend == "redisbloom":
                 problems.append("the redisbloom backend sizes its first sub-filter from"
                                 " capacity: no initial_capacity with it")
+        if (isinstance(self.revisit_after, bool)
+                or not isinstance(self.revisit_after, float | int)
+                or not math.isfinite(self.revisit_after) or self.revisit_after < 0):
+            problems.append("revisit_after must be a number of seconds >= 0, got %r"
+                            % (self.revisit_after,))
+        elif self.revisit_after:
+            if self.backend != "bitmap":
+                problems.append("a revisit window (BLOOMFILTER_REVISIT_AFTER) needs the bitmap"
+                                " backend, got %r" % (self.backend,))
+            if self.bit_exponent is not None:
+                problems.append("a revisit window (BLOOMFILTER_REVISIT_AFTER) needs a growing"
+                                " filter: no BLOOMFILTER_BIT/HASH_NUMBER with it")
+            if isinstance(self.generations, int) and self.period_ms < 1:
+                problems.append("revisit_after / generations must be at least 1 ms, got %r s"
+                                " / %r" % (self.revisit_after, self.generations))
+        if (isinstance(self.generations, bool) or not isinstance(self.generations, int)
+                or not 1 <= self.generations <= MAX_GENERATIONS):
+            problems.append("generations must be an integer in 1..%d, got %r"
+                            % (MAX_GENERATIONS, self.generations))
         if problems:
             raise InvalidFilterParameters("invalid Bloom filter parameters: " + "; ".join(problems))
+
+    @property
+    def windowed(self) -> bool:
+        """Whether items are forgotten after a revisit window."""
+        return bool(self.revisit_after)
+
+    @property
+    def period_ms(self) -> int:
+        """A generation's span P = W / g in milliseconds (Redis TIME), 0 without a window."""
+        return round(self.revisit_after * 1000 / self.generations)
+
+    def generation_params(self) -> FilterParams:
+        """What each generation of a revisit window is sized as: a growing filter at
+        ``error_rate / (g + 1)``, so the g + 1 generations a lookup may meet compound
+        to at most ``error_rate``."""
+        return replace(self, error_rate=self.error_rate / (self.generations + 1),
+                       revisit_after=0, generations=defaults.FILTER_GENERATIONS)
 
     @classmethod
     def fixed(cls, bit_exponent: int, hashes: int, **kwargs: Any) -> FilterParams:
@@ -290,7 +334,9 @@ class FilterParams:
             name for name in self.__dataclass_fields__ if name not in LAYOUT_FIELDS), overrides)
 
     def plan(self) -> list[SlicePlan]:
-        """Slice plans of one partition, slice 0 first."""
+        """Slice plans of one partition (of each generation of a window), slice 0 first."""
+        if self.windowed:
+            return self.generation_params().plan()
         if self.initial_capacity is None:
             return list(_plan(self))
         return list(_growing_plan(self))

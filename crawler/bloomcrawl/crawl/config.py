@@ -9,6 +9,8 @@ raised before anything touches Redis. Defaults come from
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +88,41 @@ def get_float(
     return value
 
 
+#: seconds per unit of a duration such as "7d", "12h", "30m" or "90s"
+DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([dhms]?)\s*$")
+
+
+def parse_duration(raw: Any) -> float:
+    """Seconds from a number or a duration such as ``"7d"``, ``"12h"``, ``"30m"``,
+    ``"90s"``; ``"never"`` (and 0) is 0. ValueError otherwise."""
+    if isinstance(raw, bool):
+        raise ValueError("a duration is seconds or a number with d, h, m or s")
+    if isinstance(raw, int | float):
+        value = float(raw)
+    elif isinstance(raw, str) and raw.strip().lower() == "never":
+        return 0.0
+    else:
+        match = _DURATION.match(raw) if isinstance(raw, str) else None
+        if match is None:
+            raise ValueError("expected seconds or a duration such as 7d, 12h, 30m or 90s")
+        value = float(match.group(1)) * DURATION_UNITS[match.group(2) or "s"]
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("a duration must be finite and >= 0")
+    return value
+
+
+def get_duration(settings: BaseSettings, name: str, default: float) -> float:
+    """A duration setting (:func:`parse_duration`): seconds, or "7d", "12h", "30m", "90s"."""
+    raw = settings.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return parse_duration(raw)
+    except ValueError as exc:
+        raise SettingError("%s %r: %s" % (name, raw, exc)) from exc
+
+
 def redis_from_settings(settings: BaseSettings) -> Any:
     """A client for REDIS_URL or REDIS_CLUSTER_NODES (plus REDIS_PARAMS), checked with a PING."""
     nodes = settings.get("REDIS_CLUSTER_NODES")
@@ -135,6 +172,10 @@ class FilterConfig:
     partition_by: str | None = None
     #: BLOOMFILTER_STRICT_PARAMS: a filter stored with other sizing is an error
     strict_params: bool = defaults.FILTER_STRICT_PARAMS
+    #: BLOOMFILTER_REVISIT_AFTER in seconds: a URL is new again after it (0: never)
+    revisit_after: float = defaults.FILTER_REVISIT_AFTER
+    #: BLOOMFILTER_GENERATIONS: a revisit window forgets W to W (1 + 1/g) after
+    generations: int = defaults.FILTER_GENERATIONS
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str | None = None) -> FilterConfig:
@@ -173,6 +214,10 @@ class FilterConfig:
             partition_by=partition_by,
             strict_params=settings.getbool("BLOOMFILTER_STRICT_PARAMS",
                                            defaults.FILTER_STRICT_PARAMS),
+            revisit_after=get_duration(settings, "BLOOMFILTER_REVISIT_AFTER",
+                                       defaults.FILTER_REVISIT_AFTER),
+            generations=get_int(settings, "BLOOMFILTER_GENERATIONS",
+                                defaults.FILTER_GENERATIONS, 1),
         )
         config.check()
         return config
@@ -183,7 +228,9 @@ class FilterConfig:
         tightening = REDISBLOOM_TIGHTENING if concrete == "redisbloom" else self.tightening
         common: dict[str, Any] = dict(partitions=self.partitions or defaults.FILTER_PARTITIONS,
                                       growth=self.growth,
-                                      tightening=tightening, backend=concrete)
+                                      tightening=tightening, backend=concrete,
+                                      revisit_after=self.revisit_after,
+                                      generations=self.generations)
         try:
             if self.bit_exponent is not None and self.hashes is not None:
                 FilterParams.fixed(self.bit_exponent, self.hashes, **common)
@@ -208,7 +255,8 @@ class FilterConfig:
             server, key, self.capacity, self.error_rate, partitions=partitions,
             growth=self.growth, tightening=self.tightening, bit_exponent=self.bit_exponent,
             hashes=self.hashes, backend=self.backend, partition_by=self.partition_by,
-            strict_params=self.strict_params)
+            strict_params=self.strict_params, revisit_after=self.revisit_after,
+            generations=self.generations)
 
 
 def default_partitions(server: Any, key: str) -> int:

@@ -19,8 +19,9 @@ local byte, char, sub, floor = string.byte, string.char, string.sub, math.floor
 
 -- one read for the partition's parameters and its first slice; it also tells a missing
 -- partition before anything is written
-local head = redis.call('HMGET', state_key, 'slices', 'block_bytes', 'chunk_blocks', 'max_slices',
-                        'plan:0', 'items:0', 'hashing')
+local HEAD_FIELDS = {'slices', 'block_bytes', 'chunk_blocks', 'max_slices', 'plan:0', 'items:0',
+                     'hashing'}
+local head = redis.call('HMGET', state_key, unpack(HEAD_FIELDS))
 if not tonumber(head[1]) then
   return redis.error_reply('BLOOMCRAWL_NOFILTER no filter partition at ' .. state_key)
 end
@@ -37,6 +38,24 @@ local BLOCK_BITS = BLOCK_BYTES * 8
 -- below); 1 (no field: filters made before): triple hashing of 16-bit values
 local QUADRATIC = head[7] == '2'
 local prefix = sub(state_key, 1, -7)
+-- chunk key names built by a call of many items: (chunk * 64 + slice) -> name (a name
+-- built again is a new string each time: hashed, interned, collected)
+local NAMES = nil
+
+-- Points decide() and check() at another state hash of the same hash tag (a
+-- generation of a windowed partition, bloom_window.lua), whose chunks are named
+-- after it as the partition's are; what the call had added to the previous one
+-- must have been saved (decide() does). False, and nothing changed, when that
+-- hash is missing. The plain scripts never call it: their hot path is the one above.
+local function retarget(key)
+  local h = redis.call('HMGET', key, unpack(HEAD_FIELDS))
+  if not tonumber(h[1]) then return false end
+  state_key, head, prefix = key, h, sub(key, 1, -7)
+  BLOCK_BYTES, CHUNK_BLOCKS, MAX_SLICES = tonumber(h[2]), tonumber(h[3]), tonumber(h[4])
+  BLOCK_BITS, QUADRATIC = BLOCK_BYTES * 8, h[7] == '2'
+  CAP, n, items, added, bits_added, NAMES = nil, 0, 0, 0, 0, nil
+  return true
+end
 
 local function load_partition()
   n = tonumber(head[1])
@@ -91,10 +110,6 @@ local MASK = {[0] = 128, 64, 32, 16, 8, 4, 2, 1}
 -- slices, most are small; new items look in every slice, duplicates in few).
 -- A call of one item reads no slice whole.
 local WHOLE_READ_BYTES = 512
--- chunk key names built by a call of many items: (chunk * 64 + slice) -> name (a name
--- built again is a new string each time: hashed, interned, collected)
-local NAMES = nil
-
 -- Looks the item up in each slice, most items first (where a duplicate most likely
 -- is): the newest and the one before it by items, then the older ones newest first
 -- (they are full, and no larger than the one after them, since growth >= 1). Returns

@@ -1,0 +1,197 @@
+"""A revisit window (BLOOMFILTER_REVISIT_AFTER) against a real redis-server.
+
+W of 2 s in 2 generations (P = 1 s): a URL added less than 2 s ago is a
+duplicate, one added more than 3 s ago is new again. Times are Redis's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import redis
+from scrapy.settings import Settings
+
+from bloomcrawl.core import keys
+from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.errors import FilterMismatchError, InvalidFilterParameters, SettingError
+from bloomcrawl.core.frontier import Frontier
+from bloomcrawl.core.keys import FrontierKeys
+from bloomcrawl.core.sizing import FilterParams
+from bloomcrawl.crawl.config import FilterConfig, parse_duration
+
+from kit.data import fingerprints, outgoing
+from kit.wait import wait_until
+
+WINDOW = 2.0
+GENERATIONS = 2
+BOUND = WINDOW * (1 + 1 / GENERATIONS)
+KEY = "t:bloomfilter"
+
+
+def windowed(client: redis.Redis, partitions: int = 2, **options: object) -> BloomFilter:
+    settings: dict[str, object] = dict(capacity=10_000, error_rate=1e-6, partitions=partitions,
+                                       revisit_after=WINDOW, generations=GENERATIONS)
+    settings.update(options)
+    return BloomFilter(client, KEY, **settings)  # type: ignore[arg-type]
+
+
+def redis_now(client: redis.Redis) -> float:
+    seconds, micros = client.time()
+    return float(seconds + micros / 1e6)
+
+
+def wait_for_redis_time(client: redis.Redis, t: float) -> None:
+    wait_until(lambda: redis_now(client) >= t, timeout=t - redis_now(client) + 5,
+               what="Redis TIME past %.3f" % t)
+
+
+def generation_of(client: redis.Redis, bf: BloomFilter) -> int:
+    return math.floor(redis_now(client) * 1000 / bf.params.period_ms)
+
+
+def generation_keys(client: redis.Redis, partitions: int) -> set[bytes]:
+    return {key for p in range(partitions)
+            for key in client.scan_iter(match=keys.generation_pattern(KEY, p))}
+
+
+def test_a_url_added_within_the_window_is_a_duplicate_until_w_at_least(
+        redis_client: redis.Redis) -> None:
+    bf = windowed(redis_client)
+    period = bf.params.period_ms / 1000
+    # added at the very end of a generation: the earliest it could be forgotten
+    wait_until(lambda: period - 0.2 <= redis_now(redis_client) % period < period - 0.1,
+               timeout=5, what="the last 200 ms of a generation")
+    fps = fingerprints(200, "late")
+    added = redis_now(redis_client)
+    assert bf.add_many(fps) == [True] * 200
+    wait_for_redis_time(redis_client, added + WINDOW - 0.15)
+    assert bf.add_many(fps) == [False] * 200
+    assert all(bf.contains_many(fps))
+
+
+def test_a_url_added_more_than_the_bound_ago_is_new_again(redis_client: redis.Redis) -> None:
+    bf = windowed(redis_client)
+    period = bf.params.period_ms / 1000
+    # added at the very start of a generation: the latest it could be forgotten
+    wait_until(lambda: redis_now(redis_client) % period < 0.1, timeout=5,
+               what="the first 100 ms of a generation")
+    fps = fingerprints(200, "early")
+    assert bf.add_many(fps) == [True] * 200
+    added = redis_now(redis_client)
+    assert bf.add_many(fps) == [False] * 200
+    wait_for_redis_time(redis_client, added + BOUND + 0.05)
+    assert not any(bf.contains_many(fps))
+    assert bf.add_many(fps) == [True] * 200
+    assert bf.add_many(fps) == [False] * 200
+
+
+def test_retiring_a_generation_unlinks_its_state_and_chunks(redis_client: redis.Redis) -> None:
+    bf = windowed(redis_client)
+    first = generation_of(redis_client, bf)
+    bf.add_many(fingerprints(2000, "old"))  # several slices per partition
+    old = generation_keys(redis_client, 2)
+    assert keys.generation_state_key(KEY, 0, first).encode() in old
+    assert any(b":s1:c0" in key for key in old)
+    wait_until(lambda: generation_of(redis_client, bf) > first + GENERATIONS, timeout=10,
+               what="generation %d out of the window" % first)
+    bf.add_many(fingerprints(10, "now"))
+    assert generation_keys(redis_client, 2).isdisjoint(old)
+    for p in range(2):
+        gens = redis_client.hget(keys.state_key(KEY, p), "gens")
+        assert gens is not None
+        live = [int(g) for g in gens.split()]
+        assert live and all(g >= live[-1] - GENERATIONS for g in live)
+
+
+def test_stats_count_the_items_of_the_live_generations_exactly(
+        redis_client: redis.Redis) -> None:
+    bf = windowed(redis_client)
+    wait_until(lambda: redis_now(redis_client) % (bf.params.period_ms / 1000) < 0.5,
+               timeout=5, what="the first half of a generation")
+    first = generation_of(redis_client, bf)
+    bf.add_many(fingerprints(300, "a"))
+    bf.add_many(fingerprints(300, "a"))
+    info = bf.info()
+    assert (info.items, info.filtered) == (300, 300)
+    wait_until(lambda: generation_of(redis_client, bf) == first + 1, timeout=5,
+               what="the next generation")
+    bf.add_many(fingerprints(200, "b") + fingerprints(100, "a"))
+    info = bf.info()
+    assert (info.items, info.filtered) == (500, 400)
+    # the first generation leaves the window: read from Redis's clock, before any call
+    wait_until(lambda: generation_of(redis_client, bf) == first + GENERATIONS + 1, timeout=5,
+               what="generation %d out of the window" % first)
+    info = bf.info()
+    assert (info.items, info.filtered) == (200, 400)
+    bf.add_many(fingerprints(200, "b"))
+    assert (bf.info().items, bf.info().filtered) == (200, 600)
+
+
+def test_a_window_mismatch_is_an_error_naming_what_differs(redis_client: redis.Redis) -> None:
+    windowed(redis_client)
+    with pytest.raises(FilterMismatchError, match=r"revisit_after: stored 2\.0, asked for 3"):
+        windowed(redis_client, revisit_after=3)
+    with pytest.raises(FilterMismatchError, match="generations: stored 2, asked for 4"):
+        windowed(redis_client, generations=4)
+    with pytest.raises(FilterMismatchError, match="revisit_after"):
+        BloomFilter(redis_client, KEY, capacity=10_000, error_rate=1e-6, partitions=2)
+    BloomFilter(redis_client, "t:plain", capacity=10_000, error_rate=1e-6)
+    with pytest.raises(FilterMismatchError, match="revisit_after: stored 0"):
+        BloomFilter(redis_client, "t:plain", capacity=10_000, error_rate=1e-6,
+                    revisit_after=WINDOW)
+
+
+def test_generations_share_the_error_rate_and_redisbloom_is_refused(
+        redis_client: redis.Redis) -> None:
+    params = windowed(redis_client).params
+    single = FilterParams(capacity=10_000, error_rate=1e-6 / (GENERATIONS + 1),
+                          partitions=2, initial_capacity=params.initial_capacity,
+                          partition_by="host", hashing=2)
+    assert params.plan() == single.plan()
+    assert params.plan() != FilterParams(**{**single.__dict__, "error_rate": 1e-6}).plan()
+    with pytest.raises(InvalidFilterParameters, match="bitmap backend"):
+        BloomFilter(redis_client, "t:rb", backend="redisbloom", revisit_after=WINDOW)
+
+
+def test_clear_removes_every_generation(redis_client: redis.Redis) -> None:
+    bf = windowed(redis_client)
+    bf.add_many(fingerprints(100))
+    assert generation_keys(redis_client, 2)
+    bf.clear()
+    assert redis_client.keys("*") == []
+
+
+def test_the_frontier_queues_a_url_again_after_the_window(redis_client: redis.Redis) -> None:
+    bf = windowed(redis_client, partitions=1)
+    frontier = Frontier(redis_client, bf, FrontierKeys("t", partitions=1), queue_type="fifo",
+                        lease_timeout=30, worker_id="w1", node="host")
+    urls = ["http://a.test/%d" % i for i in range(5)]
+    assert frontier.exchange(outgoing(*urls), {}).queued == 5
+    added = redis_now(redis_client)
+    done = frontier.exchange(outgoing(*urls, "http://a.test/new"), {})
+    assert (done.queued, done.filtered) == (1, 5)
+    wait_for_redis_time(redis_client, added + BOUND + 0.05)
+    assert frontier.exchange(outgoing(*urls), {}).queued == 5
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [
+    ("7d", 604800), ("12h", 43200), ("30m", 1800), ("90s", 90), ("45", 45), (2.5, 2.5),
+    ("never", 0), (0, 0)])
+def test_durations(raw: object, seconds: float) -> None:
+    assert parse_duration(raw) == seconds
+    config = FilterConfig.from_settings(Settings({"BLOOMFILTER_REVISIT_AFTER": raw}))
+    assert config.revisit_after == seconds
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"BLOOMFILTER_REVISIT_AFTER": "soon"}, "BLOOMFILTER_REVISIT_AFTER 'soon': expected"),
+    ({"BLOOMFILTER_REVISIT_AFTER": "-3s"}, "BLOOMFILTER_REVISIT_AFTER '-3s'"),
+    ({"BLOOMFILTER_REVISIT_AFTER": "7d", "BLOOMFILTER_GENERATIONS": 0},
+     "BLOOMFILTER_GENERATIONS must be >= 1"),
+    ({"BLOOMFILTER_REVISIT_AFTER": "7d", "BLOOMFILTER_BACKEND": "redisbloom"},
+     "needs the bitmap backend"),
+])
+def test_bad_window_settings_are_named(settings: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingError, match=message):
+        FilterConfig.from_settings(Settings(settings))
