@@ -91,14 +91,17 @@ class Sizes:
     growth_max: int  # the filter's memory is measured up to this many fingerprints
     growth_decisions: int  # decisions timed at growth_max for the Redis CPU per decision
     probe_calls: int  # calls of each floor probe
+    window_new: int  # new URLs per period of the revisit window's stream (--window)
 
 
 FULL = Sizes(single=50_000, batched=1_000_000, recipe=5_000, unseen=100_000,
              recipe_unseen=20_000, requests=20_000, recipe_requests=5_000, fill_bit=19,
-             growth_max=10_000_000, growth_decisions=100_000, probe_calls=5_000)
+             growth_max=10_000_000, growth_decisions=100_000, probe_calls=5_000,
+             window_new=25_000)
 QUICK = Sizes(single=2_000, batched=20_000, recipe=300, unseen=5_000,
               recipe_unseen=1_000, requests=1_000, recipe_requests=300, fill_bit=14,
-              growth_max=100_000, growth_decisions=5_000, probe_calls=300)
+              growth_max=100_000, growth_decisions=5_000, probe_calls=300,
+              window_new=1_000)
 
 
 # --- measurements -------------------------------------------------------------
@@ -939,6 +942,175 @@ def worst_after_growth(scheme: GrowthScheme, one_host: bool = False,
     return worst, where
 
 
+
+
+# --- revisit windows (--window) -------------------------------------------------
+
+#: the benchmark's window: W seconds in g generations (P = W / g), on Redis's clock
+WINDOW_S = 8.0
+WINDOW_GENERATIONS = 4
+#: periods fed: the first g + 2 fill the window and reach the bound; the rest are timed
+WINDOW_PERIODS = 2 * WINDOW_GENERATIONS + 3
+#: of each batch of ADD_MANY_BATCH decisions, this share is a URL seen within the window
+WINDOW_DUPLICATE_SHARE = 0.75
+#: duplicates are drawn from URLs queued at most W minus this long ago
+WINDOW_MARGIN_S = 0.5
+
+
+@dataclass
+class WindowResult:
+    """A windowed filter beside today's, fed the same stream of URLs over real time."""
+
+    new_per_period: int
+    window_urls: int  # URLs queued within the last W when the memory was read
+    live_items: int  # what the windowed filter holds (its live generations)
+    windowed_bytes: int  # MEMORY USAGE of the windowed filter's keys
+    plain_bytes: int  # ... of a plain filter holding the window's URLs only
+    windowed: Timing = field(default_factory=Timing)
+    today: Timing = field(default_factory=Timing)  # the plain filter fed the same stream
+    duplicates_checked: int = 0
+    false_negatives: int = 0  # URLs queued less than W ago answered "new"
+    fp_checked: int = 0
+    windowed_fp: int = 0
+    plain_fp: int = 0
+
+    @property
+    def bits_ratio(self) -> float:
+        return self.windowed_bytes / self.plain_bytes if self.plain_bytes else 0.0
+
+
+def redis_seconds(client: redis.Redis) -> float:
+    seconds, micros = client.time()
+    return float(seconds + micros / 1e6)
+
+
+def keys_bytes(client: redis.Redis, name: str) -> int:
+    """MEMORY USAGE of every key of filter ``name`` (its meta and partitions' keys)."""
+    total = int(client.memory_usage(name + ":meta", samples=0) or 0)
+    for key in client.scan_iter(match="{%s:*" % name, count=1000):
+        total += int(client.memory_usage(key, samples=0) or 0)
+    return total
+
+
+def add(timing: Timing, other: Timing) -> None:
+    timing.decisions += other.decisions
+    timing.seconds += other.seconds
+    timing.redis_cpu_s += other.redis_cpu_s
+    timing.client_cpu_s += other.client_cpu_s
+
+
+def bench_window(client: redis.Redis, new_per_period: int, unseen: Sequence[bytes]
+                 ) -> WindowResult:
+    """Feed a windowed filter and today's the same batches, period after period.
+
+    Each batch is new URLs and URLs queued within W - WINDOW_MARGIN_S (each must be a
+    duplicate: one answered "new" is a false negative). Both filters are timed batch by
+    batch, alternately, from the first period past the bound on. At the end, the window's
+    URLs (queued within the last W) go into a fresh plain filter at the same error rate,
+    the memory both take is compared, and both are asked for fingerprints never queued.
+    """
+    period = WINDOW_S / WINDOW_GENERATIONS
+    window_urls = new_per_period * WINDOW_GENERATIONS
+    common: dict[str, Any] = dict(capacity=window_urls, error_rate=ERROR_RATE,
+                                  partitions=defaults.FILTER_PARTITIONS, backend="bitmap")
+    windowed = BloomFilter(client, "bench:window", revisit_after=WINDOW_S,
+                           generations=WINDOW_GENERATIONS, **common)
+    today = BloomFilter(client, "bench:today", **common)
+    rng = random.Random(11)
+    queued: list[tuple[float, list[bytes]]] = []  # (Redis time before the call, its new URLs)
+    dup_per_batch = round(ADD_MANY_BATCH * WINDOW_DUPLICATE_SHARE)
+    new_per_batch = ADD_MANY_BATCH - dup_per_batch
+    result = WindowResult(new_per_period, window_urls, 0, 0, 0)
+    counter = 0
+    for n in range(WINDOW_PERIODS):
+        start = redis_seconds(client)
+        timed_period = n >= WINDOW_GENERATIONS + 2
+        made = 0
+        while made < new_per_period:
+            count = min(new_per_batch, new_per_period - made)
+            new = url_fingerprints("window", range(counter, counter + count))
+            counter += count
+            made += count
+            now = redis_seconds(client)
+            recent = [fps for t, fps in queued if now - t < WINDOW_S - WINDOW_MARGIN_S]
+            pool = [fp for fps in recent for fp in fps]
+            dups = rng.sample(pool, min(len(pool), dup_per_batch))
+            batch = new + dups
+            rng.shuffle(batch)
+            answers: list[bool] = []
+
+            def run_windowed(batch: list[bytes] = batch, answers: list[bool] = answers) -> int:
+                answers.extend(windowed.add_many(batch))
+                return 0
+
+            def run_today(batch: list[bytes] = batch) -> int:
+                return sum(today.add_many(batch))
+
+            tw, _ = timed(client, len(batch), run_windowed)
+            tt, _ = timed(client, len(batch), run_today)
+            queued.append((now, new))
+            dup_set = set(dups)
+            result.duplicates_checked += len(dups)
+            result.false_negatives += sum(1 for fp, fresh in zip(batch, answers, strict=True)
+                                          if fresh and fp in dup_set)
+            if timed_period:
+                add(result.windowed, tw)
+                add(result.today, tt)
+        end = start + period
+        while redis_seconds(client) < end:
+            time.sleep(0.01)
+    # what the window holds now: URLs queued within the last W
+    now = redis_seconds(client)
+    in_window = [fp for t, fps in queued if now - t < WINDOW_S for fp in fps]
+    plain = BloomFilter(client, "bench:plain", **{**common, "capacity": len(in_window)})
+    in_batches(plain.add_many, in_window, ADD_MANY_BATCH)()
+    result.window_urls = len(in_window)
+    result.live_items = windowed.info().items
+    result.windowed_bytes = keys_bytes(client, "bench:window")
+    result.plain_bytes = keys_bytes(client, "bench:plain")
+    result.fp_checked = len(unseen)
+    result.windowed_fp = sum(windowed.contains_many(unseen))
+    result.plain_fp = sum(plain.contains_many(unseen))
+    return result
+
+
+def report_window(result: WindowResult) -> dict[str, Any]:
+    emit()
+    emit(f"Revisit window: W = {WINDOW_S:g} s in {WINDOW_GENERATIONS} generations"
+         f" (forgotten W to W x {1 + 1 / WINDOW_GENERATIONS:g} after), error rate"
+         f" {ERROR_RATE:g}; {fmt_count(result.new_per_period)} new URLs per"
+         f" {WINDOW_S / WINDOW_GENERATIONS:g} s period, batches of {ADD_MANY_BATCH:,}"
+         f" ({WINDOW_DUPLICATE_SHARE:.0%} URLs queued within the window), both filters fed"
+         " the same batches, timed alternately from the first period past the bound")
+    rows = [
+        ["windowed filter", fmt_count(result.live_items),
+         fmt_bits(result.windowed_bytes * 8 / result.window_urls),
+         fmt_us(result.windowed.redis_us),
+         fmt_pct(result.windowed_fp, result.fp_checked),
+         fmt_pct(result.false_negatives, result.duplicates_checked)],
+        ["plain filter, the window's URLs", fmt_count(result.window_urls),
+         fmt_bits(result.plain_bytes * 8 / result.window_urls), "-",
+         fmt_pct(result.plain_fp, result.fp_checked), "-"],
+        ["today's filter, the same stream", "-", "-", fmt_us(result.today.redis_us), "-", "-"],
+    ]
+    for line in table(["filter", "items held", "bits/window URL", "Redis us/decision",
+                       "false positives", "false negatives within W"], rows):
+        emit(line)
+    cpu_ratio = ratio(result.windowed.redis_us, result.today.redis_us)
+    emit_targets("Revisit-window targets (issue 18):", [
+        Target("bits per window URL vs a plain filter of the window's URLs",
+               result.bits_ratio, "<=", 2.0, "x"),
+        Target("Redis CPU per decision vs today's filter", cpu_ratio, "<=", 1.5, "x"),
+        Target("false negatives within W", float(result.false_negatives), "<=", 0),
+    ])
+    out = asdict(result)
+    out.update(bits_ratio=result.bits_ratio, redis_cpu_ratio=cpu_ratio,
+               windowed_redis_us=result.windowed.redis_us,
+               today_redis_us=result.today.redis_us)
+    return out
+
+
+
 # --- output -----------------------------------------------------------------
 
 
@@ -1428,6 +1600,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--growth-only", action="store_true",
                         help="only the filter's memory as it grows and its Redis CPU per"
                              " decision at the largest size measured")
+    parser.add_argument("--window", action="store_true",
+                        help="only the revisit window: a windowed filter beside today's and a"
+                             f" plain filter of the window's URLs (W = {WINDOW_S:g} s, about"
+                             f" {WINDOW_PERIODS * WINDOW_S / WINDOW_GENERATIONS:.0f} s)")
     parser.add_argument("--growth-max", type=int, metavar="N",
                         help="measure the filter's memory up to N fingerprints (default"
                              f" {FULL.growth_max:,}; {QUICK.growth_max:,} with --quick)")
@@ -1466,6 +1642,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         client = server.client(socket_timeout=120)
         try:
             env = environment(server, client, skipped)
+            if args.window:
+                window = bench_window(client, sizes.window_new, unseen)
+                return finish_window(args, env, window)
             contenders: list[tuple[Callable[..., list[Row]], tuple[Any, ...]]] = [
                 (bench_set, (seen_hex[:sizes.single], unseen_hex)),
                 (bench_recipe, (seen_hex[:sizes.recipe], unseen_hex[:sizes.recipe_unseen])),
@@ -1518,6 +1697,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         numbers = report(args, sizes, env, rows, seen_rows, fills, skipped, probes)
     numbers["probes"] = asdict(probes)
     numbers["growth"] = report_growth(sizes, schemes, probes)
+    if args.json:
+        Path(args.json).write_text(json.dumps(numbers, indent=2, default=str) + "\n")
+        emit(f"numbers written to {args.json}")
+    return 0
+
+
+def finish_window(args: argparse.Namespace, env: dict[str, Any], result: WindowResult) -> int:
+    emit(f"bloomcrawl duplicate-filter benchmark (bench/dedup.py --window):"
+         f" redis-server {env['redis_version']}, {env['cpus']} CPUs, load average"
+         f" {env['loadavg_start']} at start")
+    numbers = {"environment": env, "window": report_window(result)}
     if args.json:
         Path(args.json).write_text(json.dumps(numbers, indent=2, default=str) + "\n")
         emit(f"numbers written to {args.json}")
