@@ -195,3 +195,19 @@ def test_durations(raw: object, seconds: float) -> None:
 def test_bad_window_settings_are_named(settings: dict[str, object], message: str) -> None:
     with pytest.raises(SettingError, match=message):
         FilterConfig.from_settings(Settings(settings))
+
+
+def test_a_lost_partition_state_finds_its_generations_again(redis_client: redis.Redis) -> None:
+    bf = windowed(redis_client, partitions=1)
+    wait_until(lambda: redis_now(redis_client) % (bf.params.period_ms / 1000) < 0.5,
+               timeout=5, what="the first half of a generation")
+    first = fingerprints(600, "first")  # several slices
+    assert all(bf.add_many(first))
+    wait_until(lambda: generation_of(redis_client, bf) > math.floor(
+        (redis_now(redis_client) - 0.5) * 1000 / bf.params.period_ms), timeout=5,
+        what="the next generation")
+    second = fingerprints(600, "second")
+    assert all(bf.add_many(second))
+    assert redis_client.delete(keys.state_key(KEY, 0)) == 1  # evicted, deleted
+    assert not any(bf.add_many(first + second))  # the generations are found again
+    assert bf.info().items == 1200

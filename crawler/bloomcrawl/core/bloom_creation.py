@@ -153,14 +153,15 @@ def write_partitions(server: redis.Redis, key: str, params: FilterParams,
             raise BloomFilterError(
                 "Bloom filter %r uses the redisbloom backend, but Redis at %s has no bf"
                 " module loaded" % (key, describe_redis(server)))
-        recovered: dict[int, dict[str, int]] = {}
+        recovered: dict[int, dict[str, Any]] = {}
         if force and params.backend == "bitmap":
             pipe = server.pipeline(transaction=False)
             for p in range(params.partitions):
                 pipe.exists(keys.state_key(key, p))
             for p, exists in enumerate(pipe.execute()):
                 if not exists:
-                    recovered[p] = recover_counters(server, key, params, p)
+                    recovered[p] = (recover_generations(server, key, p) if params.windowed
+                                    else recover_counters(server, key, params, p))
         pipe = server.pipeline(transaction=False)
         for p in range(params.partitions):
             state = keys.state_key(key, p)
@@ -179,6 +180,22 @@ def write_partitions(server: redis.Redis, key: str, params: FilterParams,
                     if "exists" not in str(exc).lower():
                         raise
         server.hset(keys.meta_key(key), "ready", 1)
+
+
+def recover_generations(server: redis.Redis, key: str, partition: int) -> dict[str, str]:
+    """The live generations of a windowed partition whose state was lost: those whose
+    own state is still there (a SCAN of the partition's keys, on this rare path only).
+
+    Without them the generations would never be looked in nor retired; those out of
+    the window are retired by the next call.
+    """
+    found = set()
+    for name in server.scan_iter(match=keys.generation_pattern(key, partition), count=1000):
+        text = name.decode() if isinstance(name, bytes) else name
+        tail = text.rsplit(":g", 1)[-1]
+        if tail.endswith(keys.STATE_SUFFIX) and tail[:-len(keys.STATE_SUFFIX)].isdigit():
+            found.add(int(tail[:-len(keys.STATE_SUFFIX)]))
+    return {"gens": " ".join(str(g) for g in sorted(found))} if found else {}
 
 
 def recover_counters(server: redis.Redis, key: str, params: FilterParams,

@@ -36,8 +36,10 @@ local function listed()
   return gens
 end
 
--- a generation's state: the template's plan, no items (bounded: max_slices fields)
+-- a generation's state: the template's plan, no items (bounded: max_slices fields); one
+-- that exists (the partition's list was lost and written again) is kept as it is
 local function create(g)
+  if redis.call('EXISTS', generation_key(g)) == 1 then return end
   local fields = {'block_bytes', 'chunk_blocks', 'max_slices', 'hashing'}
   for i = 0, MAX_SLICES - 1 do fields[#fields + 1] = 'plan:' .. i end
   local values = redis.call('HMGET', partition_key, unpack(fields))
