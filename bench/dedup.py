@@ -948,9 +948,9 @@ def worst_after_growth(scheme: GrowthScheme, one_host: bool = False,
 
 #: the benchmark's window: W seconds in g generations (P = W / g), on Redis's clock
 WINDOW_S = 8.0
-WINDOW_GENERATIONS = 4
-#: periods fed: the first g + 2 fill the window and reach the bound; the rest are timed
-WINDOW_PERIODS = 2 * WINDOW_GENERATIONS + 3
+WINDOW_GENERATIONS = defaults.FILTER_GENERATIONS
+#: periods fed past the first g + 2 (which fill the window and reach the bound): timed
+WINDOW_TIMED_PERIODS = WINDOW_GENERATIONS + 1
 #: of each batch of ADD_MANY_BATCH decisions, this share is a URL seen within the window
 WINDOW_DUPLICATE_SHARE = 0.75
 #: duplicates are drawn from URLs queued at most W minus this long ago
@@ -961,6 +961,7 @@ WINDOW_MARGIN_S = 0.5
 class WindowResult:
     """A windowed filter beside today's, fed the same stream of URLs over real time."""
 
+    generations: int
     new_per_period: int
     window_urls: int  # URLs queued within the last W when the memory was read
     live_items: int  # what the windowed filter holds (its live generations)
@@ -999,32 +1000,33 @@ def add(timing: Timing, other: Timing) -> None:
     timing.client_cpu_s += other.client_cpu_s
 
 
-def bench_window(client: redis.Redis, new_per_period: int, unseen: Sequence[bytes]
-                 ) -> WindowResult:
+def bench_window(client: redis.Redis, new_per_period: int, unseen: Sequence[bytes],
+                 generations: int = WINDOW_GENERATIONS) -> WindowResult:
     """Feed a windowed filter and today's the same batches, period after period.
 
-    Each batch is new URLs and URLs queued within W - WINDOW_MARGIN_S (each must be a
-    duplicate: one answered "new" is a false negative). Both filters are timed batch by
-    batch, alternately, from the first period past the bound on. At the end, the window's
-    URLs (queued within the last W) go into a fresh plain filter at the same error rate,
-    the memory both take is compared, and both are asked for fingerprints never queued.
+    Each batch is new URLs and URLs the windowed filter queued within W - WINDOW_MARGIN_S
+    (each must be a duplicate: one answered "new" is a false negative). Both filters are
+    timed batch by batch, alternately, from the first period past the bound on. At the
+    end, the window's URLs (queued within the last W) go into a fresh plain filter at the
+    same error rate, the memory both take is compared, and both are asked for
+    fingerprints never queued.
     """
-    period = WINDOW_S / WINDOW_GENERATIONS
-    window_urls = new_per_period * WINDOW_GENERATIONS
+    period = WINDOW_S / generations
+    window_urls = new_per_period * generations
     common: dict[str, Any] = dict(capacity=window_urls, error_rate=ERROR_RATE,
                                   partitions=defaults.FILTER_PARTITIONS, backend="bitmap")
     windowed = BloomFilter(client, "bench:window", revisit_after=WINDOW_S,
-                           generations=WINDOW_GENERATIONS, **common)
+                           generations=generations, **common)
     today = BloomFilter(client, "bench:today", **common)
     rng = random.Random(11)
     queued: list[tuple[float, list[bytes]]] = []  # (Redis time before the call, its new URLs)
     dup_per_batch = round(ADD_MANY_BATCH * WINDOW_DUPLICATE_SHARE)
     new_per_batch = ADD_MANY_BATCH - dup_per_batch
-    result = WindowResult(new_per_period, window_urls, 0, 0, 0)
+    result = WindowResult(generations, new_per_period, window_urls, 0, 0, 0)
     counter = 0
-    for n in range(WINDOW_PERIODS):
+    for n in range(generations + 2 + WINDOW_TIMED_PERIODS):
         start = redis_seconds(client)
-        timed_period = n >= WINDOW_GENERATIONS + 2
+        timed_period = n >= generations + 2
         made = 0
         while made < new_per_period:
             count = min(new_per_batch, new_per_period - made)
@@ -1048,7 +1050,10 @@ def bench_window(client: redis.Redis, new_per_period: int, unseen: Sequence[byte
 
             tw, _ = timed(client, len(batch), run_windowed)
             tt, _ = timed(client, len(batch), run_today)
-            queued.append((now, new))
+            # a new URL taken for a duplicate (a false positive) was not queued: it is no
+            # duplicate later either
+            fresh = {fp for fp, kept in zip(batch, answers, strict=True) if kept}
+            queued.append((now, [fp for fp in new if fp in fresh]))
             dup_set = set(dups)
             result.duplicates_checked += len(dups)
             result.false_negatives += sum(1 for fp, fresh in zip(batch, answers, strict=True)
@@ -1059,14 +1064,15 @@ def bench_window(client: redis.Redis, new_per_period: int, unseen: Sequence[byte
         end = start + period
         while redis_seconds(client) < end:
             time.sleep(0.01)
-    # what the window holds now: URLs queued within the last W
+    # what the windowed filter holds, then the URLs queued within W of a later time:
+    # every one of them is still held (none is forgotten before W)
+    result.live_items = windowed.info().items
+    result.windowed_bytes = keys_bytes(client, "bench:window")
     now = redis_seconds(client)
     in_window = [fp for t, fps in queued if now - t < WINDOW_S for fp in fps]
     plain = BloomFilter(client, "bench:plain", **{**common, "capacity": len(in_window)})
     in_batches(plain.add_many, in_window, ADD_MANY_BATCH)()
     result.window_urls = len(in_window)
-    result.live_items = windowed.info().items
-    result.windowed_bytes = keys_bytes(client, "bench:window")
     result.plain_bytes = keys_bytes(client, "bench:plain")
     result.fp_checked = len(unseen)
     result.windowed_fp = sum(windowed.contains_many(unseen))
@@ -1076,10 +1082,11 @@ def bench_window(client: redis.Redis, new_per_period: int, unseen: Sequence[byte
 
 def report_window(result: WindowResult) -> dict[str, Any]:
     emit()
-    emit(f"Revisit window: W = {WINDOW_S:g} s in {WINDOW_GENERATIONS} generations"
-         f" (forgotten W to W x {1 + 1 / WINDOW_GENERATIONS:g} after), error rate"
+    g = result.generations
+    emit(f"Revisit window: W = {WINDOW_S:g} s in {g} generations"
+         f" (forgotten W to W x {1 + 1 / g:g} after), error rate"
          f" {ERROR_RATE:g}; {fmt_count(result.new_per_period)} new URLs per"
-         f" {WINDOW_S / WINDOW_GENERATIONS:g} s period, batches of {ADD_MANY_BATCH:,}"
+         f" {WINDOW_S / g:g} s period, batches of {ADD_MANY_BATCH:,}"
          f" ({WINDOW_DUPLICATE_SHARE:.0%} URLs queued within the window), both filters fed"
          " the same batches, timed alternately from the first period past the bound")
     rows = [
@@ -1602,8 +1609,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              " decision at the largest size measured")
     parser.add_argument("--window", action="store_true",
                         help="only the revisit window: a windowed filter beside today's and a"
-                             f" plain filter of the window's URLs (W = {WINDOW_S:g} s, about"
-                             f" {WINDOW_PERIODS * WINDOW_S / WINDOW_GENERATIONS:.0f} s)")
+                             f" plain filter of the window's URLs (W = {WINDOW_S:g} s;"
+                             " W x (2 + 3/g) in all)")
+    parser.add_argument("--window-generations", type=int, default=WINDOW_GENERATIONS,
+                        metavar="G", help="the generations of --window's filter (default"
+                                          f" {WINDOW_GENERATIONS})")
     parser.add_argument("--growth-max", type=int, metavar="N",
                         help="measure the filter's memory up to N fingerprints (default"
                              f" {FULL.growth_max:,}; {QUICK.growth_max:,} with --quick)")
@@ -1643,7 +1653,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             env = environment(server, client, skipped)
             if args.window:
-                window = bench_window(client, sizes.window_new, unseen)
+                window = bench_window(client, sizes.window_new, unseen,
+                                      args.window_generations)
                 return finish_window(args, env, window)
             contenders: list[tuple[Callable[..., list[Row]], tuple[Any, ...]]] = [
                 (bench_set, (seen_hex[:sizes.single], unseen_hex)),

@@ -98,3 +98,21 @@ def test_quick_run_without_the_module_says_why(tmp_path: Path,
     assert_targets_printed(stdout)
     assert [t["verdict"] for t in numbers["targets"] if "redisbloom" in t["name"]] == ["n/a"] * 2
     assert numbers["redisbloom_skipped"] == "--no-redisbloom given"
+
+
+def test_quick_window_run_prints_the_window_rows(tmp_path: Path,
+                                                 env_no_state: dict[str, str]) -> None:
+    # g = 2: the shortest run (W x (2 + 3/g)) that still reaches the bound
+    stdout, numbers = run_bench(tmp_path, env_no_state, "--window", "--window-generations", "2")
+    for row in ("windowed filter", "plain filter, the window's URLs",
+                "today's filter, the same stream"):
+        assert row in stdout, stdout
+    for name in ("bits per window URL vs a plain filter", "Redis CPU per decision vs today's",
+                 "false negatives within W"):
+        line = next((x for x in stdout.splitlines() if x.startswith(name)), None)
+        assert line is not None and line.split()[-1] in ("PASS", "MISS"), stdout
+    window = numbers["window"]
+    assert window["generations"] == 2
+    assert window["duplicates_checked"] > 0 and window["false_negatives"] == 0
+    assert window["live_items"] >= window["window_urls"] > 0
+    assert window["windowed_redis_us"] > 0 and window["today_redis_us"] > 0
