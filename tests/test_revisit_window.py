@@ -19,6 +19,7 @@ from bloomcrawl.core.frontier import Frontier
 from bloomcrawl.core.keys import FrontierKeys
 from bloomcrawl.core.sizing import FilterParams
 from bloomcrawl.crawl.config import FilterConfig, parse_duration
+from bloomcrawl.ops.inspection import partition_fill
 
 from kit.data import fingerprints, outgoing
 from kit.wait import wait_until
@@ -211,3 +212,18 @@ def test_a_lost_partition_state_finds_its_generations_again(redis_client: redis.
     assert redis_client.delete(keys.state_key(KEY, 0)) == 1  # evicted, deleted
     assert not any(bf.add_many(first + second))  # the generations are found again
     assert bf.info().items == 1200
+
+
+def test_the_exporters_partition_fill_sums_the_live_generations(
+        redis_client: redis.Redis) -> None:
+    bf = windowed(redis_client)
+    first = generation_of(redis_client, bf)
+    bf.add_many(fingerprints(400, "a"))
+    wait_until(lambda: generation_of(redis_client, bf) > first, timeout=5,
+               what="the next generation")
+    bf.add_many(fingerprints(300, "b"))
+    fill = partition_fill(redis_client, KEY, bf.params)
+    info = bf.info()
+    assert sum(p.items for p in fill) == info.items == 700
+    assert sum(p.bits for p in fill) == info.bits
+    assert sum(p.bits_set for p in fill) == info.bits_set > 0

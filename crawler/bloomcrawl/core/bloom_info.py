@@ -46,6 +46,39 @@ class BloomInfo:
 _Unit = tuple[dict[bytes, bytes], Callable[[int, int], str]]
 
 
+def partition_filters(server: redis.Redis, key: str, params: FilterParams,
+                      states: list[dict[bytes, bytes]]
+                      ) -> tuple[list[list[_Unit]], list[int]]:
+    """Per partition (its state in ``states``), the growing filters it holds: itself, or
+    for a revisit window its generations still in the window at Redis's TIME; and per
+    partition the duplicates counted by generations out of the window, not retired yet.
+    """
+    if not params.windowed:
+        return ([[(state, functools.partial(keys.chunk_key, key, p))]
+                 for p, state in enumerate(states)], [0] * len(states))
+    seconds, micros = server.time()
+    current = (seconds * 1000 + micros // 1000) // params.period_ms
+    listed = [[int(g) for g in state.get(b"gens", b"").split()] for state in states]
+    pipe = server.pipeline(transaction=False)
+    for p, gens in enumerate(listed):
+        for g in gens:
+            pipe.hgetall(keys.generation_state_key(key, p, g))
+    replies = iter(pipe.execute())
+    units: list[list[_Unit]] = []
+    retired_filtered = [0] * len(states)
+    for p, gens in enumerate(listed):
+        part: list[_Unit] = []
+        for g in gens:
+            generation: dict[bytes, bytes] = next(replies)
+            if g >= current - params.generations:
+                part.append((generation,
+                             functools.partial(keys.generation_chunk_key, key, p, g)))
+            else:  # out of the window, not retired yet: only its duplicates count
+                retired_filtered[p] += int(generation.get(b"filtered", 0))
+        units.append(part)
+    return units, retired_filtered
+
+
 def filter_info(server: redis.Redis, key: str, params: FilterParams) -> BloomInfo:
     """The figures of filter ``key``, created with ``params``, by its backend."""
     if params.backend == "redisbloom":
@@ -71,32 +104,7 @@ def bitmap_info(server: redis.Redis, key: str, params: FilterParams) -> BloomInf
         for p in range(params.partitions):
             pipe.hgetall(keys.state_key(key, p))
         states = pipe.execute()
-        # per partition, its filters: (state, chunk key of slice s, chunk c); a revisit
-        # window's are its generations still in the window at Redis's TIME
-        units: list[list[_Unit]] = []
-        retired_filtered = [0] * params.partitions
-        if params.windowed:
-            seconds, micros = server.time()
-            current = (seconds * 1000 + micros // 1000) // params.period_ms
-            listed = [[int(g) for g in state.get(b"gens", b"").split()] for state in states]
-            pipe = server.pipeline(transaction=False)
-            for p, gens in enumerate(listed):
-                for g in gens:
-                    pipe.hgetall(keys.generation_state_key(key, p, g))
-            replies = iter(pipe.execute())
-            for p, gens in enumerate(listed):
-                part: list[_Unit] = []
-                for g in gens:
-                    generation: dict[bytes, bytes] = next(replies)
-                    if g >= current - params.generations:
-                        part.append((generation, functools.partial(keys.generation_chunk_key,
-                                                              key, p, g)))
-                    else:  # out of the window, not retired yet: only its duplicates count
-                        retired_filtered[p] += int(generation.get(b"filtered", 0))
-                units.append(part)
-        else:
-            units = [[(state, functools.partial(keys.chunk_key, key, p))]
-                     for p, state in enumerate(states)]
+        units, retired_filtered = partition_filters(server, key, params, states)
         pipe = server.pipeline(transaction=False)
         for part in units:
             for state, chunk_key in part:

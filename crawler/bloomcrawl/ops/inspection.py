@@ -39,6 +39,7 @@ import redis
 
 from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.bloom_info import partition_filters
 from bloomcrawl.core.errors import BloomFilterError
 from bloomcrawl.core.politeness import politeness_summary
 from bloomcrawl.core.sizing import FilterParams
@@ -255,19 +256,21 @@ def partition_fill(client: redis.Redis, filter_name: str, params: FilterParams
         pipe = client.pipeline(transaction=False)
         for p in range(params.partitions):
             pipe.hgetall(keys.state_key(filter_name, p))
-        states = pipe.execute()
+        # a revisit window's partition: its generations in the window, summed
+        filters, _ = partition_filters(client, filter_name, params, pipe.execute())
     out = []
-    for p, raw_state in enumerate(states):
-        state = {_text(k): _text(v) for k, v in raw_state.items()}
+    for p, part in enumerate(filters):
         items = bits = bits_set = 0
-        for s in range(int(state.get("slices", 1))):
-            plan = computed[s]
-            stored = state.get(f"plan:{s}")
-            if stored is not None:  # "capacity hashes blocks"
-                plan = replace(plan, blocks=int(stored.split()[2]))
-            bits += plan.bits
-            items += int(state.get(f"items:{s}", 0))
-            bits_set += int(state.get(f"bits_set:{s}", 0))
+        for raw_state, _ in part:
+            state = {_text(k): _text(v) for k, v in raw_state.items()}
+            for s in range(int(state.get("slices", 1))):
+                plan = computed[s]
+                stored = state.get(f"plan:{s}")
+                if stored is not None:  # "capacity hashes blocks"
+                    plan = replace(plan, blocks=int(stored.split()[2]))
+                bits += plan.bits
+                items += int(state.get(f"items:{s}", 0))
+                bits_set += int(state.get(f"bits_set:{s}", 0))
         out.append(PartitionFill(p, owner(keys.state_key(filter_name, p)), items, bits,
                                  bits_set))
     return out
