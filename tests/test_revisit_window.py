@@ -7,6 +7,7 @@ duplicate, one added more than 3 s ago is new again. Times are Redis's.
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import redis
@@ -19,6 +20,7 @@ from bloomcrawl.core.frontier import Frontier
 from bloomcrawl.core.keys import FrontierKeys
 from bloomcrawl.core.sizing import FilterParams
 from bloomcrawl.crawl.config import FilterConfig, parse_duration
+from bloomcrawl.crawl.seen import SeenCache
 from bloomcrawl.ops.inspection import partition_fill
 
 from kit.data import fingerprints, outgoing
@@ -227,3 +229,32 @@ def test_the_exporters_partition_fill_sums_the_live_generations(
     assert sum(p.items for p in fill) == info.items == 700
     assert sum(p.bits for p in fill) == info.bits
     assert sum(p.bits_set for p in fill) == info.bits_set > 0
+
+
+def test_the_frontier_tells_which_fingerprints_it_queued(redis_client: redis.Redis) -> None:
+    bf = windowed(redis_client, partitions=2)
+    frontier = Frontier(redis_client, bf, FrontierKeys("t", partitions=2), queue_type="fifo",
+                        lease_timeout=30, worker_id="w1", node="host")
+    first = outgoing(*("http://h%d.test/a" % i for i in range(6)))
+    assert sorted(frontier.exchange(first, {}).queued_fingerprints) == sorted(
+        e.fingerprint for e in first)
+    again = outgoing(*("http://h%d.test/%s" % (i, page) for i in range(6) for page in "ab"))
+    done = frontier.exchange(again, {}, lease_from=0)
+    assert sorted(done.queued_fingerprints) == sorted(
+        e.fingerprint for e in again if e.fingerprint not in {f.fingerprint for f in first})
+
+
+def test_a_windowed_seen_cache_answers_for_half_the_window_to_the_whole() -> None:
+    cache = SeenCache(100, expire_after=0.2)
+    fps = fingerprints(3)
+    cache.remember(fps[:1], sent=1)
+    added = time.monotonic()
+    assert fps[0] in cache
+    wait_until(lambda: fps[0] not in cache, timeout=2, interval=0.01,
+               what="the entry to expire")
+    assert 0.2 <= time.monotonic() - added < 0.4 + 0.2  # 2E and a loaded poll; never 4E
+    cache.remember(fps[1:2], sent=1)
+    assert fps[1] in cache
+    forever = SeenCache(100)
+    forever.remember(fps, sent=3)
+    assert all(fp in forever for fp in fps) and not forever.expires

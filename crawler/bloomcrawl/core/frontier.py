@@ -104,6 +104,8 @@ class Exchanged:
     ready_in: float | None = None
     #: the same for each partition ``peek`` named
     peeked: dict[int, float | None] = field(default_factory=dict)
+    #: the fingerprints the filter queued (not those of dont_filter requests)
+    queued_fingerprints: list[bytes] = field(default_factory=list)
 
 
 def wait_seconds(ms: int) -> float | None:
@@ -345,6 +347,16 @@ class Frontier:
         replies = [r for r in results if isinstance(r, list)]
         queued = sum(reply[0].count(b"1") for reply in replies)
         done = Exchanged(queued=queued, filtered=len(outgoing) - queued)
+        # the filter's fingerprints each partition queued (its decisions, in the order sent)
+        call_of = {p: i for i, p in enumerate(partitions[:len(partitions) - (lease_from
+                                                                           is not None)])}
+        if lease_from is not None:
+            call_of[lease_from] = len(calls) - 1
+        for p, entries in by_partition.items():
+            decisions = results[call_of[p]][0]
+            done.queued_fingerprints += [e.fingerprint for e, d in zip(entries, decisions,
+                                                                       strict=True)
+                                         if d == 49 and not e.dont_filter]  # ord("1")
         if peek:
             at = len(calls) - len(peek) - (lease_from is not None)
             done.peeked = {p: wait_seconds(int(ms))

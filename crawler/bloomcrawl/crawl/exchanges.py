@@ -203,8 +203,11 @@ class ExchangeLoop:
         if self.seen.follow(self.frontier.filter_generation):
             logger.warning("the Bloom filter %s was deleted; it was created again",
                            self.frontier.keys.filter, extra=self.log_extra)
-        self.seen.remember((e.fingerprint for e in batch.outgoing if not e.dont_filter),
-                           sent=len(batch.outgoing))
+        if self.seen.expires:  # a revisit window: only what began its time in the filter now
+            self.seen.remember(done.queued_fingerprints, sent=len(batch.outgoing))
+        else:
+            self.seen.remember((e.fingerprint for e in batch.outgoing if not e.dont_filter),
+                               sent=len(batch.outgoing))
         if done.filtered:
             self.stats.inc_value("dupefilter/filtered", done.filtered)
             self.stats.inc_value("bloomfilter/filtered", done.filtered)

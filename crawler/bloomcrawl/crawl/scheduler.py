@@ -145,7 +145,9 @@ class Scheduler:
         self.watch = ServerWatch(server)
         self.pages = PageTracker.of(crawler)
         self.book = LeaseBook()
-        self.seen = SeenCache(config.seen_cache)
+        # under a revisit window, a fingerprint is answered here for less than W (see seen)
+        self.seen = SeenCache(config.seen_cache,
+                              filter_config.revisit_after / 2 or None)
         self.held = HeldRequests()
         # dont_filter start requests are deduplicated among the workers of one crawl
         self.crawl_id = b""
