@@ -9,7 +9,7 @@ schedule never starts a run while its previous run still has a job pending
 or running (the firing is recorded as skipped), so two runs of one schedule
 never share those counters.
 
-A run ends when none of its jobs is pending or running on a node that
+A run ends when none of its jobs is pending or running, and every job's node
 answered; its finish reason is what each job's log says
 (``Spider closed (finished)``), one reason per job.
 
@@ -32,6 +32,7 @@ import redis
 
 from bloomcrawl.core import defaults, keys
 from bloomcrawl.ops import scrapyd
+from bloomcrawl.ops.schedules import redis_time
 
 TAG = "{bloomcrawl:runs}"
 RECENT_KEY = TAG + ":recent"
@@ -41,6 +42,8 @@ RUNNING, FINISHED = "running", "finished"
 #: the counters a run reports, from the spider's shared stats
 COUNTERS = ("pages", "items", "errors", "filtered", "requeued")
 _CLOSED_RE = re.compile(r"Spider closed \(([^)]*)\)")
+#: the fields of a :class:`Run` its hash holds as JSON
+_DICT_FIELDS = ("jobs", "refused", "stats_start", "stats_end", "reasons")
 
 
 def run_key(run_id: str) -> str:
@@ -100,11 +103,11 @@ class Run:
     def from_hash(cls, raw: dict[bytes, bytes]) -> Run:
         data = {k.decode(): v.decode() for k, v in raw.items()}
         kwargs: dict[str, Any] = {}
-        for name, f in cls.__dataclass_fields__.items():
+        for name in cls.__dataclass_fields__:
             if name not in data:
                 continue
             value = data[name]
-            if f.type in ("dict[str, str]", "dict[str, int]"):
+            if name in _DICT_FIELDS:
                 kwargs[name] = json.loads(value) if value else {}
             elif name in ("slot", "started"):
                 kwargs[name] = float(value)
@@ -167,31 +170,6 @@ class RunStore:
         return found[0] if found else None
 
 
-def job_states(nodes: Sequence[scrapyd.Node], project: str, jobs: dict[str, str]
-               ) -> tuple[dict[str, str], dict[str, str]]:
-    """({job id: pending | running | finished | gone | unreachable}, {job id: log URL}).
-
-    ``gone``: the node answered without the job (scrapyd restarted and forgot
-    it); ``unreachable``: its node did not answer.
-    """
-    by_url = {node.url: node for node in nodes}
-    states = {job: "unreachable" for job in jobs.values()}
-    logs: dict[str, str] = {}
-    asked = [by_url[url] if url in by_url else scrapyd.Node(url) for url in jobs]
-    for node, answer, _error in scrapyd.for_each_node(asked, lambda n: n.list_jobs(project)):
-        if answer is None:
-            continue
-        job = jobs[node.url]
-        states[job] = "gone"
-        for state in scrapyd.JOB_STATES:
-            for entry in answer.get(state, []):
-                if entry.get("id") == job:
-                    states[job] = state
-                    if entry.get("log_url"):
-                        logs[job] = str(entry["log_url"])
-    return states, logs
-
-
 def finish_reason(node: scrapyd.Node, log_url: str | None) -> str:
     """The reason in a job's ``Spider closed (...)`` log line, or ``unknown``."""
     if not log_url:
@@ -208,20 +186,17 @@ def check_run(client: redis.Redis, store: RunStore, run: Run,
               nodes: Sequence[scrapyd.Node]) -> bool:
     """Whether ``run`` is over; if it is, it is finished and saved. Else its counters so far
     are saved."""
-    states, logs = job_states(nodes, run.project, run.jobs)
-    now_stats = shared_stats(client, run.spider)
-    if any(state in ("pending", "running", "unreachable") for state in states.values()):
-        run.stats_end = now_stats
+    found = scrapyd.job_entries(nodes, run.project, run.jobs)
+    run.stats_end = shared_stats(client, run.spider)
+    if any(state in ("pending", "running", "unreachable") for state, _ in found.values()):
         store.save(run)
         return False
     by_url = {node.url: node for node in nodes}
     for url, job in run.jobs.items():
-        node = by_url.get(url) or scrapyd.Node(url)
-        run.reasons[job] = finish_reason(node, logs.get(job)) if states[job] == "finished" \
-            else "lost"
-    seconds, micros = client.time()
-    run.finished = seconds + micros / 1e6
-    run.stats_end = now_stats
+        state, entry = found[job]
+        run.reasons[job] = (finish_reason(by_url[url], entry.get("log_url"))
+                            if state == "finished" else "lost")
+    run.finished = redis_time(client)
     run.status = FINISHED
     store.save(run)
     return True

@@ -40,6 +40,7 @@ from croniter import croniter
 
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 from bloomcrawl.ops.console import OpsError
+from bloomcrawl.ops.redis_masters import redis_time_ms
 
 TAG = "{bloomcrawl:schedules}"
 NAMES_KEY = TAG + ":names"
@@ -177,9 +178,8 @@ class Schedule:
 
 
 def redis_time(client: redis.Redis) -> float:
-    """Now by Redis's clock (``TIME``), the one every timer and worker shares."""
-    seconds, micros = client.time()
-    return seconds + micros / 1e6
+    """Now in seconds by Redis's clock (``TIME``), the one every timer and worker shares."""
+    return redis_time_ms(client) / 1000
 
 
 class ScheduleStore:

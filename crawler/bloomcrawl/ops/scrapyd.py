@@ -163,16 +163,21 @@ class Node:
     def __post_init__(self) -> None:
         self.url = normalise_node_url(self.url)
 
+    def _auth(self) -> dict[str, str]:
+        """The basic-auth header, if the node has credentials."""
+        if not self.username:
+            return {}
+        token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+        return {"Authorization": "Basic " + token}
+
     def _call(self, path: str, body: bytes | None, content_type: str | None,
               timeout: float) -> Any:
         """The decoded JSON answer of ``path``; :class:`ScrapydError` when there is none."""
         url = self.url + "/" + path
-        request = urllib.request.Request(url, data=body, headers={"Accept": "application/json"})
+        request = urllib.request.Request(
+            url, data=body, headers={"Accept": "application/json", **self._auth()})
         if content_type:
             request.add_header("Content-Type", content_type)
-        if self.username:
-            token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
-            request.add_header("Authorization", "Basic " + token)
         try:
             with OPENER.open(request, timeout=timeout) as response:
                 raw = response.read()
@@ -262,10 +267,7 @@ class Node:
     def log_tail(self, log_url: str, size: int = 16384, timeout: float = 10.0) -> str:
         """The last ``size`` bytes of a job's log (``log_url`` from listjobs.json)."""
         url = urllib.parse.urljoin(self.url + "/", log_url)
-        headers = {}
-        if self.username:
-            token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
-            headers["Authorization"] = "Basic " + token
+        headers = self._auth()
         try:
             # twisted's static files answer a suffix range (bytes=-N) with an error: the
             # length first, then the range from an offset
@@ -360,14 +362,21 @@ def deploy(nodes: Sequence[Node], project: str, version: str, egg: bytes
     return for_each_node(nodes, upload)
 
 
+def schedule_each(nodes: Sequence[Node], project: str, spider: str,
+                  settings: Sequence[tuple[str, str]], spider_args: Sequence[tuple[str, str]]
+                  ) -> list[tuple[Node, dict[str, Any] | None, str | None]]:
+    """Start one job on every node: (node, answer, error) for each."""
+    data: list[tuple[str, str]] = [("project", project), ("spider", spider)]
+    data += [("setting", "{}={}".format(*pair)) for pair in settings]
+    data += list(spider_args)
+    return for_each_node(nodes, lambda node: node.request("schedule.json", data))
+
+
 def schedule(nodes: Sequence[Node], project: str, spider: str,
              settings: Sequence[tuple[str, str]],
              spider_args: Sequence[tuple[str, str]]) -> dict[str, str]:
     """Start one job on every node; {node url: job id}. Fails when any node fails."""
-    data: list[tuple[str, str]] = [("project", project), ("spider", spider)]
-    data += [("setting", "{}={}".format(*pair)) for pair in settings]
-    data += list(spider_args)
-    results = for_each_node(nodes, lambda node: node.request("schedule.json", data))
+    results = schedule_each(nodes, project, spider, settings, spider_args)
     errors = [error for _, _, error in results if error]
     if errors:
         raise OpsError("scheduling %s failed on %d of %d node(s): %s" % (
@@ -375,18 +384,33 @@ def schedule(nodes: Sequence[Node], project: str, spider: str,
     return {node.url: str(answer["jobid"]) for node, answer, _ in results if answer}
 
 
-def job_states(nodes: Sequence[Node], project: str, jobs: dict[str, str]) -> dict[str, str]:
-    """{job id: pending | running | finished | unknown}; ``jobs`` is {node url: job id}."""
-    states = dict.fromkeys(jobs.values(), "unknown")
+def job_entries(nodes: Sequence[Node], project: str, jobs: dict[str, str]
+                ) -> dict[str, tuple[str, dict[str, Any]]]:
+    """{job id: (state, its listjobs.json entry)}; ``jobs`` is {node url: job id}.
+
+    The state is pending, running or finished; ``gone`` when the job's node
+    answered without it (scrapyd restarted and forgot it), ``unreachable``
+    when the node did not answer (or is not among ``nodes``).
+    """
+    found: dict[str, tuple[str, dict[str, Any]]] = {
+        job: ("unreachable", {}) for job in jobs.values()}
     asked = [node for node in nodes if node.url in jobs]
-    for _node, answer, _error in for_each_node(asked, lambda node: node.list_jobs(project)):
+    for node, answer, _error in for_each_node(asked, lambda node: node.list_jobs(project)):
         if answer is None:
             continue
+        job = jobs[node.url]
+        found[job] = ("gone", {})
         for state in JOB_STATES:
-            for job in answer.get(state, []):
-                if job.get("id") in states:
-                    states[job["id"]] = state
-    return states
+            for entry in answer.get(state, []):
+                if entry.get("id") == job:
+                    found[job] = (state, entry)
+    return found
+
+
+def job_states(nodes: Sequence[Node], project: str, jobs: dict[str, str]) -> dict[str, str]:
+    """{job id: pending | running | finished | unknown}; ``jobs`` is {node url: job id}."""
+    return {job: state if state in JOB_STATES else "unknown"
+            for job, (state, _) in job_entries(nodes, project, jobs).items()}
 
 
 def _not_in_egg(directory: str, names: list[str]) -> set[str]:

@@ -48,37 +48,41 @@ DEFAULT_INTERVAL = 1.0
 RUN_CHECK_INTERVAL = 5.0
 
 
+def outcome_of(slot: float, fired_at: float, manual: bool, result: str, reason: str = "",
+               run: Run | None = None) -> dict[str, Any]:
+    """What a firing did, as the schedule records it."""
+    return {"slot": slot, "fired_at": fired_at, "manual": manual, "result": result,
+            "run": run.id if run is not None and run.jobs else None,
+            "started": run.jobs if run is not None else {},
+            "refused": run.refused if run is not None else {}, "reason": reason}
+
+
 def fire(client: redis.Redis, target: Target, schedule: Schedule, slot: float, *,
          manual: bool = False) -> dict[str, Any]:
     """Start ``schedule``'s run for ``slot`` (or record why not); returns the outcome."""
     runs = RunStore(client)
     spec = schedule.spec
     fired_at = redis_time(client)
-    outcome: dict[str, Any] = {"slot": slot, "fired_at": fired_at, "manual": manual}
     previous = runs.latest(spec.name)
     if previous is not None and previous.status == RUNNING and not check_run(
             client, runs, previous, target.nodes):
-        outcome.update(result="skipped", run=None, started={}, refused={},
-                       reason="run %s is still running" % previous.id)
-        return outcome
+        return outcome_of(slot, fired_at, manual, "skipped",
+                          "run %s is still running" % previous.id)
     run_id = run_id_for(spec.name, slot, manual)
     options = CrawlOptions(spider=spec.spider, project=spec.project,
                            settings=[*spec.settings, "FRONTIER_CRAWL_ID=%s" % run_id],
                            arguments=spec.arguments, allowed_domains=spec.allowed_domains,
                            depth_limit=spec.depth_limit, max_idle=spec.max_idle)
-    data: list[tuple[str, str]] = [("project", spec.project), ("spider", spec.spider)]
     try:
-        data += [("setting", "%s=%s" % pair) for pair in options.scrapy_settings()]
-        data += options.spider_arguments(spec.urls)
+        settings, arguments = options.scrapy_settings(), options.spider_arguments(spec.urls)
     except OpsError as exc:
-        outcome.update(result="failed", run=None, started={}, refused={}, reason=str(exc))
-        return outcome
+        return outcome_of(slot, fired_at, manual, "failed", str(exc))
     run = Run(run_id, spec.name, spec.spider, spec.project, slot, fired_at,
               stats_start=shared_stats(client, spec.spider))
     if spec.urls:
         seed_run(client, spec.spider, spec.urls)
-    results = scrapyd.for_each_node(target.nodes, lambda n: n.request("schedule.json", data))
-    for node, answer, error in results:
+    for node, answer, error in scrapyd.schedule_each(target.nodes, spec.project, spec.spider,
+                                                     settings, arguments):
         if answer is not None:
             run.jobs[node.url] = str(answer["jobid"])
         else:
@@ -88,11 +92,9 @@ def fire(client: redis.Redis, target: Target, schedule: Schedule, slot: float, *
         runs.start(run)
     result = ("started" if not run.refused else "partly started" if run.jobs
               else "failed")
-    outcome.update(result=result, run=run_id if run.jobs else None, started=run.jobs,
-                   refused=run.refused,
-                   reason="" if run.jobs else "no node started a job" if target.nodes
-                   else "no scrapyd node is known")
-    return outcome
+    reason = ("" if run.jobs else "no node started a job" if target.nodes
+              else "no scrapyd node is known")
+    return outcome_of(slot, fired_at, manual, result, reason, run)
 
 
 def seed_run(client: redis.Redis, spider: str, urls: list[str]) -> None:
@@ -136,8 +138,7 @@ class Timer:
             try:
                 outcome = fire(self.client, self.target(), schedule, slot)
             except (OpsError, BloomcrawlError) as exc:
-                outcome = {"slot": slot, "fired_at": now, "manual": False, "result": "failed",
-                           "run": None, "started": {}, "refused": {}, "reason": str(exc)}
+                outcome = outcome_of(slot, now, False, "failed", str(exc))
             outcome["timer"] = self.timer_id
             self.schedules.record(schedule.name, outcome)
             logger.info("schedule %s, slot %s: %s%s", schedule.name, slot, outcome["result"],
