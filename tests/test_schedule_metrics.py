@@ -10,11 +10,11 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-from bloomcrawl.ops import schedule_metrics
+from bloomcrawl.ops import schedule_metrics, timer
 from bloomcrawl.ops.exporter import ClusterCollector, build_registry
 from bloomcrawl.ops.exporter import redis_client as exporter_client
 from bloomcrawl.ops.runs import FINISHED, Run, RunStore, run_key
-from bloomcrawl.ops.schedules import ScheduleStore, Spec, redis_time, schedule_key
+from bloomcrawl.ops.schedules import Schedule, ScheduleStore, Spec, redis_time, schedule_key
 
 from kit.cluster import RedisClusterProcesses
 from kit.redis import RedisServer
@@ -42,8 +42,15 @@ def outcome_of(registry: CollectorRegistry, schedule: str, spider: str = "site"
 def outcome(slot: float, result: str, *, manual: bool = False, fired_at: float = 0.0
             ) -> dict[str, object]:
     """An outcome as the timer records it."""
-    return {"slot": slot, "fired_at": fired_at or slot, "manual": manual, "result": result,
-            "run": None, "started": {}, "refused": {}, "reason": ""}
+    return timer.outcome_of(slot, fired_at or slot, manual, result)
+
+
+def fired(store: ScheduleStore, name: str, every: float, result: str = "started") -> Schedule:
+    """A schedule made now whose first slot a timer claimed and fired with ``result``."""
+    made = store.add(spec(name, every=every))
+    assert store.claim(name, made.created, "timer-1")
+    store.record(name, outcome(made.created, result))
+    return made
 
 
 def test_each_schedule_s_last_and_next_fire_and_last_outcome(
@@ -106,9 +113,7 @@ def test_each_schedule_s_last_and_next_fire_and_last_outcome(
 def test_a_due_slot_no_timer_claims_is_overdue_until_claimed(
         redis_server: RedisServer, redis_client: redis.Redis) -> None:
     store = ScheduleStore(redis_client)
-    made = store.add(spec("often", every=1))
-    store.claim("often", made.created, "timer-1")
-    store.record("often", outcome(made.created, "started"))
+    made = fired(store, "often", 1)
     registry = scrape(redis_server.url)
     labels = {"schedule": "often", "spider": "site"}
 
@@ -266,9 +271,7 @@ def test_redis_refusing_the_schedule_keys_is_redis_down_for_the_scrape(
 def test_the_metric_names_follow_the_naming_rules(
         redis_server: RedisServer, redis_client: redis.Redis) -> None:
     store = ScheduleStore(redis_client)
-    made = store.add(spec("hourly", every=3600))
-    store.claim("hourly", made.created, "timer-1")
-    store.record("hourly", outcome(made.created, "started"))
+    fired(store, "hourly", 3600)
     runs = RunStore(redis_client)
     done = run("hourly", 1, time.time())
     done.status, done.finished, done.reasons = FINISHED, done.started + 5, {"a": "finished"}
@@ -293,9 +296,7 @@ def test_on_redis_cluster_the_schedules_and_runs_are_read_from_their_slots(
         clean_cluster: RedisClusterProcesses) -> None:
     client = clean_cluster.cluster_client()
     store = ScheduleStore(client)
-    made = store.add(spec("hourly", every=3600))
-    assert store.claim("hourly", made.created, "timer-1")
-    store.record("hourly", outcome(made.created, "skipped"))
+    made = fired(store, "hourly", 3600, "skipped")
     RunStore(client).start(run("hourly", 1, made.created))
     registry = scrape(clean_cluster.startup_url)
     labels = {"schedule": "hourly", "spider": "site"}

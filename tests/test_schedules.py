@@ -19,7 +19,13 @@ from bloomcrawl.ops.cli.target import Target
 from bloomcrawl.ops.console import OpsError
 from bloomcrawl.ops.demo_site import RunningSite
 from bloomcrawl.ops.runs import FINISHED, RunStore, check_run
-from bloomcrawl.ops.schedules import ScheduleStore, Spec, parse_duration, spec_from_options
+from bloomcrawl.ops.schedules import (
+    ScheduleStore,
+    Spec,
+    parse_duration,
+    redis_time,
+    spec_from_options,
+)
 from bloomcrawl.ops.timer import Timer
 
 from kit import ROOT
@@ -196,7 +202,7 @@ def test_a_timer_down_for_several_slots_fires_once(redis_client: redis.Redis,
     made = store.add(spec(every=1))
     nodes = [scrapyd.Node(probe_node.url, USERNAME, PASSWORD)]
     timer = Timer(redis_client, lambda: Target("", nodes, None, None))
-    wait_until(lambda: made.due_slot(redis_time_of(redis_client)) >= made.created + 3, 10,
+    wait_until(lambda: made.due_slot(redis_time(redis_client)) >= made.created + 3, 10,
                interval=0.05, what="three slots to pass")
     assert timer.tick() == ["news"]
     timer.tick()  # fires again only if the next slot has come meanwhile
@@ -208,12 +214,8 @@ def test_a_timer_down_for_several_slots_fires_once(redis_client: redis.Redis,
     assert firings[-1]["result"] == "started", firings
 
 
-def redis_time_of(client: redis.Redis) -> float:
-    seconds, micros = client.time()
-    return seconds + micros / 1e6
-
-
-def test_a_run_ends_with_its_counters_and_reason(redis_client: redis.Redis,
+def test_a_run_ends_with_its_counters_and_reason(redis_server: RedisServer,
+                                                 redis_client: redis.Redis,
                                                  probe_node: ScrapydNode) -> None:
     store = ScheduleStore(redis_client)
     store.add(spec(every=3600))
@@ -232,14 +234,9 @@ def test_a_run_ends_with_its_counters_and_reason(redis_client: redis.Redis,
                              "requeued": 0}
     assert done.finish_reason == "finished"
     assert done.duration is not None and done.duration > 0
-    listed = run_cli("runs", "--redis-url", _url(redis_client))
+    listed = run_cli("runs", "--redis-url", redis_server.url)
     assert listed.code == 0, listed.output
     assert run.id in listed.stdout and "pages 7" in listed.stdout
-
-
-def _url(client: redis.Redis) -> str:
-    kwargs = client.connection_pool.connection_kwargs
-    return "redis://%s:%s/0" % (kwargs["host"], kwargs["port"])
 
 
 def test_schedules_command_lists_pauses_resumes_and_removes(
