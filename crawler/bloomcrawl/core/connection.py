@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -115,14 +117,69 @@ def cluster_url(nodes: Any) -> str:
     return url
 
 
-def redis_from_url(url: str, **params: Any) -> Any:
+#: set to 1 to allow plain text (redis://, http://) to addresses off this machine
+INSECURE_ENV = "BLOOMCRAWL_INSECURE"
+
+
+def insecure_allowed() -> bool:
+    """Whether :data:`INSECURE_ENV` allows plain text off this machine (``--insecure``
+    sets it for the command and what it starts)."""
+    return os.environ.get(INSECURE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def is_local_host(host: str) -> bool:
+    """Whether traffic to ``host`` stays on this machine or in a container network.
+
+    Loopback addresses, ``localhost`` and ``*.localhost`` (RFC 6761) stay on
+    the machine. A name without a dot (``redis``, ``worker``, ``redis-2``) is
+    a compose or Swarm service name: it resolves only inside the project's
+    own network, whose addresses (and those found from the name, as the
+    exporter finds every worker) are not checked either. Any other address
+    or name may be another machine.
+    """
+    host = host.strip().strip("[]").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return bool(host) and "." not in host
+    return address.is_loopback
+
+
+def check_plaintext(what: str, url: str, scheme_hint: str, insecure: bool | None = None
+                    ) -> None:
+    """:class:`SettingError` when ``url`` is plain text to a host off this machine.
+
+    ``what`` names the setting (``REDIS_URL``), ``scheme_hint`` what to use
+    instead (``rediss://``). ``insecure`` None: :func:`insecure_allowed`.
+    """
+    parts = urlsplit(url)
+    # a cluster URL lists several host:port entries
+    hosts = [urlsplit("//" + entry.strip()).hostname or entry.strip()
+             for entry in parts.netloc.rpartition("@")[2].split(",") if entry.strip()]
+    remote = [host for host in hosts if not is_local_host(host)]
+    if not remote or (insecure if insecure is not None else insecure_allowed()):
+        return
+    shown = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    raise SettingError(
+        "%s %s is plain text to %s, which is not a loopback address: passwords and data would"
+        " cross the network unencrypted. Use %s (make certs; see docs/deploy.md), or allow it"
+        " with --insecure (%s=1)" % (what, shown, ", ".join(remote), scheme_hint, INSECURE_ENV))
+
+
+def redis_from_url(url: str, *, insecure: bool | None = None, **params: Any) -> Any:
     """A client for ``url`` with bounded timeouts unless ``params`` say otherwise.
 
     ``redis+cluster://`` (``rediss+cluster://`` for TLS) gives redis-py's
     RedisCluster: it follows MOVED and ASK, and finds the new master after
-    a failover.
+    a failover. A plain-text URL (``redis://``) to a host off this machine
+    is refused (:func:`check_plaintext`) unless ``insecure`` (None:
+    :data:`INSECURE_ENV`) allows it.
     """
     check_redis_url(url)
+    if urlsplit(url).scheme in ("redis", "redis+cluster"):
+        check_plaintext("REDIS_URL", url, "rediss://", insecure)
     params.setdefault("socket_connect_timeout", defaults.REDIS_SOCKET_CONNECT_TIMEOUT)
     params.setdefault("socket_timeout", defaults.REDIS_SOCKET_TIMEOUT)
     params.setdefault("health_check_interval", defaults.REDIS_HEALTH_CHECK_INTERVAL)

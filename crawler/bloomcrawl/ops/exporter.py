@@ -70,7 +70,8 @@ from bloomcrawl.core.connection import (
     redis_from_url,
 )
 from bloomcrawl.core.errors import RedisUnavailableError, SettingError
-from bloomcrawl.ops import inspection, metrics, schedule_metrics, scrapyd
+from bloomcrawl.ops import inspection, metrics, remote_nodes, schedule_metrics, scrapyd
+from bloomcrawl.ops.console import OpsError
 
 logger = logging.getLogger(__name__)
 
@@ -190,12 +191,11 @@ class ClusterCollector(Collector):
         started = time.perf_counter()
         families: list[Metric] = []
         statuses: list[scrapyd.NodeStatus] = []
-        if self.scrapyd.configured:
-            urls = self.scrapyd.discover(self._outages)
-            with ThreadPoolExecutor(max_workers=max(1, min(32, len(urls))),
+        nodes = self._scrapyd_nodes()
+        if nodes:
+            with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes))),
                                     thread_name_prefix="scrapyd-status") as pool:
-                futures = [pool.submit(node.status, self.scrapyd.timeout)
-                           for node in self.scrapyd.nodes(urls)]
+                futures = [pool.submit(node.status, self.scrapyd.timeout) for node in nodes]
                 redis_families, spiders = self._redis_families()
                 statuses = [future.result() for future in futures]
             families += redis_families
@@ -276,6 +276,24 @@ class ClusterCollector(Collector):
         return unique
 
     # -- scrapyd ---------------------------------------------------------------
+
+    def _scrapyd_nodes(self) -> list[scrapyd.Node]:
+        """The configured or resolved nodes, and those on other hosts listed in Redis
+        (``bloomcrawl nodes add``), asked for again on every scrape."""
+        nodes = self.scrapyd.nodes(self.scrapyd.discover(self._outages)) \
+            if self.scrapyd.configured else []
+        part = f"the remote nodes listed in {remote_nodes.KEY}"
+        try:
+            remote = remote_nodes.listed(self.client)
+        except REDIS_ERRORS as exc:
+            self._outages.failed(part, f"unreadable ({exc}); not asked")
+            remote = []
+        else:
+            self._outages.recovered(part)
+        known = {node.url for node in nodes}
+        nodes += [entry.node(self.scrapyd.username or "", self.scrapyd.password or "")
+                  for entry in remote if entry.url not in known]
+        return nodes
 
     def _host_labels(self, statuses: list[scrapyd.NodeStatus]) -> dict[str, str]:
         """Worker host name -> node label, from the node names the nodes report.
@@ -418,6 +436,11 @@ def parse_args(
     if args.top_domains < 0:
         parser.error(f"--top-domains must be >= 0, got {args.top_domains}")
     args.scrapyd_nodes = [u.strip() for u in args.scrapyd_nodes.split(",") if u.strip()]
+    for url in args.scrapyd_nodes:
+        try:
+            scrapyd.check_node_url(url)
+        except OpsError as exc:
+            parser.error(str(exc))
     return parser, args
 
 

@@ -8,10 +8,17 @@ environment must not reroute them.
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.request
 from typing import Any
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def opener_for(context: ssl.SSLContext) -> urllib.request.OpenerDirector:
+    """Like :data:`OPENER`, with ``context`` for https (a cluster's own CA)."""
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                       urllib.request.HTTPSHandler(context=context))
 
 
 def http_ok(url: str, timeout: float = 3.0) -> bool:

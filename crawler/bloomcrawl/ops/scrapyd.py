@@ -25,6 +25,7 @@ import json
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -40,8 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bloomcrawl.core.connection import check_plaintext
+from bloomcrawl.core.errors import SettingError
 from bloomcrawl.ops.console import OpsError
-from bloomcrawl.ops.noproxy import OPENER
+from bloomcrawl.ops.noproxy import OPENER, opener_for
 
 DEFAULT_PORT = 6800
 #: seconds for an endpoint that does work (addversion, schedule)
@@ -154,14 +157,42 @@ class NodeStatus:
 
 @dataclass
 class Node:
-    """One scrapyd: ``http://host:port`` (normalised) and its basic-auth credentials."""
+    """One scrapyd: ``http://host:port`` or ``https://...`` (normalised), its basic-auth
+    credentials and, for https, the CA its certificate must chain to (``ca_pem``, PEM
+    text; empty: the system's trusted CAs)."""
 
     url: str
     username: str = ""
     password: str = field(default="", repr=False)
+    ca_pem: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         self.url = normalise_node_url(self.url)
+        self._opener = OPENER
+        if self.url.startswith("https://") and self.ca_pem:
+            try:
+                context = ssl.create_default_context(cadata=self.ca_pem)
+            except (ssl.SSLError, ValueError) as exc:
+                raise ScrapydError(self.url, f"its CA certificate is unreadable: {exc}") from exc
+            self._opener = opener_for(context)
+
+    def _failure(self, url: str, exc: BaseException) -> ScrapydError:
+        """What a failed request says: an untrusted certificate or refused credentials
+        named as such, else the node could not be reached."""
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            return ScrapydError(url, "its TLS certificate is not trusted (%s): give the CA that"
+                                " signed it (bloomcrawl nodes add --ca-file)"
+                                % reason.verify_message)
+        if isinstance(exc, urllib.error.HTTPError) and exc.code == 401:
+            return ScrapydError(url, "HTTP 401: the node refused the credentials (check"
+                                " SCRAPYD_USERNAME and SCRAPYD_PASSWORD)")
+        if isinstance(exc, urllib.error.HTTPError):
+            detail = exc.read(500).decode(errors="replace").strip()
+            return ScrapydError(url, f"HTTP {exc.code} {exc.reason}", detail)
+        if isinstance(exc, http.client.HTTPException):
+            return ScrapydError(url, str(exc) or type(exc).__name__)
+        return ScrapydError(url, str(reason) or type(exc).__name__, unreachable=self.url)
 
     def _auth(self) -> dict[str, str]:
         """The basic-auth header, if the node has credentials."""
@@ -179,16 +210,10 @@ class Node:
         if content_type:
             request.add_header("Content-Type", content_type)
         try:
-            with OPENER.open(request, timeout=timeout) as response:
+            with self._opener.open(request, timeout=timeout) as response:
                 raw = response.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read(500).decode(errors="replace").strip()
-            raise ScrapydError(url, f"HTTP {exc.code} {exc.reason}", detail) from exc
-        except (urllib.error.URLError, OSError) as exc:
-            reason = str(getattr(exc, "reason", exc)) or type(exc).__name__
-            raise ScrapydError(url, reason, unreachable=self.url) from exc
-        except http.client.HTTPException as exc:
-            raise ScrapydError(url, str(exc) or type(exc).__name__) from exc
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            raise self._failure(url, exc) from exc
         try:
             return json.loads(raw)
         except ValueError as exc:
@@ -272,18 +297,15 @@ class Node:
             # twisted's static files answer a suffix range (bytes=-N) with an error: the
             # length first, then the range from an offset
             head = urllib.request.Request(url, headers=headers, method="HEAD")
-            with OPENER.open(head, timeout=timeout) as response:
+            with self._opener.open(head, timeout=timeout) as response:
                 length = int(response.headers.get("Content-Length") or 0)
             start = max(0, length - size)
             request = urllib.request.Request(url, headers={**headers,
                                                            "Range": f"bytes={start}-"})
-            with OPENER.open(request, timeout=timeout) as response:
+            with self._opener.open(request, timeout=timeout) as response:
                 raw: bytes = response.read()
-        except urllib.error.HTTPError as exc:
-            raise ScrapydError(url, f"HTTP {exc.code} {exc.reason}") from exc
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            reason = str(getattr(exc, "reason", exc)) or type(exc).__name__
-            raise ScrapydError(url, reason, unreachable=self.url) from exc
+            raise self._failure(url, exc) from exc
         return raw[-size:].decode(errors="replace")
 
 
@@ -470,6 +492,22 @@ def check_egg(egg: Path, project_dir: Path) -> None:
 
 
 # --- node URLs and labels -----------------------------------------------------------
+
+
+def check_node_url(url: str, insecure: bool | None = None) -> str:
+    """``url`` normalised; :class:`OpsError` when it is not http(s), or plain http to a host
+    off this machine unless ``insecure`` (None: BLOOMCRAWL_INSECURE) allows it."""
+    url = normalise_node_url(url)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise OpsError(f"scrapyd node {url!r}: must be http(s)://host:port")
+    if parts.scheme == "http":
+        try:
+            check_plaintext("scrapyd node", url, "https:// (a TLS proxy in front of scrapyd:"
+                            " make worker-host)", insecure)
+        except SettingError as exc:
+            raise OpsError(str(exc)) from exc
+    return url
 
 
 def normalise_node_url(url: str) -> str:

@@ -15,7 +15,7 @@ import contextlib
 import time
 from pathlib import Path
 
-from bloomcrawl.ops import scrapyd
+from bloomcrawl.ops import remote_nodes, scrapyd
 from bloomcrawl.ops.cli.status import report_nodes
 from bloomcrawl.ops.cli.target import TargetOptions, no_cluster, resolve_target
 from bloomcrawl.ops.cluster.compose import (
@@ -26,7 +26,7 @@ from bloomcrawl.ops.cluster.compose import (
 )
 from bloomcrawl.ops.cluster.envfile import ensure_env_file, read_env_file
 from bloomcrawl.ops.cluster.local import LocalCluster
-from bloomcrawl.ops.cluster.processes import run
+from bloomcrawl.ops.cluster.processes import CA_FILE, run
 from bloomcrawl.ops.cluster.state import (
     REDIS_CLUSTER,
     REDIS_SINGLE,
@@ -205,8 +205,47 @@ def cmd_logs(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_nodes(args: argparse.Namespace, paths: Paths) -> int:
-    """Every node's URL on stdout; a line on stderr, and exit 1, for each that does not answer."""
+    """Every node's URL on stdout; a line on stderr, and exit 1, for each that does not answer.
+
+    ``nodes add URL`` / ``nodes remove URL``: a node of another host, listed in the
+    cluster's Redis (:mod:`~bloomcrawl.ops.remote_nodes`), which the cluster's own
+    commands, timer and exporter then reach too; ``add`` checks that it answers.
+    """
+    if args.action:
+        return change_remote_nodes(paths, args)
     nodes = resolve_target(paths, TargetOptions.from_args(args), need_nodes=True).nodes
     for node in nodes:
         say(node.url)
     return 1 if report_nodes(scrapyd.node_statuses(nodes), "nodes") else 0
+
+
+def change_remote_nodes(paths: Paths, args: argparse.Namespace) -> int:
+    if not args.url:
+        raise OpsError(f"nodes {args.action}: give the node's URL (https://host:port)")
+    target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=False,
+                            need_redis=True)
+    client = target.redis()
+    try:
+        if args.action == "remove":
+            if not remote_nodes.remove(client, args.url):
+                raise OpsError(f"{scrapyd.normalise_node_url(args.url)} is not a listed"
+                               " remote node")
+            say(f"removed {scrapyd.normalise_node_url(args.url)}")
+            return 0
+        ca_file = args.ca_file
+        if ca_file is None and (paths.certs_dir / CA_FILE).is_file():
+            ca_file = paths.certs_dir / CA_FILE
+        url = scrapyd.check_node_url(args.url)
+        ca_pem = remote_nodes.read_ca(ca_file) if ca_file and url.startswith("https://") else ""
+        # the node must answer, with the cluster's credentials, before it is listed
+        probe = scrapyd.Node(url, target.username, target.password, ca_pem=ca_pem)
+        status = probe.status(timeout=10)
+        if not status.up:
+            raise OpsError(f"not added: {status.failure}")
+        node = remote_nodes.add(client, url, ca_pem)
+    finally:
+        client.close()
+    say(f"added {node.url}" + (" (CA: %s)" % ca_file if ca_pem else "")
+        + ": deploy, schedule, status, the timer and the exporter reach it")
+    say("it has no project yet: `make deploy` reaches every node")
+    return 0

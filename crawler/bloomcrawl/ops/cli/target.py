@@ -18,9 +18,9 @@ from typing import Any
 
 import redis
 
-from bloomcrawl.core.connection import ping, redis_from_url
+from bloomcrawl.core.connection import REDIS_ERRORS, ping, redis_from_url
 from bloomcrawl.core.errors import RedisUnavailableError
-from bloomcrawl.ops import scrapyd
+from bloomcrawl.ops import remote_nodes, scrapyd
 from bloomcrawl.ops.cluster.compose import REDIS_CLUSTER_SERVICES, REDIS_CONTAINER_PORT, Compose
 from bloomcrawl.ops.cluster.envfile import read_env_file
 from bloomcrawl.ops.cluster.state import (
@@ -30,7 +30,7 @@ from bloomcrawl.ops.cluster.state import (
     cluster_redis_url,
     load_cluster,
 )
-from bloomcrawl.ops.console import OpsError
+from bloomcrawl.ops.console import OpsError, warn
 
 
 @dataclass
@@ -63,6 +63,9 @@ class Target:
     #: the nodes are the recorded cluster's own (not given by --nodes, SCRAPYD_NODES or
     #: --scrapyd-service): ``deploy`` may install a project's requirements on them
     nodes_recorded: bool = False
+    #: the scrapyd credentials every node of the cluster shares
+    username: str = ""
+    password: str = dataclasses.field(default="", repr=False)
 
     def redis(self) -> redis.Redis:
         """A client to the cluster's Redis, which answered a PING.
@@ -104,6 +107,10 @@ class Target:
         url = cluster_redis_url([ports[s] for s in REDIS_CLUSTER_SERVICES if s in ports],
                                 password)
         return url, {"address_remap": address_remap}
+
+
+#: what reading the remote nodes may fail with (the nodes of this host still count)
+LISTING_ERRORS: tuple[type[BaseException], ...] = (OpsError, *REDIS_ERRORS)
 
 
 def _split(urls: str) -> list[str]:
@@ -157,11 +164,30 @@ def resolve_target(paths: Paths, options: TargetOptions | None = None, *,
     elif cluster is not None and need_nodes:
         urls = compose.worker_urls() if compose is not None else cluster.scrapyd_urls()
         recorded = True
-    if need_nodes and not urls:
+    if need_nodes and not urls and cluster is None and not redis_url:
+        raise no_cluster(paths, "--nodes URL,... (SCRAPYD_NODES)")
+    explicit = bool(options.nodes or os.environ.get("SCRAPYD_NODES"))
+    if explicit:
+        urls = [scrapyd.check_node_url(url) for url in urls]
+    nodes = [scrapyd.Node(url, username, password) for url in urls]
+    target = Target(redis_url, nodes, cluster, compose, compose_redis_cluster,
+                    nodes_recorded=recorded, username=username, password=password)
+    if need_nodes and not explicit and redis_url:
+        # the nodes of other hosts (`bloomcrawl nodes add`), listed in the cluster's Redis
+        known = set(urls)
+        try:
+            client = target.redis()
+            try:
+                listed = remote_nodes.listed(client)
+            finally:
+                client.close()
+        except LISTING_ERRORS as exc:
+            warn(f"the remote nodes listed in Redis are left out: {exc}")
+            listed = []
+        nodes += [entry.node(username, password) for entry in listed if entry.url not in known]
+    if need_nodes and not nodes:
         if cluster is None:
             raise no_cluster(paths, "--nodes URL,... (SCRAPYD_NODES)")
         raise OpsError(f"the cluster recorded in {paths.state_dir} has no scrapyd node:"
                        " `make up`, or pass --nodes URL,... (SCRAPYD_NODES)")
-    nodes = [scrapyd.Node(url, username, password) for url in urls]
-    return Target(redis_url, nodes, cluster, compose, compose_redis_cluster,
-                  nodes_recorded=recorded)
+    return target

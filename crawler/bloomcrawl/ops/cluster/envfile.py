@@ -82,3 +82,16 @@ def ensure_env_file(path: Path) -> dict[str, str]:
             f.write(f"{name}={value}\n")
     say("{} {} ({})".format("updated" if existed else "created", path, ", ".join(missing)))
     return read_env_file(path)
+
+
+def ensure_role_passwords(path: Path, variables: list[str]) -> dict[str, str]:
+    """Add a random secret for each of ``variables`` (the Redis roles' passwords) that
+    ``path`` lacks; the file's values."""
+    values = read_env_file(path)
+    missing = [name for name in variables if not values.get(name)]
+    if missing:
+        with open_private(path, append=True) as f:
+            for name in missing:
+                f.write(f"{name}={new_secret()}\n")
+        say("updated {} ({})".format(path, ", ".join(missing)))
+    return read_env_file(path)

@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -351,9 +352,30 @@ def redisbloom_module() -> tuple[str | None, str]:
     return str(path), ""
 
 
-def redis_url(port: int, password: str | None = None) -> str:
-    auth = f":{password}@" if password else ""
-    return f"redis://{auth}{HOST}:{port}/0"
+#: in a certificate directory (``make certs``): the CA, and each certificate's .crt and .key
+CA_FILE = "ca.crt"
+SERVER_CERT = "server"
+CLIENT_CERT = "client"
+
+
+def redis_url(port: int, password: str | None = None, *, tls_dir: Path | None = None,
+              host: str = HOST, user: str = "") -> str:
+    """``redis://[user]:password@host:port/0``; with ``tls_dir`` (``make certs``),
+    ``rediss://`` checking the server against its CA and showing its client certificate."""
+    auth = f"{user}:{password}@" if password else ""
+    if tls_dir is None:
+        return f"redis://{auth}{host}:{port}/0"
+    query = urllib.parse.urlencode({
+        "ssl_ca_certs": str(tls_dir / CA_FILE),
+        "ssl_certfile": str(tls_dir / (CLIENT_CERT + ".crt")),
+        "ssl_keyfile": str(tls_dir / (CLIENT_CERT + ".key"))})
+    return f"rediss://{auth}{host}:{port}/0?{query}"
+
+
+def missing_certs(tls_dir: Path, *names: str) -> list[str]:
+    """The files of ``make certs`` (the CA and ``names``' .crt and .key) not in ``tls_dir``."""
+    wanted = [CA_FILE] + [name + ext for name in names for ext in (".crt", ".key")]
+    return [str(tls_dir / f) for f in wanted if not (tls_dir / f).is_file()]
 
 
 def redis_answers(url: str, pid: int | None = None) -> bool:
@@ -374,11 +396,18 @@ def start_redis(data_dir: Path, *, port: int | None = None, log: Path | None = N
                 password: str | None = None, appendonly: bool = False,
                 module: str | None = None, extra_args: Sequence[str] = (),
                 binary: str | None = None, name: str = "redis",
-                timeout: float = 20.0) -> ManagedProcess:
+                timeout: float = 20.0, tls_dir: Path | None = None,
+                bind: Sequence[str] = (), users: Sequence[str] = ()) -> ManagedProcess:
     """redis-server on 127.0.0.1, its data in ``data_dir``, no RDB snapshots.
 
-    A ``password`` goes into an owner-only config file in ``data_dir``, never
-    onto the command line, which every user of the machine can read.
+    A ``password`` and the ``users`` (redis.conf ``user`` lines) go into an
+    owner-only config file in ``data_dir``, never onto the command line, which
+    every user of the machine can read.
+
+    ``bind``: addresses to listen on besides 127.0.0.1. ``tls_dir`` (``make
+    certs``): TLS alone (Redis listens on every bound address with each of its
+    ports, so the plain port is closed), clients showing a certificate of the
+    same CA.
 
     ``port=None``: a free port (another one if that start fails). ``module``
     is loaded (RedisBloom); ``extra_args`` are appended to the command line.
@@ -386,23 +415,33 @@ def start_redis(data_dir: Path, *, port: int | None = None, log: Path | None = N
     executable = binary or _installed("redis-server", "redis-server")
     data_dir.mkdir(parents=True, exist_ok=True)
     cmd_start = [executable]
-    if password:
+    if password or users:
         # in a file only its owner reads: a command line is world-readable (ps, /proc)
         config = data_dir / "auth.conf"
         with open_private(config) as f:
-            quoted = password.replace("\\", "\\\\").replace('"', '\\"')
-            f.write(f'requirepass "{quoted}"\n')
+            if password:
+                quoted = password.replace("\\", "\\\\").replace('"', '\\"')
+                f.write(f'requirepass "{quoted}"\n')
+            for line in users:
+                f.write(line + "\n")
         cmd_start.append(str(config))
 
     def start(port: int) -> ManagedProcess:
-        cmd = [*cmd_start, "--port", str(port), "--bind", HOST, "--daemonize", "no",
+        listen = ["--port", str(port)]
+        if tls_dir is not None:
+            listen = ["--port", "0", "--tls-port", str(port),
+                      "--tls-cert-file", str(tls_dir / (SERVER_CERT + ".crt")),
+                      "--tls-key-file", str(tls_dir / (SERVER_CERT + ".key")),
+                      "--tls-ca-cert-file", str(tls_dir / CA_FILE),
+                      "--tls-auth-clients", "yes"]
+        cmd = [*cmd_start, *listen, "--bind", HOST, *bind, "--daemonize", "no",
                "--dir", str(data_dir), "--save", "", "--appendonly",
                "yes" if appendonly else "no"]
         if module:
             cmd += ["--loadmodule", module]
         cmd += extra_args
         process = spawn(name, cmd, log=log, cwd=data_dir, port=port)
-        url = redis_url(port, password)
+        url = redis_url(port, password, tls_dir=tls_dir)
         return process.wait_ready(lambda: redis_answers(url, process.pid), timeout,
                                   what="redis-server")
 

@@ -28,6 +28,8 @@ SCRAPYD_PREFIX = "scrapyd-"
 REDIS_SINGLE = "single"
 REDIS_CLUSTER = "cluster"
 REDIS_KINDS = (REDIS_SINGLE, REDIS_CLUSTER)
+#: how a cluster runs: compose, local processes, or a worker host's scrapyd nodes alone
+MODES = ("docker", "local", "worker-host")
 
 
 @dataclass
@@ -63,6 +65,11 @@ class Paths:
         return self.state_dir / "local"
 
     @property
+    def certs_dir(self) -> Path:
+        """Where ``make certs`` writes the CA and the certificates (never committed)."""
+        return Path(os.environ.get("BLOOMCRAWL_CERTS_DIR") or self.state_dir / "certs")
+
+    @property
     def project_packages(self) -> Path:
         """The local cluster's scrapyd nodes run with it on their PYTHONPATH: ``deploy``
         installs the projects' requirements there (and ``down`` deletes it with the eggs)."""
@@ -90,6 +97,10 @@ class Cluster:
     ports: dict[str, int] = field(default_factory=dict)
     #: ``single`` or ``cluster`` (:data:`REDIS_KINDS`)
     redis: str = REDIS_SINGLE
+    #: the address Redis is published on besides 127.0.0.1 (``up --redis-bind``), or ""
+    redis_bind: str = ""
+    #: Redis speaks TLS alone, with the certificates of ``make certs``
+    tls: bool = False
 
     def scrapyd_processes(self) -> list[ProcessRecord]:
         """The local scrapyd nodes, by node number."""
@@ -105,13 +116,17 @@ class Cluster:
         return [p for p in self.processes if not is_ours(p)]
 
     def to_json(self) -> dict[str, Any]:
-        data = {
+        data: dict[str, Any] = {
             "mode": self.mode,
             "redis": self.redis,
             "project_name": self.project_name,
             "ports": self.ports,
             "processes": [p.__dict__ for p in self.processes],
         }
+        if self.redis_bind:
+            data["redis_bind"] = self.redis_bind
+        if self.tls:
+            data["tls"] = True
         return data
 
 
@@ -135,7 +150,10 @@ def load_cluster(paths: Paths) -> Cluster | None:
             url = redis_url(int(env.get("REDIS_PORT") or DEFAULT_REDIS_PORT),
                             env.get("REDIS_PASSWORD", ""))
         elif "redis" in ports:
-            url = redis_url(ports["redis"], env.get("REDIS_PASSWORD", ""))
+            url = redis_url(ports["redis"], env.get("REDIS_PASSWORD", ""),
+                            tls_dir=paths.certs_dir if data.get("tls") else None)
+        elif data["mode"] == "worker-host":
+            url = ""  # its nodes' jobs have it in their environment, never written here
         else:  # recorded by an older version, password included
             url = data["redis_url"]
         return Cluster(
@@ -147,6 +165,8 @@ def load_cluster(paths: Paths) -> Cluster | None:
             processes=[ProcessRecord(**p) for p in data.get("processes", [])],
             ports=ports,
             redis=kind,
+            redis_bind=str(data.get("redis_bind", "")),
+            tls=bool(data.get("tls", False)),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise OpsError(f"{paths.cluster_file} is unreadable ({type(exc).__name__}: {exc}):"

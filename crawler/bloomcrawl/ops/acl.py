@@ -1,0 +1,58 @@
+"""The Redis ACL users of the cluster's roles, as docs/scale.md gives them.
+
+A Redis published off the machine (``bloomcrawl up --redis-bind``) gets one
+user per role, each with its password from ``.env`` (``REDIS_<ROLE>_PASSWORD``):
+a remote worker host gets ``bloomcrawl-worker``, which reaches its spiders'
+keys alone, never the other roles' commands. ``tests/test_acl_roles.py``
+checks these rules against the document, and the document's against real
+crawls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+ROLES = ("worker", "exporter", "timer", "operator")
+
+#: each role's rules after ``on >PASSWORD``; ``{keys}``: the worker's spiders' key patterns
+RULES = {
+    "worker": "resetkeys resetchannels -@all {keys} +ping +info +role +command +cluster|slots"
+              " +cluster|shards +asking +script|load +evalsha +module|list +hget +hmget +hset"
+              " +hsetnx +hgetall +hincrby +hdel +exists +strlen +getrange +setrange +incr"
+              " +incrby +time +zadd +zrem +zpopmin +zcard +zscore +zrangebyscore +rpush +lpush"
+              " +lpop +rpop +llen +sadd +sismember +get +decr +zincrby +zrange"
+              " +zremrangebyscore",
+    "exporter": "resetkeys resetchannels -@all %R~* +ping +info +command +cluster|slots"
+                " +cluster|shards +asking +scan +dbsize +time +hgetall +hmget +hget +hlen +get"
+                " +strlen +llen +zcard +zcount +scard +script|load +evalsha_ro +zrevrange"
+                " +hscan +zrangebyscore +zscore +hvals +smembers +lrange",
+    "timer": "resetkeys resetchannels -@all ~{bloomcrawl:* ~*:start_urls %R~*:stats +ping"
+             " +info +command +cluster|slots +cluster|shards +asking +script|load +evalsha"
+             " +time +multi +exec +exists +del +hget +hgetall +hset +hincrby +sadd +srem"
+             " +smembers +lpush +lrem +lrange +ltrim +rpush",
+    "operator": "resetkeys resetchannels ~* +@all -@dangerous -@admin +info +role",
+}
+
+DEFAULT_SPIDERS = ("site",)
+
+
+def user_name(role: str) -> str:
+    return "bloomcrawl-" + role
+
+
+def password_variable(role: str) -> str:
+    """The ``.env`` name of the role's password."""
+    return "REDIS_%s_PASSWORD" % role.upper()
+
+
+def rules(role: str, spiders: Sequence[str] = DEFAULT_SPIDERS) -> list[str]:
+    """The role's ACL rules, without the user's name, state and password."""
+    keys = " ".join("~%s:* ~{%s:*" % (spider, spider) for spider in spiders)
+    return RULES[role].format(keys=keys).split()
+
+
+def config_line(role: str, password: str, spiders: Sequence[str] = DEFAULT_SPIDERS) -> str:
+    """A redis.conf ``user`` directive (the password goes in a file, never on a command line)."""
+    if any(c.isspace() for c in password) or not password:
+        raise ValueError("a role's password must be non-empty, without spaces")
+    return " ".join(["user", user_name(role), "on", ">" + password, *rules(role, spiders)])
