@@ -10,6 +10,7 @@ crawls.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 ROLES = ("worker", "exporter", "timer", "operator")
@@ -52,7 +53,9 @@ def rules(role: str, spiders: Sequence[str] = DEFAULT_SPIDERS) -> list[str]:
 
 
 def config_line(role: str, password: str, spiders: Sequence[str] = DEFAULT_SPIDERS) -> str:
-    """A redis.conf ``user`` directive (the password goes in a file, never on a command line)."""
-    if any(c.isspace() for c in password) or not password:
-        raise ValueError("a role's password must be non-empty, without spaces")
-    return " ".join(["user", user_name(role), "on", ">" + password, *rules(role, spiders)])
+    """A redis.conf ``user`` directive; it holds the password's SHA-256 (``#<hex>``), never
+    the password, and goes in a file, never on a command line."""
+    if not password:
+        raise ValueError("a role's password must not be empty")
+    digest = hashlib.sha256(password.encode()).hexdigest()
+    return " ".join(["user", user_name(role), "on", "#" + digest, *rules(role, spiders)])

@@ -20,10 +20,12 @@ processes) is :mod:`bloomcrawl.ops.cluster`; scrapyd is reached through
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import redis
 
+from bloomcrawl.core.connection import INSECURE_ENV
 from bloomcrawl.core.errors import BloomcrawlError
 from bloomcrawl.ops.cli.parser import build_parser
 from bloomcrawl.ops.cluster.state import Paths
@@ -52,6 +54,9 @@ def failure_line(exc: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     paths = Paths.from_environment()
+    if args.insecure:
+        # for this command and every process it starts (the workers' jobs)
+        os.environ[INSECURE_ENV] = "1"
     try:
         return int(args.func(args, paths))
     except (BloomcrawlError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:

@@ -12,21 +12,35 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
+import os
 import time
 from pathlib import Path
 
-from bloomcrawl.ops import remote_nodes, scrapyd
+from bloomcrawl.core.connection import insecure_allowed
+from bloomcrawl.ops import acl, remote_nodes, scrapyd
 from bloomcrawl.ops.cli.status import report_nodes
 from bloomcrawl.ops.cli.target import TargetOptions, no_cluster, resolve_target
 from bloomcrawl.ops.cluster.compose import (
     COMPOSE_SERVICE,
     REDIS_CLUSTER_SERVICES,
+    REDIS_USERS_FILE,
     Compose,
     docker_reachable,
 )
-from bloomcrawl.ops.cluster.envfile import ensure_env_file, read_env_file
+from bloomcrawl.ops.cluster.envfile import (
+    ensure_env_file,
+    ensure_role_passwords,
+    read_env_file,
+)
 from bloomcrawl.ops.cluster.local import LocalCluster
-from bloomcrawl.ops.cluster.processes import CA_FILE, run
+from bloomcrawl.ops.cluster.processes import (
+    CA_FILE,
+    CLIENT_CERT,
+    SERVER_CERT,
+    missing_certs,
+    run,
+)
 from bloomcrawl.ops.cluster.state import (
     REDIS_CLUSTER,
     REDIS_SINGLE,
@@ -44,16 +58,29 @@ ALL_PROFILES = ("demo", "grafana")
 
 
 def up(paths: Paths, workers: int, *, mode: str | None = None, demo: bool = False,
-       build: bool = False, redis: str | None = None) -> int:
+       build: bool = False, redis: str | None = None, redis_bind: str = "") -> int:
     """Start the cluster: ``mode`` ``docker``, ``local``, or ``None`` (docker when it answers).
 
     ``redis``: ``single`` (one redis-server), ``cluster`` (a six-node Redis
     Cluster; compose only), or ``None``: ``single``. A cluster already up keeps
     its mode and its Redis, and gets ``workers`` workers.
+
+    ``redis_bind``: Redis is also published on that address, for worker hosts
+    (``make worker-host``): with TLS (``make certs``; plain text only with
+    ``--insecure``) and an ACL user per role, their passwords in ``.env``.
     """
     if workers < 1:
         raise OpsError("--workers must be at least 1")
     existing = load_cluster(paths)
+    if existing is not None and existing.mode == "worker-host":
+        raise OpsError("this host runs worker nodes for another cluster (make worker-host):"
+                       " `make down` first")
+    if existing is not None and redis_bind and redis_bind != existing.redis_bind:
+        raise OpsError(f"the cluster up here publishes Redis on"
+                       f" {existing.redis_bind or '127.0.0.1 alone'}: `make down` first")
+    tls = bool(redis_bind) and not insecure_allowed()
+    if redis_bind:
+        check_redis_bind(paths, redis_bind, tls)
     if existing is not None:
         if mode and mode != existing.mode:
             raise OpsError(f"a {existing.mode} cluster is already up; `make down` first")
@@ -79,9 +106,29 @@ def up(paths: Paths, workers: int, *, mode: str | None = None, demo: bool = Fals
     elif mode == "docker" and not docker_reachable():
         raise OpsError("no Docker engine is reachable (is dockerd running?)")
     env = ensure_env_file(paths.env_file)
+    if redis_bind:
+        env = ensure_role_passwords(paths.env_file,
+                                    [acl.password_variable(role) for role in acl.ROLES])
     if mode == "docker":
-        return docker_up(paths, workers, demo, build, redis)
-    return LocalCluster(paths, env).up(workers, demo=demo)
+        return docker_up(paths, workers, demo, build, redis, redis_bind)
+    return LocalCluster(paths, env).up(workers, demo=demo, redis_bind=redis_bind, tls=tls)
+
+
+def check_redis_bind(paths: Paths, address: str, tls: bool) -> None:
+    """:class:`OpsError` unless ``address`` is an IP address and, for TLS, ``make certs``
+    made the certificates."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError as exc:
+        raise OpsError(f"REDIS_BIND {address!r}: not an IP address of this host") from exc
+    if not tls:
+        say(f"REDIS_BIND {address}: Redis in PLAIN TEXT there (--insecure)")
+        return
+    missing = missing_certs(paths.certs_dir, SERVER_CERT, CLIENT_CERT)
+    if missing:
+        raise OpsError(f"REDIS_BIND {address}: Redis serves TLS there with the certificates of"
+                       f" `make certs HOSTS='{address}'`, missing: {', '.join(missing)}"
+                       " (or --insecure for plain text)")
 
 
 def describe_redis_kind(kind: str) -> str:
@@ -89,14 +136,25 @@ def describe_redis_kind(kind: str) -> str:
 
 
 def docker_up(paths: Paths, workers: int, demo: bool, build: bool,
-              redis: str = REDIS_SINGLE) -> int:
+              redis: str = REDIS_SINGLE, redis_bind: str = "") -> int:
     started = time.monotonic()
+    if redis_bind:
+        if insecure_allowed():
+            raise OpsError("REDIS_BIND in containers serves TLS only: drop --insecure")
+        # the role users' passwords as SHA-256 digests: the redis container reads the file
+        # as its own user
+        env = read_env_file(paths.env_file)
+        users = paths.state_dir / REDIS_USERS_FILE
+        paths.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        users.write_text("".join(acl.config_line(role, env[acl.password_variable(role)]) + "\n"
+                                 for role in acl.ROLES))
+        os.environ["REDIS_BIND"] = redis_bind
     if build or not Compose(paths, redis).containers(COMPOSE_SERVICE):
         run([str(paths.root / "scripts" / "build-images.sh"), str(paths.env_file)],
             cwd=paths.root)
+    save_cluster(paths, Cluster("docker", "", "", "", project_name=Compose(paths).project,
+                                redis=redis, redis_bind=redis_bind, tls=bool(redis_bind)))
     compose = Compose(paths, redis)
-    save_cluster(paths, Cluster("docker", "", "", "", project_name=compose.project,
-                                redis=redis))
     profiles = (["grafana"] if compose.grafana else []) + (["demo"] if demo else [])
     compose.up_workers(workers, profiles)
     compose.wait_healthy()
@@ -123,7 +181,7 @@ def docker_up(paths: Paths, workers: int, demo: bool, build: bool,
 
 def down(paths: Paths, *, keep_data: bool) -> int:
     cluster = load_cluster(paths)
-    if cluster is not None and cluster.mode == "local":
+    if cluster is not None and cluster.mode in ("local", "worker-host"):
         LocalCluster(paths, read_env_file(paths.env_file)).down(keep_data=keep_data)
     elif cluster is not None or (paths.env_file.is_file() and docker_reachable()):
         if not docker_reachable():
@@ -189,7 +247,7 @@ def logs(paths: Paths, service: str | None, *, tail: int, follow: bool) -> int:
 def cmd_up(args: argparse.Namespace, paths: Paths) -> int:
     mode = "local" if args.local else "docker" if args.docker else None
     return up(paths, args.workers, mode=mode, demo=args.demo, build=args.build,
-              redis=args.redis)
+              redis=args.redis, redis_bind=args.redis_bind)
 
 
 def cmd_down(args: argparse.Namespace, paths: Paths) -> int:

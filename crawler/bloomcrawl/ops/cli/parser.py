@@ -7,7 +7,8 @@ from pathlib import Path
 
 from bloomcrawl import __version__
 from bloomcrawl.core import defaults, keys
-from bloomcrawl.ops.cli import cluster, demo, jobs, recurring, status, throttle
+from bloomcrawl.core.connection import INSECURE_ENV
+from bloomcrawl.ops.cli import cluster, demo, jobs, recurring, status, throttle, worker_host
 from bloomcrawl.ops.cluster.state import REDIS_KINDS
 
 
@@ -70,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true", help="start the demo site too")
     p.add_argument("--build", action="store_true", help="rebuild the worker image")
     _add_redis_kind(p)
+    p.add_argument("--redis-bind", default="", metavar="ADDR", help="also publish Redis on"
+                   " this address (REDIS_BIND), with TLS (make certs) and an ACL user per role,"
+                   " for worker hosts (make worker-host)")
     p.set_defaults(func=cluster.cmd_up)
 
     p = sub.add_parser("down", help="stop the cluster; removes its data unless --keep-data")
@@ -80,8 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("workers", type=int)
     p.set_defaults(func=cluster.cmd_scale)
 
-    p = sub.add_parser("nodes", help="print every scrapyd node's URL")
+    p = sub.add_parser("nodes", help="print every scrapyd node's URL; add or remove a node"
+                       " of another host (make worker-host)")
+    p.add_argument("action", nargs="?", choices=["add", "remove"])
+    p.add_argument("url", nargs="?", help="https://host:port of the node to add or remove")
+    p.add_argument("--ca-file", type=Path, help="the CA the node's certificate chains to"
+                   " (default: .run/certs/ca.crt when it exists)")
     _add_nodes(p)
+    _add_redis(p)
     p.set_defaults(func=cluster.cmd_nodes)
 
     # --- the project and its crawls (cli/jobs.py)
@@ -161,4 +171,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tail", type=int, default=100)
     p.add_argument("-f", "--follow", action="store_true")
     p.set_defaults(func=cluster.cmd_logs)
+
+    # --- a host of workers for a cluster elsewhere (cli/worker_host.py)
+    p = sub.add_parser("worker-host", help="run scrapyd nodes on this host, behind TLS and"
+                       " basic auth, whose jobs crawl for the cluster at --redis-url")
+    p.add_argument("--redis-url", help="the cluster's Redis (REDIS_URL), rediss:// with the"
+                   " bloomcrawl-worker user")
+    p.add_argument("--node-url", required=True, help="https://ADDR:PORT the central host"
+                   " reaches the first node at (ADDR: this host's address; node i listens on"
+                   " PORT+i-1)")
+    p.add_argument("--workers", type=int, default=1, help="scrapyd nodes on this host")
+    p.set_defaults(func=worker_host.cmd_worker_host)
+
+    insecure_help = ("allow plain text (redis://, http://) to addresses off this machine"
+                     f" ({INSECURE_ENV}=1)")
+    parser.add_argument("--insecure", action="store_true", help=insecure_help)
+    for command in sub.choices.values():
+        # after the command too; SUPPRESS keeps a --insecure given before it
+        command.add_argument("--insecure", action="store_true", default=argparse.SUPPRESS,
+                             help=insecure_help)
     return parser

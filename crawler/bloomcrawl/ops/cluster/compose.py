@@ -28,7 +28,12 @@ from typing import Any
 from bloomcrawl.ops import scrapyd
 from bloomcrawl.ops.cluster.envfile import read_env_file
 from bloomcrawl.ops.cluster.processes import run
-from bloomcrawl.ops.cluster.state import REDIS_CLUSTER, Paths, recorded_redis
+from bloomcrawl.ops.cluster.state import (
+    REDIS_CLUSTER,
+    Paths,
+    recorded_redis,
+    recorded_redis_bind,
+)
 from bloomcrawl.ops.console import OpsError, say
 from bloomcrawl.ops.requirements import (
     Wheelhouse,
@@ -44,6 +49,10 @@ HEALTH_TIMEOUT = 300.0
 #: the Redis Cluster's nodes (docker-compose.cluster.yml), node 1 first
 REDIS_CLUSTER_SERVICES = ("redis", "redis-2", "redis-3", "redis-4", "redis-5", "redis-6")
 REDIS_CLUSTER_INIT = "redis-cluster-init"
+#: Redis published on REDIS_BIND with TLS, for worker hosts (``up --redis-bind``)
+REMOTE_COMPOSE_FILE = "docker-compose.remote.yml"
+#: in the state directory: the role users' ``user`` lines (password digests) it mounts
+REDIS_USERS_FILE = "redis-users.conf"
 #: services that run once and must exit 0 (``wait_healthy`` waits for that)
 ONE_SHOT_SERVICES = (REDIS_CLUSTER_INIT,)
 REDIS_CONTAINER_PORT = 6379
@@ -85,11 +94,18 @@ class Compose:
         self.project = env.get("COMPOSE_PROJECT_NAME") or "bloomcrawl"
         self.grafana = env.get("GRAFANA_ENABLED") == "1"
         self.redis_cluster = (redis or recorded_redis(paths)) == REDIS_CLUSTER
+        #: Redis published for worker hosts too (docker-compose.remote.yml)
+        self.redis_bind = recorded_redis_bind(paths)
+        if self.redis_bind:
+            # docker-compose reads it from the environment (the file's port and address)
+            os.environ.setdefault("REDIS_BIND", self.redis_bind)
 
     def files(self) -> list[Path]:
         files = [self.paths.compose_file]
         if self.redis_cluster:
             files.append(self.paths.cluster_compose_file)
+        if self.redis_bind:
+            files.append(self.paths.root / REMOTE_COMPOSE_FILE)
         return files
 
     def base(self, *profiles: str) -> list[str]:

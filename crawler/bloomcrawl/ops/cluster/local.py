@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bloomcrawl.ops import scrapyd
+from bloomcrawl.ops import acl, scrapyd
 from bloomcrawl.ops.cluster.processes import (
     ManagedProcess,
     is_ours,
@@ -74,7 +74,10 @@ class LocalCluster:
         env.pop("PYTHONPATH", None)
         return env
 
-    def up(self, workers: int, *, demo: bool = False) -> int:
+    def up(self, workers: int, *, demo: bool = False, redis_bind: str = "",
+           tls: bool = False) -> int:
+        """``redis_bind``: publish Redis on that address too, with TLS when ``tls`` (the
+        certificates of ``make certs``) and an ACL user per role (:mod:`bloomcrawl.ops.acl`)."""
         started = time.monotonic()
         cluster = load_cluster(self.paths)
         created = cluster is None
@@ -83,7 +86,7 @@ class LocalCluster:
         self.dir.mkdir(mode=0o700, exist_ok=True)
         try:
             if cluster is None:
-                cluster = self._start_redis()
+                cluster = self._start_redis(redis_bind, tls)
             self._check_alive(cluster)
             self._scale_to(cluster, workers)
             self._ensure_timer(cluster)
@@ -102,6 +105,9 @@ class LocalCluster:
             "   prometheus: http://127.0.0.1:%d" % cluster.ports["prometheus"]
             if "prometheus" in cluster.ports else "   prometheus: not installed"))
         say(f"grafana: not started in local mode; state and logs in {self.dir}")
+        if cluster.redis_bind:
+            say(remote_workers_hint(cluster.redis_bind, cluster.ports["redis"], cluster.tls,
+                                    self.paths))
         return 0
 
     @staticmethod
@@ -114,13 +120,18 @@ class LocalCluster:
     def _taken_ports(self, cluster: Cluster) -> set[int]:
         return {p.port for p in cluster.processes if p.port} | set(cluster.ports.values())
 
-    def _start_redis(self) -> Cluster:
+    def _start_redis(self, redis_bind: str = "", tls: bool = False) -> Cluster:
         port = pick_port(int(self.env.get("REDIS_PORT") or 6379))
         password = self.env["REDIS_PASSWORD"]
+        tls_dir = self.paths.certs_dir if tls else None
+        users = [acl.config_line(role, self.env[acl.password_variable(role)])
+                 for role in acl.ROLES] if redis_bind else []
         process = start_redis(self.dir / "redis", port=port, log=self.dir / "redis.log",
-                              password=password, appendonly=True)
-        cluster = Cluster("local", redis_url(port, password), self.env["SCRAPYD_USERNAME"],
-                          self.env["SCRAPYD_PASSWORD"], ports={"redis": port})
+                              password=password, appendonly=True, tls_dir=tls_dir,
+                              bind=[redis_bind] if redis_bind else [], users=users)
+        cluster = Cluster("local", redis_url(port, password, tls_dir=tls_dir),
+                          self.env["SCRAPYD_USERNAME"], self.env["SCRAPYD_PASSWORD"],
+                          ports={"redis": port}, redis_bind=redis_bind, tls=tls)
         self._record(cluster, process)
         return cluster
 
@@ -293,3 +304,16 @@ class LocalCluster:
             shutil.rmtree(self.dir, ignore_errors=True)
         if not quiet:
             say("local cluster down%s" % (f" (data kept in {self.dir})" if keep_data else ""))
+
+
+def remote_workers_hint(address: str, port: int, tls: bool, paths: Paths) -> str:
+    """What a worker host needs to join: the URL (the password stays in .env), and files."""
+    if not tls:
+        return ("redis for worker hosts: redis://%s:<%s>@%s:%d/0, PLAIN TEXT (--insecure):"
+                " `make worker-host INSECURE=1 ...`" % (
+                    acl.user_name("worker"), acl.password_variable("worker"), address, port))
+    return ("redis for worker hosts: rediss://%s:<%s in %s>@%s:%d/0; give each host %s/ca.crt,"
+            " client.crt and client.key and its own certificate (make certs NAME=... HOSTS=...):"
+            " `make worker-host` (docs/deploy.md)" % (
+                acl.user_name("worker"), acl.password_variable("worker"), paths.env_file,
+                address, port, paths.certs_dir))

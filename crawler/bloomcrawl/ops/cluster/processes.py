@@ -451,24 +451,25 @@ def start_redis(data_dir: Path, *, port: int | None = None, log: Path | None = N
 def start_scrapyd(workdir: Path, *, port: int, username: str = "", password: str = "",
                   settings: Mapping[str, object] | None = None,
                   env: Mapping[str, str] | None = None, log: Path | None = None,
-                  name: str = "scrapyd", timeout: float = 60.0) -> ManagedProcess:
-    """scrapyd (``python -m scrapyd``) on 127.0.0.1:``port``, run in ``workdir``.
+                  name: str = "scrapyd", timeout: float = 60.0,
+                  bind: str = HOST) -> ManagedProcess:
+    """scrapyd (``python -m scrapyd``) on ``bind`` (127.0.0.1):``port``, run in ``workdir``.
 
     ``workdir/scrapyd.conf`` is written with ``settings`` (max_proc, eggs_dir,
     ...); relative directories in it are under ``workdir``. Ready when
     ``daemonstatus.json`` answers with these credentials.
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    lines = ["[scrapyd]", f"bind_address = {HOST}", f"http_port = {port}"]
+    lines = ["[scrapyd]", f"bind_address = {bind}", f"http_port = {port}"]
     lines += [f"{key} = {value}" for key, value in (settings or {}).items()]
     (workdir / "scrapyd.conf").write_text("\n".join(lines) + "\n")
     child_env = dict(os.environ if env is None else env)
     # scrapyd reads these before its config file: an inherited value must not win
-    child_env.update(SCRAPYD_BIND_ADDRESS=HOST, SCRAPYD_HTTP_PORT=str(port),
+    child_env.update(SCRAPYD_BIND_ADDRESS=bind, SCRAPYD_HTTP_PORT=str(port),
                      SCRAPYD_USERNAME=username, SCRAPYD_PASSWORD=password)
     process = spawn(name, [sys.executable, "-m", "scrapyd", "--pidfile="], log=log,
                     cwd=workdir, env=child_env, port=port)
-    node = Node(f"http://{HOST}:{port}", username, password)
+    node = Node(f"http://{bind}:{port}", username, password)
     return process.wait_ready(lambda: node.request("daemonstatus.json", timeout=2), timeout)
 
 

@@ -182,6 +182,14 @@ def recorded_redis(paths: Paths) -> str:
     return kind if kind in REDIS_KINDS else REDIS_SINGLE
 
 
+def recorded_redis_bind(paths: Paths) -> str:
+    """The address ``up --redis-bind`` published Redis on, or ``""``."""
+    try:
+        return str(json.loads(paths.cluster_file.read_text()).get("redis_bind", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
 def cluster_redis_url(ports: list[int], password: str | None = None,
                       host: str = "127.0.0.1") -> str:
     """``redis+cluster://[:password@]host:port,...``: a Redis Cluster's startup nodes."""
