@@ -43,7 +43,10 @@ def describe_redis(client: Any) -> str:
         return repr(client)
     if "path" in kwargs:
         return "unix://%s?db=%s" % (kwargs["path"], kwargs.get("db", 0))
-    scheme = "rediss" if kwargs.get("ssl") else "redis"
+    # from_url("rediss://...") sets the pool's connection class, not an ssl argument
+    tls = kwargs.get("ssl") or issubclass(
+        getattr(client.connection_pool, "connection_class", object), redis.SSLConnection)
+    scheme = "rediss" if tls else "redis"
     return "%s://%s:%s/%s" % (
         scheme,
         kwargs.get("host", "localhost"),

@@ -49,7 +49,7 @@ def password_variable(role: str) -> str:
 def rules(role: str, spiders: Sequence[str] = DEFAULT_SPIDERS) -> list[str]:
     """The role's ACL rules, without the user's name, state and password."""
     keys = " ".join("~%s:* ~{%s:*" % (spider, spider) for spider in spiders)
-    return RULES[role].format(keys=keys).split()
+    return RULES[role].replace("{keys}", keys).split()
 
 
 def config_line(role: str, password: str, spiders: Sequence[str] = DEFAULT_SPIDERS) -> str:

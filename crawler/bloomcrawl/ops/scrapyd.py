@@ -503,8 +503,7 @@ def check_node_url(url: str, insecure: bool | None = None) -> str:
         raise OpsError(f"scrapyd node {url!r}: must be http(s)://host:port")
     if parts.scheme == "http":
         try:
-            check_plaintext("scrapyd node", url, "https:// (a TLS proxy in front of scrapyd:"
-                            " make worker-host)", insecure)
+            check_plaintext("scrapyd node", url, "https://", insecure)
         except SettingError as exc:
             raise OpsError(str(exc)) from exc
     return url

@@ -166,7 +166,8 @@ def spider_rows(spiders: Sequence[inspection.SpiderState]) -> list[list[object]]
 def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
     options = TargetOptions.from_args(args)
     target = resolve_target(paths, options, need_nodes=False, need_redis=True)
-    if target.cluster is not None and not target.nodes:
+    if not target.nodes:
+        # the recorded cluster's nodes, and those of other hosts listed in Redis
         with contextlib.suppress(OpsError):
             target = resolve_target(paths, options, need_nodes=True)
     return status(target)
