@@ -9,6 +9,7 @@ runs as ``bloomcrawl-exporter`` and ``bloomcrawl throttle`` as
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ import pytest
 import redis
 
 from bloomcrawl.core.connection import redis_from_url
-from bloomcrawl.ops import inspection, scrapyd
+from bloomcrawl.ops import acl, inspection, scrapyd
 from bloomcrawl.ops.cli.target import Target
 from bloomcrawl.ops.exporter import ClusterCollector, build_registry
 from bloomcrawl.ops.runs import RunStore, check_run
@@ -46,6 +47,19 @@ def documented_users() -> dict[str, list[str]]:
             users[words[0]] = [PASSWORD.join(w.split(w[1:]))
                                if re.fullmatch(r">[A-Z_]+", w) else w for w in words[1:]]
     return users
+
+
+def test_the_role_users_a_published_redis_gets_are_the_documented_ones() -> None:
+    """``up --redis-bind`` creates the users of bloomcrawl.ops.acl: the document's rules."""
+    documented = documented_users()
+    assert set(documented) == {acl.user_name(role) for role in acl.ROLES}
+    for role in acl.ROLES:
+        state, password, *rules = documented[acl.user_name(role)]
+        assert (state, password) == ("on", ">" + PASSWORD)
+        assert rules == acl.rules(role), role
+        line = acl.config_line(role, PASSWORD).split()
+        assert line[:3] == ["user", acl.user_name(role), "on"] and line[4:] == rules
+        assert line[3] == "#" + hashlib.sha256(PASSWORD.encode()).hexdigest()
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ import redis
 
 from bloomcrawl.core.connection import redis_from_url
 from bloomcrawl.ops import acl, remote_nodes
+from bloomcrawl.ops.cluster import envfile
 from bloomcrawl.ops.cluster.processes import (
     ManagedProcess,
     ProcessRecord,
@@ -38,10 +39,11 @@ from bloomcrawl.ops.cluster.processes import (
 )
 from bloomcrawl.ops.demo_site import serve_in_thread
 from bloomcrawl.ops.exporter import ClusterCollector, ScrapydNodes, build_registry
+from bloomcrawl.ops.noproxy import OPENER
 
 from kit import ROOT
 from kit.checks import assert_crawled_once
-from kit.cli import CliRun, cli_environment, run_cli
+from kit.cli import CliRun, cli_environment, run_cli, run_cli_process
 
 pytestmark = pytest.mark.slow
 
@@ -314,3 +316,65 @@ def test_plain_text_off_the_machine_is_refused_unless_insecure(
         assert listed.stdout.split() == [http_node]
     finally:
         plain.stop()
+
+
+def test_the_local_cluster_publishes_redis_for_worker_hosts_with_tls_and_role_users(
+        hosts: Hosts, tmp_path: Path) -> None:
+    """``make up REDIS_BIND=addr`` without Docker: TLS alone, the role users, and the
+    cluster's own processes still reach it (over TLS on 127.0.0.1)."""
+    env = cli_environment(tmp_path)
+    env_file = tmp_path / ".env"
+    # free ports rather than the defaults, which a developer's cluster may hold
+    env_file.write_text("".join("%s=%d\n" % (name, free_port()) for name in (
+        "REDIS_PORT", "EXPORTER_PORT", "PROMETHEUS_PORT", "DEMO_PORT")))
+    env.update(BLOOMCRAWL_ENV_FILE=str(env_file), BLOOMCRAWL_CERTS_DIR=str(tmp_path / "none"))
+    up = ("up", "--local", "--workers", "1", "--redis-bind", hosts.central)
+    refused = run_cli_process(*up, env=env)
+    refused.assert_failed_with(
+        f"bloomcrawl up: REDIS_BIND {hosts.central}: Redis serves TLS there with the"
+        f" certificates of `make certs HOSTS='{hosts.central}'`, missing: {tmp_path}/none/ca.crt,"
+        f" {tmp_path}/none/server.crt, {tmp_path}/none/server.key,"
+        f" {tmp_path}/none/client.crt, {tmp_path}/none/client.key (or --insecure for plain"
+        " text)")
+
+    env["BLOOMCRAWL_CERTS_DIR"] = str(hosts.certs)
+    state = tmp_path / "run" / "cluster.json"
+    started = run_cli_process(*up, env=env)
+    try:
+        assert started.code == 0, started.output
+        port = json.loads(state.read_text())["ports"]["redis"]
+        assert (f"redis for worker hosts: rediss://bloomcrawl-worker:<REDIS_WORKER_PASSWORD in"
+                f" {env_file}>@{hosts.central}:{port}/0") in started.stdout, started.stdout
+        passwords = envfile.read_env_file(env_file)
+        # the cluster's own exporter reads it over TLS on 127.0.0.1
+        exporter_port = json.loads(state.read_text())["ports"]["exporter"]
+        with OPENER.open("http://127.0.0.1:%d/metrics" % exporter_port, timeout=10) as answer:
+            assert "\nbloomcrawl_up 1.0\n" in answer.read().decode()
+        assert "nodes: 1 of 1 up" in run_cli("status", env=env).assert_ok().stdout
+        # a worker host's user, over TLS on the published address
+        worker = redis_from_url(redis_url(port, passwords["REDIS_WORKER_PASSWORD"],
+                                          tls_dir=hosts.certs, host=hosts.central,
+                                          user="bloomcrawl-worker"))
+        try:
+            assert worker.ping()
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                worker.keys("*")  # the role's rules, not the default user's
+        finally:
+            worker.close()
+        # no plain text anywhere: the one port speaks TLS
+        plain = redis_from_url(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=2,
+                               socket_timeout=2, retry_on_timeout=False)
+        try:
+            with pytest.raises(redis.ConnectionError):
+                plain.ping()
+        finally:
+            plain.close()
+        # the role passwords are in .env alone, never on a command line
+        record = json.loads(state.read_text())
+        for entry in record["processes"]:
+            cmdline = Path("/proc/%d/cmdline" % entry["pid"]).read_bytes()
+            assert not [role for role in acl.ROLES
+                        if passwords[acl.password_variable(role)].encode() in cmdline]
+    finally:
+        run_cli("down", env=env).assert_ok()
+    assert not state.exists()
