@@ -15,7 +15,11 @@ URL ?=
 SERVICE ?=
 # REDIS=cluster: a six-node Redis Cluster (docker-compose.cluster.yml) instead of one redis-server
 REDIS ?=
-.PHONY: up down scale deploy crawl demo status logs e2e
+# REDIS_BIND=addr: Redis also on this address for worker hosts (TLS, an ACL user per role)
+REDIS_BIND ?=
+# INSECURE=1: allow plain text (redis://, http://) to addresses off this machine
+INSECURE ?=
+.PHONY: up down scale deploy crawl demo status logs e2e certs worker-host
 
 help:
 	@grep -E '^[a-z0-9-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -67,8 +71,23 @@ bench: venv system-deps ## benchmarks: side-by-side ratios against the seeds' re
 	$(PY) bench/scale.py
 	$(PY) bench/politeness.py
 
-up: venv ## start the cluster with WORKERS=N workers (docker-compose; local processes without Docker); REDIS=cluster: on a Redis Cluster
-	$(BLOOMCRAWL) up --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS))
+up: venv ## start the cluster with WORKERS=N workers (docker-compose; local processes without Docker); REDIS=cluster: on a Redis Cluster; REDIS_BIND=addr: Redis for worker hosts too
+	$(BLOOMCRAWL) $(if $(INSECURE),--insecure) up --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS)) \
+		$(if $(REDIS_BIND),--redis-bind $(REDIS_BIND))
+
+# certificates: the CA (once) and NAME's certificate for HOSTS, in .run/certs (never committed)
+CERTS_DIR ?= .run/certs
+NAME ?= server
+HOSTS ?= 127.0.0.1 ::1 localhost $(REDIS_BIND)
+
+certs: ## a CA and certificates in .run/certs: NAME=server for HOSTS="127.0.0.1 addr" (and a client certificate)
+	scripts/make-certs.sh $(CERTS_DIR) $(NAME) $(HOSTS)
+
+# a worker host: NODE_URL=https://this-host-addr:6800, REDIS_URL=rediss://bloomcrawl-worker:...@central:port/0
+NODE_URL ?=
+
+worker-host: venv ## on another machine: WORKERS=N scrapyd nodes behind TLS for the cluster at REDIS_URL, reached at NODE_URL
+	$(BLOOMCRAWL) $(if $(INSECURE),--insecure) worker-host --node-url "$(NODE_URL)" --workers $(WORKERS)
 
 down: venv ## stop the cluster and delete its data (KEEP_DATA=1 keeps it)
 	$(BLOOMCRAWL) down $(if $(KEEP_DATA),--keep-data)

@@ -5,7 +5,9 @@
 # DIR/NAME.crt, DIR/NAME.key: a certificate for TLS servers and clients, its
 # subjectAltName every HOST (an IP address or a DNS name); made again when
 # asked. Default NAME: server; default HOSTs: 127.0.0.1 ::1 localhost.
-# Keys are written owner-only; DIR is created 0700. Needs openssl (Debian).
+# A client certificate (DIR/client.crt, .key: what workers show Redis) is
+# made too when missing. Keys are written owner-only; DIR is created 0700.
+# Needs openssl (Debian).
 set -euo pipefail
 dir=${1:?usage: make-certs.sh DIR [NAME [HOST...]]}
 name=${2:-server}
@@ -41,3 +43,6 @@ openssl x509 -req -in "$dir/$name.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -C
 chmod 600 "$dir/$name.key"
 chmod 644 "$dir/ca.crt" "$dir/$name.crt"
 echo "made $dir/$name.crt and $dir/$name.key for ${hosts[*]}"
+if [ "$name" != client ] && [ ! -s "$dir/client.crt" ]; then
+    "$0" "$dir" client
+fi

@@ -98,8 +98,7 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
         ip("-n", namespace, "link", "set", "lo", "up")
         base = tmp_path_factory.mktemp("remote-certs")
         certs, remote_certs = base / "central", base / "remote"
-        make_certs(certs, "server", "127.0.0.1", central)
-        make_certs(certs, "client")
+        make_certs(certs, "server", "127.0.0.1", central)  # and the client certificate
         make_certs(certs, "host2", remote)
         remote_certs.mkdir(mode=0o700)
         for name in ("ca.crt", "client.crt", "client.key"):

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import ipaddress
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from bloomcrawl.ops.cli.target import TargetOptions, no_cluster, resolve_target
 from bloomcrawl.ops.cluster.compose import (
     COMPOSE_SERVICE,
     REDIS_CLUSTER_SERVICES,
+    REDIS_TLS_DIR,
     REDIS_USERS_FILE,
     Compose,
     docker_reachable,
@@ -33,7 +35,7 @@ from bloomcrawl.ops.cluster.envfile import (
     ensure_role_passwords,
     read_env_file,
 )
-from bloomcrawl.ops.cluster.local import LocalCluster
+from bloomcrawl.ops.cluster.local import LocalCluster, remote_workers_hint
 from bloomcrawl.ops.cluster.processes import (
     CA_FILE,
     CLIENT_CERT,
@@ -78,6 +80,9 @@ def up(paths: Paths, workers: int, *, mode: str | None = None, demo: bool = Fals
     if existing is not None and redis_bind and redis_bind != existing.redis_bind:
         raise OpsError(f"the cluster up here publishes Redis on"
                        f" {existing.redis_bind or '127.0.0.1 alone'}: `make down` first")
+    if redis_bind and (redis or (existing.redis if existing else "")) == REDIS_CLUSTER:
+        raise OpsError("REDIS_BIND publishes one Redis: a Redis Cluster's nodes each need"
+                       " their own address (see docs/scale.md), not done by `make up`")
     tls = bool(redis_bind) and not insecure_allowed()
     if redis_bind:
         check_redis_bind(paths, redis_bind, tls)
@@ -141,13 +146,7 @@ def docker_up(paths: Paths, workers: int, demo: bool, build: bool,
     if redis_bind:
         if insecure_allowed():
             raise OpsError("REDIS_BIND in containers serves TLS only: drop --insecure")
-        # the role users' passwords as SHA-256 digests: the redis container reads the file
-        # as its own user
-        env = read_env_file(paths.env_file)
-        users = paths.state_dir / REDIS_USERS_FILE
-        paths.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        users.write_text("".join(acl.config_line(role, env[acl.password_variable(role)]) + "\n"
-                                 for role in acl.ROLES))
+        write_redis_tls_dir(paths)
         os.environ["REDIS_BIND"] = redis_bind
     if build or not Compose(paths, redis).containers(COMPOSE_SERVICE):
         run([str(paths.root / "scripts" / "build-images.sh"), str(paths.env_file)],
@@ -171,12 +170,36 @@ def docker_up(paths: Paths, workers: int, demo: bool, build: bool,
     say("redis: {}   prometheus: http://127.0.0.1:{}   exporter: http://127.0.0.1:{}"
         "/metrics".format(redis_at, env.get("PROMETHEUS_PORT", "9090"),
                           env.get("EXPORTER_PORT", "9410")))
+    if redis_bind:
+        say(remote_workers_hint(redis_bind, int(env.get("REDIS_TLS_PORT") or 6380), True,
+                                paths))
     if compose.grafana:
         say("grafana: http://127.0.0.1:%s (admin / GRAFANA_ADMIN_PASSWORD in %s)"
             % (env.get("GRAFANA_PORT", "3000"), paths.env_file))
     else:
         say("grafana: not started (its image needs a container registry; see README.md)")
     return 0
+
+
+def write_redis_tls_dir(paths: Paths) -> None:
+    """What docker-compose.remote.yml mounts into the redis container: the CA, the server's
+    certificate and key, and the role users (password digests, never the passwords).
+
+    The container's redis user is not the host's owner of ``make certs``' files: the copies
+    are readable by all, in the state directory that only its owner may enter (0700).
+    """
+    env = read_env_file(paths.env_file)
+    paths.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    paths.state_dir.chmod(0o700)
+    target = paths.state_dir / REDIS_TLS_DIR
+    target.mkdir(mode=0o755, exist_ok=True)
+    for name in (CA_FILE, SERVER_CERT + ".crt", SERVER_CERT + ".key"):
+        shutil.copyfile(paths.certs_dir / name, target / name)
+        (target / name).chmod(0o644)
+    users = target / REDIS_USERS_FILE
+    users.write_text("".join(acl.config_line(role, env[acl.password_variable(role)]) + "\n"
+                             for role in acl.ROLES))
+    users.chmod(0o644)
 
 
 def down(paths: Paths, *, keep_data: bool) -> int:

@@ -51,8 +51,10 @@ REDIS_CLUSTER_SERVICES = ("redis", "redis-2", "redis-3", "redis-4", "redis-5", "
 REDIS_CLUSTER_INIT = "redis-cluster-init"
 #: Redis published on REDIS_BIND with TLS, for worker hosts (``up --redis-bind``)
 REMOTE_COMPOSE_FILE = "docker-compose.remote.yml"
-#: in the state directory: the role users' ``user`` lines (password digests) it mounts
-REDIS_USERS_FILE = "redis-users.conf"
+#: in the state directory: what that file mounts into the redis container (the CA, the
+#: server's certificate and key, and the role users' ``user`` lines, password digests)
+REDIS_TLS_DIR = "redis-tls"
+REDIS_USERS_FILE = "users.conf"
 #: services that run once and must exit 0 (``wait_healthy`` waits for that)
 ONE_SHOT_SERVICES = (REDIS_CLUSTER_INIT,)
 REDIS_CONTAINER_PORT = 6379
