@@ -192,7 +192,7 @@ class ClusterCollector(Collector):
         families: list[Metric] = []
         statuses: list[scrapyd.NodeStatus] = []
         nodes = self._scrapyd_nodes()
-        if nodes:
+        if nodes or self.scrapyd.configured:
             with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes))),
                                     thread_name_prefix="scrapyd-status") as pool:
                 futures = [pool.submit(node.status, self.scrapyd.timeout) for node in nodes]
@@ -282,14 +282,12 @@ class ClusterCollector(Collector):
         (``bloomcrawl nodes add``), asked for again on every scrape."""
         nodes = self.scrapyd.nodes(self.scrapyd.discover(self._outages)) \
             if self.scrapyd.configured else []
-        part = f"the remote nodes listed in {remote_nodes.KEY}"
         try:
             remote = remote_nodes.listed(self.client)
         except REDIS_ERRORS as exc:
-            self._outages.failed(part, f"unreadable ({exc}); not asked")
+            # Redis down: bloomcrawl_up says so, and the Redis policy logs it
+            logger.debug("the remote nodes in %s unread: %s", remote_nodes.KEY, exc)
             remote = []
-        else:
-            self._outages.recovered(part)
         known = {node.url for node in nodes}
         nodes += [entry.node(self.scrapyd.username or "", self.scrapyd.password or "")
                   for entry in remote if entry.url not in known]
