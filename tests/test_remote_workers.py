@@ -9,7 +9,7 @@ what ``make certs`` runs), the ACL users of :mod:`bloomcrawl.ops.acl`, published
 veth address, and the demo site there. In the namespace: ``bloomcrawl worker-host``
 (scrapyd on the namespace's loopback behind the TLS proxy, basic auth). The central
 ``bloomcrawl`` commands then add the node, deploy to it, crawl with it and see it in
-``status`` and the exporter.
+``status``, the timer and the exporter.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import redis
 
 from bloomcrawl.core.connection import redis_from_url
 from bloomcrawl.ops import acl, remote_nodes
+from bloomcrawl.ops.cli.target import TargetOptions, resolve_target
 from bloomcrawl.ops.cluster import envfile
 from bloomcrawl.ops.cluster.processes import (
     ManagedProcess,
@@ -37,13 +38,17 @@ from bloomcrawl.ops.cluster.processes import (
     start_redis,
     stop_process,
 )
+from bloomcrawl.ops.cluster.state import Paths
 from bloomcrawl.ops.demo_site import serve_in_thread
 from bloomcrawl.ops.exporter import ClusterCollector, ScrapydNodes, build_registry
 from bloomcrawl.ops.noproxy import OPENER
+from bloomcrawl.ops.runs import RunStore, check_run
+from bloomcrawl.ops.timer import Timer
 
 from kit import ROOT
 from kit.checks import assert_crawled_once
-from kit.cli import CliRun, cli_environment, run_cli, run_cli_process
+from kit.cli import CliRun, cli_environment, environment, run_cli, run_cli_process
+from kit.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -231,6 +236,26 @@ def test_a_worker_host_joins_over_tls_and_crawls_with_the_central_frontier(
         # every page once, by the remote node's job, through the central frontier
         assert_crawled_once(site, admin)
 
+        # the timer, as its own user, fires a recurring crawl into the remote node too
+        run_cli("schedule", "--name", "hourly", "--every", "1h", "--max-idle", "1",
+                site.url, env=central_env).assert_ok()
+        timer_client = redis_from_url(role_url("timer", "127.0.0.1", central_redis.port,
+                                               hosts.certs))
+        try:
+            with environment(central_env):
+                paths = Paths.from_environment()
+                timer = Timer(timer_client, lambda: resolve_target(
+                    paths, TargetOptions(), need_nodes=True, need_redis=True))
+                assert timer.tick() == ["hourly"]
+                runs = RunStore(timer_client)
+                [run] = runs.recent()
+                assert list(run.jobs) == [node_url], run
+                nodes = timer.target().nodes
+                wait_until(lambda: check_run(timer_client, runs, run, nodes), 60,
+                           interval=0.2, what="the timer's run to end")
+        finally:
+            timer_client.close()
+
     shown = run_cli("status", env=central_env).assert_ok()
     assert "nodes: 1 of 1 up" in shown.stdout, shown.output
     assert "%s  yes" % node_url.removeprefix("https://") in shown.stdout, shown.output
@@ -243,7 +268,7 @@ def test_a_worker_host_joins_over_tls_and_crawls_with_the_central_frontier(
         label = {"node": node_url.removeprefix("https://")}
         assert registry.get_sample_value("bloomcrawl_scrapyd_node_up", label) == 1
         assert registry.get_sample_value("bloomcrawl_scrapyd_jobs",
-                                         {**label, "state": "finished"}) == 1
+                                         {**label, "state": "finished"}) == 2  # crawl, timer
     finally:
         exporter.close()
     # the worker, exporter and operator stayed within their ACL rules
