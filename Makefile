@@ -32,9 +32,9 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed ## create .venv with bloomcrawl, its test tools (Grafana SDK included) and the demo site
 
-system-deps: ## install redis-server, prometheus (promtool) and docker-compose from Debian when missing
+system-deps: ## install redis-server, prometheus (promtool), docker-compose, openssl (make certs) and iproute2 (the remote-worker tests' network namespace) from Debian when missing
 	scripts/ensure-system-packages.sh redis-server=redis-server promtool=prometheus \
-		docker-compose=docker-compose
+		docker-compose=docker-compose openssl=openssl ip=iproute2
 
 # tests at once (pytest-xdist; an idle process takes tests from a busy one); 0: one at a time
 TEST_PROCESSES ?= 2
