@@ -34,6 +34,7 @@ from bloomcrawl.ops.cluster.processes import (
     ManagedProcess,
     ProcessRecord,
     free_port,
+    group_alive,
     redis_url,
     start_redis,
     stop_process,
@@ -165,7 +166,11 @@ class WorkerHost:
                         BLOOMCRAWL_CERTS_DIR=str(hosts.remote_certs))
 
     def run(self, redis: str, node_url: str, *options: str) -> CliRun:
-        argv = ("worker-host", "--node-url", node_url, "--workers", "1", *options)
+        return self.command("worker-host", "--node-url", node_url, "--workers", "1", *options,
+                            redis=redis)
+
+    def command(self, *argv: str, redis: str = "") -> CliRun:
+        """``bloomcrawl ARGV`` in the namespace, with the worker host's state."""
         done = subprocess.run(
             ["ip", "netns", "exec", self.hosts.namespace, sys.executable, "-m",
              "bloomcrawl.ops.cli", *argv], env={**self.env, "REDIS_URL": redis}, cwd=ROOT,
@@ -278,6 +283,15 @@ def test_a_worker_host_joins_over_tls_and_crawls_with_the_central_frontier(
     assert admin.hlen(remote_nodes.KEY) == 0
     run_cli("nodes", "remove", node_url, env=central_env).assert_failed_with(
         f"bloomcrawl nodes: {node_url} is not a listed remote node")
+
+    # `make down` on the worker host stops its scrapyd and its TLS proxy
+    pids = [entry["pid"] for entry in json.loads(
+        (worker_host.state / "cluster.json").read_text())["processes"]]
+    assert len(pids) == 2
+    down = worker_host.command("down").assert_ok()
+    assert "local cluster down" in down.stdout, down.output
+    wait_until(lambda: not any(group_alive(pid) for pid in pids), 10, interval=0.1,
+               what=lambda: "left running: %s" % [p for p in pids if group_alive(p)])
 
 
 def test_the_worker_host_says_why_redis_refused_it(

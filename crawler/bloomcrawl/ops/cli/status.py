@@ -169,7 +169,7 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
     if not target.nodes:
         # the recorded cluster's nodes, and those of other hosts listed in Redis
         with contextlib.suppress(OpsError):
-            target = resolve_target(paths, options, need_nodes=True)
+            target = resolve_target(paths, options, need_nodes=True, quiet=True)
     return status(target)
 
 

@@ -129,11 +129,15 @@ def no_cluster(paths: Paths, instead: str = "", *,
 
 
 def resolve_target(paths: Paths, options: TargetOptions | None = None, *,
-                   need_nodes: bool, need_redis: bool = False) -> Target:
+                   need_nodes: bool, need_redis: bool = False,
+                   quiet: bool = False) -> Target:
     """The target; :class:`OpsError` when a part it needs is nowhere to be found.
 
     With ``need_nodes``, at least one scrapyd node must be known; with
     ``need_redis``, a Redis URL (``redis_url`` is ``""`` when none is known).
+    The nodes of other hosts listed in Redis come too, unless ``--nodes`` or
+    SCRAPYD_NODES lists them all; when Redis does not answer they are left
+    out, with a warning unless ``quiet`` (a command that reports Redis itself).
     """
     options = options or TargetOptions()
     cluster = load_cluster(paths)
@@ -182,7 +186,8 @@ def resolve_target(paths: Paths, options: TargetOptions | None = None, *,
             finally:
                 client.close()
         except LISTING_ERRORS as exc:
-            warn(f"the remote nodes listed in Redis are left out: {exc}")
+            if not quiet:
+                warn(f"the remote nodes listed in Redis are left out: {exc}")
             listed = []
         nodes += [entry.node(username, password) for entry in listed if entry.url not in known]
     if need_nodes and not nodes:
