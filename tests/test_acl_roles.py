@@ -60,6 +60,12 @@ def test_the_role_users_a_published_redis_gets_are_the_documented_ones() -> None
         line = acl.config_line(role, PASSWORD).split()
         assert line[:3] == ["user", acl.user_name(role), "on"] and line[4:] == rules
         assert line[3] == "#" + hashlib.sha256(PASSWORD.encode()).hexdigest()
+    # REDIS_WORKER_SPIDERS in .env: the worker reaches those spiders' keys instead
+    env = {acl.password_variable(role): PASSWORD for role in acl.ROLES}
+    worker = acl.config_lines({**env, "REDIS_WORKER_SPIDERS": "shop, news"})[0].split()
+    assert [w for w in worker if w.startswith("~")] == ["~shop:*", "~{shop:*", "~news:*",
+                                                         "~{news:*"]
+    assert acl.config_lines(env)[0].split()[4:] == acl.rules("worker")
 
 
 @pytest.fixture

@@ -50,3 +50,10 @@ def test_plain_scrapyd_off_the_machine_is_refused_unless_insecure(
     assert scrapyd.check_node_url("http://10.0.0.7:6800", insecure=True)
     with pytest.raises(OpsError, match="must be http"):
         scrapyd.check_node_url("ftp://10.0.0.7:6800")
+
+
+def test_a_node_whose_ca_does_not_load_is_down_saying_why() -> None:
+    status = scrapyd.Node("https://10.0.0.7:6800", "u", "p", ca_pem="not a certificate").status()
+    assert not status.up
+    assert status.error is not None and status.error.startswith(
+        "its CA certificate does not load:"), status.error

@@ -35,6 +35,20 @@ RULES = {
 }
 
 DEFAULT_SPIDERS = ("site",)
+#: the ``.env`` setting naming the spiders (comma-separated) whose keys the worker user reaches
+SPIDERS_VARIABLE = "REDIS_WORKER_SPIDERS"
+
+
+def worker_spiders(env: dict[str, str]) -> list[str]:
+    """The spiders of :data:`SPIDERS_VARIABLE` in ``env``, else :data:`DEFAULT_SPIDERS`."""
+    names = [name.strip() for name in env.get(SPIDERS_VARIABLE, "").split(",") if name.strip()]
+    return names or list(DEFAULT_SPIDERS)
+
+
+def config_lines(env: dict[str, str]) -> list[str]:
+    """Every role's ``user`` directive, the passwords and spiders from ``env`` (``.env``)."""
+    spiders = worker_spiders(env)
+    return [config_line(role, env[password_variable(role)], spiders) for role in ROLES]
 
 
 def user_name(role: str) -> str:

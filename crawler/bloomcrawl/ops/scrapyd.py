@@ -169,12 +169,15 @@ class Node:
     def __post_init__(self) -> None:
         self.url = normalise_node_url(self.url)
         self._opener = OPENER
+        #: why no request can be made (a CA that does not load): each request fails with it
+        self._unusable = ""
         if self.url.startswith("https://") and self.ca_pem:
             try:
                 context = ssl.create_default_context(cadata=self.ca_pem)
             except (ssl.SSLError, ValueError) as exc:
-                raise ScrapydError(self.url, f"its CA certificate is unreadable: {exc}") from exc
-            self._opener = opener_for(context)
+                self._unusable = f"its CA certificate does not load: {exc}"
+            else:
+                self._opener = opener_for(context)
 
     def _failure(self, url: str, exc: BaseException) -> ScrapydError:
         """What a failed request says: an untrusted certificate or refused credentials
@@ -205,6 +208,8 @@ class Node:
               timeout: float) -> Any:
         """The decoded JSON answer of ``path``; :class:`ScrapydError` when there is none."""
         url = self.url + "/" + path
+        if self._unusable:
+            raise ScrapydError(url, self._unusable)
         request = urllib.request.Request(
             url, data=body, headers={"Accept": "application/json", **self._auth()})
         if content_type:

@@ -197,8 +197,7 @@ def write_redis_tls_dir(paths: Paths) -> None:
         shutil.copyfile(paths.certs_dir / name, target / name)
         (target / name).chmod(0o644)
     users = target / REDIS_USERS_FILE
-    users.write_text("".join(acl.config_line(role, env[acl.password_variable(role)]) + "\n"
-                             for role in acl.ROLES))
+    users.write_text("".join(line + "\n" for line in acl.config_lines(env)))
     users.chmod(0o644)
 
 

@@ -124,8 +124,7 @@ class LocalCluster:
         port = pick_port(int(self.env.get("REDIS_PORT") or 6379))
         password = self.env["REDIS_PASSWORD"]
         tls_dir = self.paths.certs_dir if tls else None
-        users = [acl.config_line(role, self.env[acl.password_variable(role)])
-                 for role in acl.ROLES] if redis_bind else []
+        users = acl.config_lines(self.env) if redis_bind else []
         process = start_redis(self.dir / "redis", port=port, log=self.dir / "redis.log",
                               password=password, appendonly=True, tls_dir=tls_dir,
                               bind=[redis_bind] if redis_bind else [], users=users)
