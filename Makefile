@@ -49,7 +49,7 @@ LOWEST_TESTS := tests/test_scheduler.py tests/test_frontier_protocol.py tests/te
 	tests/test_redis_cluster_crawl.py tests/test_politeness.py tests/test_politeness_crawl.py \
 	tests/test_politeness_feedback_crawl.py tests/test_codec.py tests/test_scheduler_user_requests.py \
 	tests/test_user_project.py tests/test_scheduler_parts.py tests/test_filter_growth.py \
-	tests/test_items_window.py
+	tests/test_items_window.py tests/test_plaintext.py tests/test_remote_workers.py
 
 $(LOWEST_VENV)/.installed: pyproject.toml constraints/lowest.txt
 	$(PYTHON) -m venv $(LOWEST_VENV)
