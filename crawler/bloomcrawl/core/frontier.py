@@ -79,6 +79,9 @@ class Outgoing:
     score: float
     payload: str
     host: str
+    #: the revisit window's flag (:meth:`~bloomcrawl.core.sizing.FilterParams.window_flag`):
+    #: "0" the default window
+    window: str = "0"
 
 
 @dataclass(frozen=True)
@@ -383,7 +386,7 @@ class Frontier:
         if outgoing:
             script = _ENQUEUE[self.bloom.params.backend, self.bloom.params.windowed]
             args += [b"".join(e.fingerprint for e in outgoing),
-                     "".join("1" if e.dont_filter else "0" for e in outgoing)]
+                     "".join("1" if e.dont_filter else e.window for e in outgoing)]
             for e in outgoing:
                 args += [repr(e.score), e.host, e.payload]
         return ScriptCall(script, [f.state(partition), f.leases(partition), f.deadlines(partition),
