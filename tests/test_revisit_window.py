@@ -258,3 +258,25 @@ def test_a_windowed_seen_cache_answers_for_half_the_window_to_the_whole() -> Non
     forever = SeenCache(100)
     forever.remember(fps, sent=3)
     assert all(fp in forever for fp in fps) and not forever.expires
+
+
+def test_a_generation_is_sized_from_the_one_before(redis_client: redis.Redis) -> None:
+    bf = windowed(redis_client, partitions=1)
+    wait_until(lambda: redis_now(redis_client) % (bf.params.period_ms / 1000) < 0.3,
+               timeout=5, what="the start of a generation")
+    first = generation_of(redis_client, bf)
+    assert all(bf.add_many(fingerprints(3000, "busy")))  # several of the template's slices
+    busy = redis_client.hgetall(keys.generation_state_key(KEY, 0, first))
+    assert int(busy[b"slices"]) > 2
+    wait_until(lambda: generation_of(redis_client, bf) > first, timeout=5,
+               what="the next generation")
+    assert all(bf.add_many(fingerprints(3000, "steady")))
+    gens = redis_client.hget(keys.state_key(KEY, 0), "gens")
+    assert gens is not None
+    state = redis_client.hgetall(keys.generation_state_key(KEY, 0, int(gens.split()[-1])))
+    # its first slice holds what the one before held: the same load fits in one slice
+    assert int(state[b"plan:0"].split()[0]) >= 3000 > int(busy[b"plan:0"].split()[0])
+    assert int(state[b"slices"]) == 1
+    assert int(state[b"max_slices"]) < int(busy[b"max_slices"])
+    assert not any(bf.add_many(fingerprints(3000, "busy") + fingerprints(3000, "steady")))
+    assert bf.info().items == 6000

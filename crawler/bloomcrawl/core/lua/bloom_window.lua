@@ -58,18 +58,45 @@ local function listed(r)
   return gens
 end
 
+-- the items a generation holds (0 when it is gone)
+local function held_by(key)
+  local slices = tonumber(redis.call('HGET', key, 'slices'))
+  if not slices then return 0 end
+  local counts = {}
+  for i = 0, slices - 1 do counts[i + 1] = 'items:' .. i end
+  local held = 0
+  for _, c in ipairs(redis.call('HMGET', key, unpack(counts))) do held = held + (tonumber(c) or 0) end
+  return held
+end
+
 -- a generation's state: the template's plan, no items (bounded: max_slices fields); one
--- that exists (the partition's list was lost and written again) is kept as it is
-local function create(r, g)
-  if redis.call('EXISTS', generation_key(r, g)) == 1 then return end
-  local fields = {'block_bytes', 'chunk_blocks', 'max_slices', 'hashing'}
-  for i = 0, MAX_SLICES - 1 do fields[#fields + 1] = 'plan:' .. i end
-  local values = redis.call('HMGET', partition_key, unpack(fields))
-  local args = {'slices', 1, 'filtered', 0}
-  for i = 1, #fields do
-    if values[i] then args[#args + 1] = fields[i]; args[#args + 1] = values[i] end
+-- that exists (the partition's list was lost and written again) is kept as it is.
+-- Its plan begins at the template's first slice that holds `held` items (what the
+-- ring's previous generation held): a steady crawl's generation is then one or two
+-- slices, not the template's small first ones, so a lookup reads few slices per
+-- generation. Leaving slices out only lowers the compound error; at least half the
+-- template's slices are kept to grow into.
+local function create(r, g, held)
+  local key = generation_key(r, g)
+  if redis.call('EXISTS', key) == 1 then return end
+  local values = redis.call('HMGET', partition_key, 'block_bytes', 'chunk_blocks', 'max_slices',
+                            'hashing')
+  local most = tonumber(values[3])
+  local plans = {}
+  for i = 0, most - 1 do plans[i + 1] = 'plan:' .. i end
+  plans = redis.call('HMGET', partition_key, unpack(plans))
+  local skip = 0
+  while skip < floor(most / 2) do
+    local cap = tonumber(string.match(plans[skip + 1] or '', '^(%d+) '))
+    if not cap or cap >= held then break end
+    skip = skip + 1
   end
-  redis.call('HSET', generation_key(r, g), unpack(args))
+  local args = {'slices', 1, 'filtered', 0, 'block_bytes', values[1], 'chunk_blocks', values[2],
+                'max_slices', most - skip, 'hashing', values[4] or 1}
+  for i = skip + 1, most do
+    if plans[i] then args[#args + 1] = 'plan:' .. (i - 1 - skip); args[#args + 1] = plans[i] end
+  end
+  redis.call('HSET', key, unpack(args))
 end
 
 -- drop a generation's keys: its state and the chunks its plan gives its slices; its
@@ -105,11 +132,13 @@ local function live_generations(r)
   local current = now_generation(r)
   local gens = listed(r)
   if gens[#gens] and gens[#gens] >= current then return gens end
+  -- the new one is sized from the newest before it, read before that may be retired
+  local held = gens[#gens] and held_by(generation_key(r, gens[#gens])) or 0
   local keep = {}
   for _, g in ipairs(gens) do
     if g < current - GENERATIONS then retire(r, g) else keep[#keep + 1] = g end
   end
-  create(r, current)
+  create(r, current, held)
   keep[#keep + 1] = current
   redis.call('HSET', partition_key, r > 0 and 'gens:' .. r or 'gens', table.concat(keep, ' '))
   return keep
@@ -177,7 +206,7 @@ local function window_decide(blob, flags)
     if #pending > 0 then
       local current = generation_key(r, gens[#gens])
       if not retarget(current) then  -- lost (evicted, deleted): begun again
-        create(r, gens[#gens])
+        create(r, gens[#gens], 0)
         retarget(current)
       end
       local kept = plain_decide(pick(blob, pending), nil)
