@@ -24,6 +24,7 @@ from bloomcrawl.crawl.config import FilterConfig
 from bloomcrawl.crawl.windows import RevisitWindows, window_fingerprint
 from bloomcrawl.ops.inspection import partition_fill
 
+from kit.cluster import RedisClusterProcesses
 from kit.data import fingerprints, outgoing
 from kit.wait import wait_until
 
@@ -224,3 +225,24 @@ def test_a_spider_naming_no_window_does_not_open(redis_client: redis.Redis) -> N
     plain = BloomFilter(redis_client, "t:plain", capacity=1000, error_rate=1e-3)
     with pytest.raises(SettingError, match="spider 'listings': revisit_window = 'listing'"):
         RevisitWindows(plain.params, Listings())
+
+
+def test_windows_on_a_redis_cluster(clean_cluster: RedisClusterProcesses) -> None:
+    """Every ring's keys keep their partition's hash tag: each call is one slot's."""
+    client = clean_cluster.cluster_client()
+    bf = named(client, partitions=12, revisit_after=LISTING)
+    fps = fingerprints(1200, "cluster")
+    rings: list[str | None] = [None, "listing", "article"] * 400
+    assert all(bf.add_many(fps, rings))
+    added = redis_now(client)
+    assert not any(bf.add_many(fps, rings))
+    masters = clean_cluster.masters()
+    assert all(any(clean_cluster.node_client(m).scan_iter(match="*:w*g*:state"))
+               for m in masters)  # the partitions, rings and all, are spread out
+    wait_for_redis_time(client, added + BOUND + 0.05)
+    # the default window and "listing" forgot; "article" never does
+    again = bf.add_many(fps, rings)
+    assert again == [ring != "article" for ring in rings]
+    assert bf.info().items == 1200
+    bf.clear()
+    assert all(clean_cluster.node_client(m).dbsize() == 0 for m in masters)
