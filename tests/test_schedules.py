@@ -225,13 +225,15 @@ def test_a_run_ends_with_its_counters_and_reason(redis_server: RedisServer,
     [run] = runs.recent()
     assert run.schedule == "news" and list(run.jobs) == [probe_node.url]
     # the spider's shared stats grow while it runs: the run counts only that growth
-    redis_client.hset("sleeper:stats", mapping={"pages": 7, "items": 3})
+    redis_client.hset("sleeper:stats", mapping={"pages": 7, "items": 3, "queued": 9,
+                                                "revisited": 2})
     wait_until(lambda: check_run(redis_client, runs, run, nodes), 60, interval=0.2,
                what="the run's job to end")
     done = runs.get(run.id)
     assert done is not None and done.status == FINISHED
-    assert done.counters == {"pages": 7, "items": 3, "errors": 0, "filtered": 0,
-                             "requeued": 0}
+    # of the requests the filter queued, those queued again after their window
+    assert done.counters == {"pages": 7, "new": 7, "revisited": 2, "items": 3, "errors": 0,
+                             "filtered": 0, "requeued": 0}
     assert done.finish_reason == "finished"
     assert done.duration is not None and done.duration > 0
     listed = run_cli("runs", "--redis-url", redis_server.url)
@@ -313,4 +315,5 @@ def test_each_firing_is_a_run_of_its_own(redis_server: RedisServer, redis_client
     assert listed.code == 0, listed.output
     lines = listed.stdout.splitlines()
     assert lines[0].startswith(second.id) and lines[1].startswith(first.id), listed.stdout
-    assert "pages 41, items 41" in lines[1] and "finished" in lines[1], listed.stdout
+    assert "pages 41, new 41, revisited 0, items 41" in lines[1], listed.stdout
+    assert "finished" in lines[1], listed.stdout

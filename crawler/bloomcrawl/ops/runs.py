@@ -39,8 +39,10 @@ RECENT_KEY = TAG + ":recent"
 #: runs kept; older ones are deleted as new ones start
 KEEP_RUNS = 50
 RUNNING, FINISHED = "running", "finished"
-#: the counters a run reports, from the spider's shared stats
-COUNTERS = ("pages", "items", "errors", "filtered", "requeued")
+#: the counters a run reports: "new" and "revisited" split the requests the filter
+#: queued (a revisit is a URL queued again after its revisit window), the others are
+#: the spider's shared stats of the same name
+COUNTERS = ("pages", "new", "revisited", "items", "errors", "filtered", "requeued")
 _CLOSED_RE = re.compile(r"Spider closed \(([^)]*)\)")
 #: the fields of a :class:`Run` its hash holds as JSON
 _DICT_FIELDS = ("jobs", "refused", "stats_start", "stats_end", "reasons")
@@ -78,8 +80,13 @@ class Run:
     def counters(self) -> dict[str, int]:
         """What the run counted: the shared stats' growth from its start (to now, if running)."""
         end = self.stats_end
-        return {name: max(0, end.get(name, 0) - self.stats_start.get(name, 0))
-                for name in COUNTERS}
+
+        def growth(name: str) -> int:
+            return max(0, end.get(name, 0) - self.stats_start.get(name, 0))
+
+        counts = {name: growth(name) for name in COUNTERS}
+        counts["new"] = max(0, growth("queued") - counts["revisited"])
+        return counts
 
     @property
     def duration(self) -> float | None:

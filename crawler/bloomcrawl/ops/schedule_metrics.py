@@ -195,6 +195,12 @@ _RUN_GAUGES: tuple[tuple[str, str, _RunValue], ...] = (
     ("bloomcrawl_run_pages",
      "Pages the run crawled: growth of the spider's shared stats since it started (as of"
      " the timer's last look at it while it runs).", lambda r, now: r.counters["pages"]),
+    ("bloomcrawl_run_new_requests",
+     "Requests the run queued that the filter did not hold: never queued, or forgotten"
+     " more than a generation before.", lambda r, now: r.counters["new"]),
+    ("bloomcrawl_run_revisited_requests",
+     "Requests the run queued again after their revisit window.",
+     lambda r, now: r.counters["revisited"]),
     ("bloomcrawl_run_items", "Items the run scraped.", lambda r, now: r.counters["items"]),
     ("bloomcrawl_run_errors", "Requests of the run that ended in an error.",
      lambda r, now: r.counters["errors"]),

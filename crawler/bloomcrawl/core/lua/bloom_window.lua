@@ -14,9 +14,13 @@
 -- key keeps the partition's hash tag. The generation of a time t (Redis TIME) is
 -- floor(t / P). A fingerprint is seen if any live generation of its ring has it,
 -- else it is added to the ring's current one; when a call opens a new generation,
--- those older than current - g are retired (UNLINK of their state and chunks:
--- slices x chunks keys, never a scan of the bits). An item added at t is live until
--- (floor(t / P) + g + 1) P: at least W, at most W (1 + 1/g) after t.
+-- the one that has just left the window (current - g - 1) is kept one period more,
+-- looked in only to tell a new item that was queued before (REVISITED, "revisited")
+-- from one never queued or forgotten longer ago ("new"), and those older are retired
+-- (UNLINK of their state and chunks: slices x chunks keys, never a scan of the bits).
+-- An item
+-- added at t is live until (floor(t / P) + g + 1) P: at least W, at most W (1 + 1/g)
+-- after t.
 local partition_key = state_key
 local plain_decide, plain_check = decide, check
 local WINDOW = redis.call('HMGET', partition_key, 'period_ms', 'generations', 'gens', 'windows')
@@ -125,23 +129,34 @@ local function retire(r, g)
   redis.call('UNLINK', key)
 end
 
--- the ring's live generations, oldest first, the current last: a new current one is
--- created and those it leaves out of the window retired (a clock gone back keeps the
--- newest)
+-- the ring's generations, oldest first, the current last, and the first one in the
+-- window (the one before it, if any, is the generation kept to tell revisits): a new
+-- current one is created and those it leaves behind the kept one retired (a clock gone
+-- back keeps the newest)
 local function live_generations(r)
   local current = now_generation(r)
   local gens = listed(r)
-  if gens[#gens] and gens[#gens] >= current then return gens end
+  if gens[#gens] and gens[#gens] >= current then
+    local first = 1
+    while first < #gens and gens[first] < current - GENERATIONS do first = first + 1 end
+    return gens, first
+  end
   -- the new one is sized from the newest before it, read before that may be retired
   local held = gens[#gens] and held_by(generation_key(r, gens[#gens])) or 0
-  local keep = {}
+  -- the one that has just left the window is kept one period more
+  local keep, first = {}, 1
   for _, g in ipairs(gens) do
-    if g < current - GENERATIONS then retire(r, g) else keep[#keep + 1] = g end
+    if g >= current - GENERATIONS - 1 then
+      keep[#keep + 1] = g
+      if g < current - GENERATIONS then first = 2 end
+    else
+      retire(r, g)
+    end
   end
   create(r, current, held)
   keep[#keep + 1] = current
   redis.call('HSET', partition_key, r > 0 and 'gens:' .. r or 'gens', table.concat(keep, ' '))
-  return keep
+  return keep, first
 end
 
 -- the fingerprints of blob at the given indexes (1-based), as one blob
@@ -196,11 +211,11 @@ end
 local function window_decide(blob, flags)
   local out = {}
   local rings, order = by_ring(blob, flags, out)
-  local hits = 0
+  local hits, revisits = 0, 0
   for _, r in ipairs(order) do
-    local gens = live_generations(r)
+    local gens, first = live_generations(r)
     local seen = {}
-    local pending, found = look_older(blob, rings[r], r, gens, #gens - 1, 1, seen)
+    local pending, found = look_older(blob, rings[r], r, gens, #gens - 1, first, seen)
     hits = hits + found
     for j in pairs(seen) do out[j] = false end
     if #pending > 0 then
@@ -210,10 +225,21 @@ local function window_decide(blob, flags)
         retarget(current)
       end
       local kept = plain_decide(pick(blob, pending), nil)
-      for q, j in ipairs(pending) do out[j] = kept[q] end
+      local new = {}
+      for q, j in ipairs(pending) do
+        out[j] = kept[q]
+        if kept[q] then new[#new + 1] = j end
+      end
+      -- queued before, and forgotten since: in the generation kept out of the window
+      if first > 1 and #new > 0 then
+        REVISITED = REVISITED or {}
+        local _, n = look_older(blob, new, r, gens, first - 1, first - 1, REVISITED)
+        revisits = revisits + n
+      end
     end
   end
   if hits > 0 then redis.call('HINCRBY', partition_key, 'filtered', hits) end
+  if revisits > 0 then redis.call('HINCRBY', partition_key, 'revisited', revisits) end
   return out
 end
 
