@@ -16,9 +16,10 @@ import redis
 
 from bloomcrawl.ops import scrapyd
 from bloomcrawl.ops.cli.target import Target
+from bloomcrawl.ops.cluster.processes import free_port
 from bloomcrawl.ops.console import OpsError
 from bloomcrawl.ops.demo_site import RunningSite
-from bloomcrawl.ops.runs import FINISHED, RunStore, check_run
+from bloomcrawl.ops.runs import FINISHED, Run, RunStore, check_run
 from bloomcrawl.ops.schedules import (
     ScheduleStore,
     Spec,
@@ -317,3 +318,22 @@ def test_each_firing_is_a_run_of_its_own(redis_server: RedisServer, redis_client
     assert lines[0].startswith(second.id) and lines[1].startswith(first.id), listed.stdout
     assert "pages 41, new 41, revisited 0, items 41" in lines[1], listed.stdout
     assert "finished" in lines[1], listed.stdout
+
+
+def test_a_run_whose_node_stops_answering_ends_after_the_give_up_time(
+        redis_client: redis.Redis) -> None:
+    """A job on a node that does not answer (nothing listens on its port) is waited for,
+    then the run ends with the reason ``unreachable``, not ``running`` for good."""
+    runs = RunStore(redis_client)
+    gone = scrapyd.Node("http://127.0.0.1:%d" % free_port(), USERNAME, PASSWORD)
+    run = Run(id="news-gone", schedule="news", spider="sleeper", project="demo",
+              slot=0.0, started=redis_time(redis_client), jobs={gone.url: "job-1"})
+    runs.start(run)
+    assert not check_run(redis_client, runs, run, [gone], give_up_s=1.0)
+    saved = runs.get(run.id)
+    assert saved is not None and saved.status != FINISHED and "job-1" in saved.unreachable
+    wait_until(lambda: check_run(redis_client, runs, saved, [gone], give_up_s=1.0), 10,
+               interval=0.2, what="the give-up time")
+    done = runs.get(run.id)
+    assert done is not None and done.status == FINISHED
+    assert done.finish_reason == "unreachable"

@@ -42,11 +42,12 @@ RUNS_PER_SCHEDULE = 5
 #: the finish reasons a run's jobs are counted by; any other is ``other``. Scrapy's own
 #: (its CloseSpider extension's included), the frontier's, and those of
 #: :func:`bloomcrawl.ops.runs.check_run` (``unknown``: no log line; ``lost``: the node
-#: forgot the job)
+#: forgot the job; ``unreachable``: the node did not answer for the run's give-up time)
 FINISH_REASONS = ("finished", "shutdown", "cancelled", "closespider_timeout",
                   "closespider_timeout_no_item", "closespider_itemcount",
                   "closespider_pagecount", "closespider_pagecount_no_item",
-                  "closespider_errorcount", "bloomfilter_full", "unknown", "lost", "other")
+                  "closespider_errorcount", "bloomfilter_full", "unknown", "lost",
+                  "unreachable", "other")
 #: a read problem as the exporter logs it: key -> the line
 Problems = dict[str, str]
 _DATA_ERRORS = (ValueError, KeyError, TypeError, AttributeError)
