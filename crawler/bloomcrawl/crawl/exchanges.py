@@ -209,10 +209,10 @@ class ExchangeLoop:
             self.seen.remember((e.fingerprint for e in batch.outgoing if not e.dont_filter),
                                sent=len(batch.outgoing))
         if done.queued:
-            self.outbox.count("queued", done.queued)
+            self.outbox.count_later("queued", done.queued)
         if done.revisited:
             self.stats.inc_value("bloomcrawl/revisited", done.revisited)
-            self.outbox.count("revisited", done.revisited)
+            self.outbox.count_later("revisited", done.revisited)
         if done.filtered:
             self.stats.inc_value("dupefilter/filtered", done.filtered)
             self.stats.inc_value("bloomfilter/filtered", done.filtered)

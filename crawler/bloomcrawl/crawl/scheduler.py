@@ -274,6 +274,7 @@ class Scheduler:
         self.io.stop()  # from here on, Redis work runs inline
         outbox = self.loop.outbox
         outbox.settle()
+        outbox.owe_later_counts()
         frontier = self.frontier
         try:
             self.loop.send_now()
