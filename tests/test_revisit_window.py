@@ -96,15 +96,20 @@ def test_retiring_a_generation_unlinks_its_state_and_chunks(redis_client: redis.
     old = generation_keys(redis_client, 2)
     assert keys.generation_state_key(KEY, 0, first).encode() in old
     assert any(b":s1:c0" in key for key in old)
-    wait_until(lambda: generation_of(redis_client, bf) > first + GENERATIONS, timeout=10,
+    # out of the window, it is kept one period more (to tell revisits), then retired
+    wait_until(lambda: generation_of(redis_client, bf) == first + GENERATIONS + 1, timeout=10,
                what="generation %d out of the window" % first)
     bf.add_many(fingerprints(10, "now"))
+    assert keys.generation_state_key(KEY, 0, first).encode() in generation_keys(redis_client, 2)
+    wait_until(lambda: generation_of(redis_client, bf) > first + GENERATIONS + 1, timeout=10,
+               what="generation %d a period out of the window" % first)
+    bf.add_many(fingerprints(10, "later"))
     assert generation_keys(redis_client, 2).isdisjoint(old)
     for p in range(2):
         gens = redis_client.hget(keys.state_key(KEY, p), "gens")
         assert gens is not None
         live = [int(g) for g in gens.split()]
-        assert live and all(g >= live[-1] - GENERATIONS for g in live)
+        assert live and all(g >= live[-1] - GENERATIONS - 1 for g in live)
 
 
 def test_stats_count_the_items_of_the_live_generations_exactly(
@@ -258,3 +263,53 @@ def test_a_windowed_seen_cache_answers_for_half_the_window_to_the_whole() -> Non
     forever = SeenCache(100)
     forever.remember(fps, sent=3)
     assert all(fp in forever for fp in fps) and not forever.expires
+
+
+def test_a_generation_is_sized_from_the_one_before(redis_client: redis.Redis) -> None:
+    bf = windowed(redis_client, partitions=1)
+    wait_until(lambda: redis_now(redis_client) % (bf.params.period_ms / 1000) < 0.3,
+               timeout=5, what="the start of a generation")
+    first = generation_of(redis_client, bf)
+    assert all(bf.add_many(fingerprints(3000, "busy")))  # several of the template's slices
+    busy = redis_client.hgetall(keys.generation_state_key(KEY, 0, first))
+    assert int(busy[b"slices"]) > 2
+    wait_until(lambda: generation_of(redis_client, bf) > first, timeout=5,
+               what="the next generation")
+    assert all(bf.add_many(fingerprints(3000, "steady")))
+    gens = redis_client.hget(keys.state_key(KEY, 0), "gens")
+    assert gens is not None
+    state = redis_client.hgetall(keys.generation_state_key(KEY, 0, int(gens.split()[-1])))
+    # its first slice holds what the one before held: the same load fits in one slice
+    assert int(state[b"plan:0"].split()[0]) >= 3000 > int(busy[b"plan:0"].split()[0])
+    assert int(state[b"slices"]) == 1
+    assert int(state[b"max_slices"]) < int(busy[b"max_slices"])
+    assert not any(bf.add_many(fingerprints(3000, "busy") + fingerprints(3000, "steady")))
+    assert bf.info().items == 6000
+
+
+def test_a_url_queued_again_after_its_window_counts_as_revisited(
+        redis_client: redis.Redis) -> None:
+    """The generation that left the window is kept one period: what it holds and is
+    queued again then is a revisit; what was forgotten longer ago, or never queued, new."""
+    bf = windowed(redis_client, partitions=1)
+    frontier = Frontier(redis_client, bf, FrontierKeys("t", partitions=1), queue_type="fifo",
+                        lease_timeout=30, worker_id="w1", node="host")
+    period = bf.params.period_ms / 1000
+    wait_until(lambda: redis_now(redis_client) % period < 0.3, timeout=5,
+               what="the start of a generation")
+    first = generation_of(redis_client, bf)
+    soon = ["http://a.test/soon/%d" % i for i in range(5)]
+    later = ["http://a.test/later/%d" % i for i in range(4)]
+    done = frontier.exchange(outgoing(*soon, *later), {})
+    assert (done.queued, done.revisited) == (9, 0)
+    # first out of the window, kept: the URLs queued again are revisits, a new one is not
+    wait_until(lambda: generation_of(redis_client, bf) == first + GENERATIONS + 1, timeout=10,
+               what="generation %d just out of the window" % first)
+    done = frontier.exchange(outgoing(*soon, "http://a.test/never-before"), {})
+    assert (done.queued, done.revisited, done.filtered) == (6, 5, 0)
+    assert int(redis_client.hget(keys.state_key(KEY, 0), "revisited") or 0) == 5
+    # a period later the generation is retired: forgotten longer ago is new
+    wait_until(lambda: generation_of(redis_client, bf) > first + GENERATIONS + 1, timeout=10,
+               what="generation %d retired" % first)
+    done = frontier.exchange(outgoing(*later), {})
+    assert (done.queued, done.revisited) == (4, 0)

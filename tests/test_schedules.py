@@ -16,9 +16,10 @@ import redis
 
 from bloomcrawl.ops import scrapyd
 from bloomcrawl.ops.cli.target import Target
+from bloomcrawl.ops.cluster.processes import free_port
 from bloomcrawl.ops.console import OpsError
 from bloomcrawl.ops.demo_site import RunningSite
-from bloomcrawl.ops.runs import FINISHED, RunStore, check_run
+from bloomcrawl.ops.runs import FINISHED, Run, RunStore, check_run
 from bloomcrawl.ops.schedules import (
     ScheduleStore,
     Spec,
@@ -225,13 +226,15 @@ def test_a_run_ends_with_its_counters_and_reason(redis_server: RedisServer,
     [run] = runs.recent()
     assert run.schedule == "news" and list(run.jobs) == [probe_node.url]
     # the spider's shared stats grow while it runs: the run counts only that growth
-    redis_client.hset("sleeper:stats", mapping={"pages": 7, "items": 3})
+    redis_client.hset("sleeper:stats", mapping={"pages": 7, "items": 3, "queued": 9,
+                                                "revisited": 2})
     wait_until(lambda: check_run(redis_client, runs, run, nodes), 60, interval=0.2,
                what="the run's job to end")
     done = runs.get(run.id)
     assert done is not None and done.status == FINISHED
-    assert done.counters == {"pages": 7, "items": 3, "errors": 0, "filtered": 0,
-                             "requeued": 0}
+    # of the requests the filter queued, those queued again after their window
+    assert done.counters == {"pages": 7, "new": 7, "revisited": 2, "items": 3, "errors": 0,
+                             "filtered": 0, "requeued": 0}
     assert done.finish_reason == "finished"
     assert done.duration is not None and done.duration > 0
     listed = run_cli("runs", "--redis-url", redis_server.url)
@@ -313,4 +316,24 @@ def test_each_firing_is_a_run_of_its_own(redis_server: RedisServer, redis_client
     assert listed.code == 0, listed.output
     lines = listed.stdout.splitlines()
     assert lines[0].startswith(second.id) and lines[1].startswith(first.id), listed.stdout
-    assert "pages 41, items 41" in lines[1] and "finished" in lines[1], listed.stdout
+    assert "pages 41, new 41, revisited 0, items 41" in lines[1], listed.stdout
+    assert "finished" in lines[1], listed.stdout
+
+
+def test_a_run_whose_node_stops_answering_ends_after_the_give_up_time(
+        redis_client: redis.Redis) -> None:
+    """A job on a node that does not answer (nothing listens on its port) is waited for,
+    then the run ends with the reason ``unreachable``, not ``running`` for good."""
+    runs = RunStore(redis_client)
+    gone = scrapyd.Node("http://127.0.0.1:%d" % free_port(), USERNAME, PASSWORD)
+    run = Run(id="news-gone", schedule="news", spider="sleeper", project="demo",
+              slot=0.0, started=redis_time(redis_client), jobs={gone.url: "job-1"})
+    runs.start(run)
+    assert not check_run(redis_client, runs, run, [gone], give_up_s=1.0)
+    saved = runs.get(run.id)
+    assert saved is not None and saved.status != FINISHED and "job-1" in saved.unreachable
+    wait_until(lambda: check_run(redis_client, runs, saved, [gone], give_up_s=1.0), 10,
+               interval=0.2, what="the give-up time")
+    done = runs.get(run.id)
+    assert done is not None and done.status == FINISHED
+    assert done.finish_reason == "unreachable"

@@ -29,7 +29,7 @@ all of it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
@@ -102,6 +102,8 @@ class BloomFilter:
     is what the first slice of each partition holds.
     ``revisit_after`` (seconds; 0: never) forgets an item W to W (1 + 1/g) after it
     was added, g being ``generations``: a URL is new again after its revisit window.
+    ``windows`` (``{name: seconds}``, 0: never) are named windows of their own: an
+    item added in one is a duplicate only of what was added in the same one.
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class BloomFilter:
         strict_params: bool = defaults.FILTER_STRICT_PARAMS,
         revisit_after: float = defaults.FILTER_REVISIT_AFTER,
         generations: int = defaults.FILTER_GENERATIONS,
+        windows: Mapping[str, float] | None = None,
     ) -> None:
         keys.check_key(key)
         if backend not in (*BACKENDS, "auto"):
@@ -135,17 +138,20 @@ class BloomFilter:
         self._adopt_partition_by = partition_by is None
         self._adopt_initial_capacity = initial_capacity is None
         self._strict_params = strict_params
-        if revisit_after and backend == "redisbloom":
+        named = tuple(sorted((windows or {}).items()))
+        if (revisit_after or named) and backend == "redisbloom":
             raise InvalidFilterParameters(
-                "a revisit window (BLOOMFILTER_REVISIT_AFTER=%r) needs the bitmap backend:"
-                " RedisBloom's filters cannot forget" % (revisit_after,))
-        if not revisit_after:
+                "a revisit window (BLOOMFILTER_REVISIT_AFTER=%r, BLOOMFILTER_REVISIT_WINDOWS"
+                "=%r) needs the bitmap backend: RedisBloom's filters cannot forget"
+                % (revisit_after, dict(named)))
+        if not revisit_after and not named:
             # without a window the generations mean nothing: never a mismatch
             generations = defaults.FILTER_GENERATIONS
         common = dict(partitions=partitions, growth=growth, tightening=tightening,
                       chunk_bytes=chunk_bytes, backend=concrete,
                       partition_by=partition_by or "host", hashing=HASHING,
-                      revisit_after=revisit_after, generations=generations)
+                      revisit_after=revisit_after, generations=generations,
+                      windows=named)
         if bit_exponent is not None or hashes is not None:
             if bit_exponent is None or hashes is None:
                 raise InvalidFilterParameters(
@@ -196,12 +202,20 @@ class BloomFilter:
 
     # -- operations -----------------------------------------------------
 
-    def add(self, fp: bytes | str) -> bool:
-        """Add one fingerprint; True if it was new. Atomic (one EVALSHA, no pipeline)."""
+    def add(self, fp: bytes | str, window: str | None = None) -> bool:
+        """Add one fingerprint; True if it was new. Atomic (one EVALSHA, no pipeline).
+
+        ``window``: the named revisit window (BLOOMFILTER_REVISIT_WINDOWS) it goes
+        in; None, the default one. :class:`UnknownWindow` for a name the filter
+        does not have.
+        """
         fp = normalise_fingerprint(fp)
         p = partition_of(fp, self.params.partitions)
+        args: list[Any] = [fp]
+        if window is not None:
+            args.append(self.params.window_flag(window))
         call = ScriptCall(_ADD[self.params.backend, self.params.windowed],
-                          [keys.state_key(self.key, p)], [fp])
+                          [keys.state_key(self.key, p)], args)
         return bool(self.run_scripts([call])[0] == b"1")
 
     def run_scripts(self, calls: Sequence[ScriptCall], **options: Any) -> list[Any]:
@@ -224,17 +238,23 @@ class BloomFilter:
         """
         self.params = self._open(self.params, rewrite_partitions=True)
 
-    def add_many(self, fps: Sequence[bytes | str]) -> list[bool]:
-        """Add fingerprints; one atomic call per partition touched, in one round trip."""
-        return self._batched(_ADD[self.params.backend, self.params.windowed], fps)
+    def add_many(self, fps: Sequence[bytes | str],
+                 windows: Sequence[str | None] | None = None) -> list[bool]:
+        """Add fingerprints; one atomic call per partition touched, in one round trip.
+        ``windows``: each one's named revisit window (see :meth:`add`)."""
+        return self._batched(_ADD[self.params.backend, self.params.windowed], fps, windows)
 
     def __contains__(self, fp: bytes | str) -> bool:
         return self.contains_many([fp])[0]
 
-    def contains_many(self, fps: Sequence[bytes | str]) -> list[bool]:
-        return self._batched(_CONTAINS[self.params.backend, self.params.windowed], fps)
+    def contains_many(self, fps: Sequence[bytes | str],
+                      windows: Sequence[str | None] | None = None) -> list[bool]:
+        """Whether each fingerprint is (probably) in the filter (in its window's ring)."""
+        return self._batched(_CONTAINS[self.params.backend, self.params.windowed], fps,
+                             windows)
 
-    def _batched(self, script: Script, fps: Sequence[bytes | str]) -> list[bool]:
+    def _batched(self, script: Script, fps: Sequence[bytes | str],
+                 windows: Sequence[str | None] | None = None) -> list[bool]:
         if not fps:
             return []
         parts = self.params.partitions
@@ -250,8 +270,15 @@ class BloomFilter:
                 groups[p] = [i]
                 blobs[p] = [fp]
         order = list(groups)
-        calls = [ScriptCall(script, [keys.state_key(self.key, p)], [b"".join(blobs[p])])
-                 for p in order]
+        if windows is None:
+            calls = [ScriptCall(script, [keys.state_key(self.key, p)], [b"".join(blobs[p])])
+                     for p in order]
+        else:
+            flag = self.params.window_flag
+            flags = [flag(name) for name in windows]
+            calls = [ScriptCall(script, [keys.state_key(self.key, p)],
+                                [b"".join(blobs[p]), "".join(flags[i] for i in groups[p])])
+                     for p in order]
         results = self.run_scripts(calls)
         out = [False] * len(fps)
         for p, answer in zip(order, results, strict=True):
@@ -269,7 +296,8 @@ class BloomFilter:
         with redis_errors(self.server):
             for p in range(self.params.partitions):
                 for pattern in (keys.chunk_pattern(self.key, p),
-                                keys.generation_pattern(self.key, p)):
+                                keys.generation_pattern(self.key, p),
+                                keys.generation_pattern(self.key, p, None)):
                     batch = list(self.server.scan_iter(match=pattern, count=1000))
                     if batch:
                         self.server.unlink(*batch)

@@ -142,8 +142,12 @@ def write_partitions(server: redis.Redis, key: str, params: FilterParams,
     }
     if params.windowed:
         # the template of the generations (bloom_window.lua): their plan, above, and
-        # the window; the live generations are listed in 'gens' as they are made
-        fields.update(period_ms=params.period_ms, generations=params.generations, gens="")
+        # the window; the live generations are listed in 'gens' as they are made. Named
+        # windows: their spans in 'windows' (0: never forgotten), each ring's in 'gens:<i>'
+        fields.update(period_ms=params.period_ms, generations=params.generations, gens="",
+                      windows=" ".join(map(str, params.window_periods_ms())))
+        for i in range(1, len(params.windows) + 1):
+            fields[keys.generations_field(i)] = ""
     for i, s in enumerate(plan):
         fields["plan:%d" % i] = "%d %d %d" % (s.capacity, s.hashes, s.blocks)
     with redis_errors(server):
@@ -160,7 +164,8 @@ def write_partitions(server: redis.Redis, key: str, params: FilterParams,
                 pipe.exists(keys.state_key(key, p))
             for p, exists in enumerate(pipe.execute()):
                 if not exists:
-                    recovered[p] = (recover_generations(server, key, p) if params.windowed
+                    recovered[p] = (recover_generations(server, key, params, p)
+                                    if params.windowed
                                     else recover_counters(server, key, params, p))
         pipe = server.pipeline(transaction=False)
         for p in range(params.partitions):
@@ -182,20 +187,30 @@ def write_partitions(server: redis.Redis, key: str, params: FilterParams,
         server.hset(keys.meta_key(key), "ready", 1)
 
 
-def recover_generations(server: redis.Redis, key: str, partition: int) -> dict[str, str]:
+def recover_generations(server: redis.Redis, key: str, params: FilterParams,
+                        partition: int) -> dict[str, str]:
     """The live generations of a windowed partition whose state was lost: those whose
-    own state is still there (a SCAN of the partition's keys, on this rare path only).
+    own state is still there, in each ring (a SCAN of the partition's keys, on this
+    rare path only).
 
     Without them the generations would never be looked in nor retired; those out of
     the window are retired by the next call.
     """
-    found = set()
-    for name in server.scan_iter(match=keys.generation_pattern(key, partition), count=1000):
-        text = name.decode() if isinstance(name, bytes) else name
-        tail = text.rsplit(":g", 1)[-1]
-        if tail.endswith(keys.STATE_SUFFIX) and tail[:-len(keys.STATE_SUFFIX)].isdigit():
-            found.add(int(tail[:-len(keys.STATE_SUFFIX)]))
-    return {"gens": " ".join(str(g) for g in sorted(found))} if found else {}
+    recovered = {}
+    for window in range(len(params.windows) + 1):
+        found = set()
+        marker = keys.generation_state_key(key, partition, 0, window)[:-len("0:state")]
+        for name in server.scan_iter(match=keys.generation_pattern(key, partition, window),
+                                     count=1000):
+            text = name.decode() if isinstance(name, bytes) else name
+            if not text.startswith(marker) or not text.endswith(keys.STATE_SUFFIX):
+                continue
+            number = text[len(marker):-len(keys.STATE_SUFFIX)]
+            if number.isdigit():
+                found.add(int(number))
+        if found:
+            recovered[keys.generations_field(window)] = " ".join(str(g) for g in sorted(found))
+    return recovered
 
 
 def recover_counters(server: redis.Redis, key: str, params: FilterParams,

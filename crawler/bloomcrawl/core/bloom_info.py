@@ -50,33 +50,43 @@ def partition_filters(server: redis.Redis, key: str, params: FilterParams,
                       states: list[dict[bytes, bytes]]
                       ) -> tuple[list[list[_Unit]], list[int]]:
     """Per partition (its state in ``states``), the growing filters it holds: itself, or
-    for a revisit window its generations still in the window at Redis's TIME; and per
+    for revisit windows the generations of every ring still in its window at Redis's
+    TIME; and per
     partition the duplicates counted by generations out of the window, not retired yet.
     """
     if not params.windowed:
         return ([[(state, functools.partial(keys.chunk_key, key, p))]
                  for p, state in enumerate(states)], [0] * len(states))
     seconds, micros = server.time()
-    current = (seconds * 1000 + micros // 1000) // params.period_ms
-    listed = [[int(g) for g in state.get(b"gens", b"").split()] for state in states]
+    now_ms = seconds * 1000 + micros // 1000
+    # every ring: the default window's (0) and the named windows' (1..)
+    rings = list(enumerate([params.period_ms, *params.window_periods_ms()]))
+    listed = [[(r, int(g)) for r, _ in rings
+               for g in state.get(keys.generations_field(r).encode(), b"").split()]
+              for state in states]
     pipe = server.pipeline(transaction=False)
     for p, gens in enumerate(listed):
-        for g in gens:
-            pipe.hgetall(keys.generation_state_key(key, p, g))
+        for r, g in gens:
+            pipe.hgetall(keys.generation_state_key(key, p, g, r))
     replies = iter(pipe.execute())
+    current = {r: now_ms // period if period else 0 for r, period in rings}
     units: list[list[_Unit]] = []
     retired_filtered = [0] * len(states)
     for p, gens in enumerate(listed):
         part: list[_Unit] = []
-        for g in gens:
+        for r, g in gens:
             generation: dict[bytes, bytes] = next(replies)
-            if g >= current - params.generations:
-                part.append((generation,
-                             functools.partial(keys.generation_chunk_key, key, p, g)))
+            if g >= current[r] - params.generations:
+                part.append((generation, functools.partial(_generation_chunk, key, p, g, r)))
             else:  # out of the window, not retired yet: only its duplicates count
                 retired_filtered[p] += int(generation.get(b"filtered", 0))
         units.append(part)
     return units, retired_filtered
+
+
+def _generation_chunk(key: str, partition: int, generation: int, window: int,
+                      slice_index: int, chunk: int) -> str:
+    return keys.generation_chunk_key(key, partition, generation, slice_index, chunk, window)
 
 
 def filter_info(server: redis.Redis, key: str, params: FilterParams) -> BloomInfo:

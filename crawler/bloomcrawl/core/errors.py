@@ -19,6 +19,10 @@ class InvalidFilterParameters(BloomFilterError, ValueError):
     """A filter parameter is out of range; raised before Redis is touched."""
 
 
+class UnknownWindow(BloomFilterError, ValueError):
+    """A request or spider names a revisit window the filter does not have."""
+
+
 class FilterMismatchError(BloomFilterError):
     """The filter stored in Redis was created with other parameters."""
 

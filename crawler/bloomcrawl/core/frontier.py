@@ -64,6 +64,8 @@ _REAP = Script("polite_common.lua", "frontier_reap.lua")
 _MIGRATE = Script("polite_common.lua", "frontier_migrate.lua")
 _STATS = Script("frontier_stats.lua")
 _START_LEASE = Script("start_lease.lua")
+#: an enqueue's decisions: ord("1") queued, ord("2") queued again after its revisit window
+_QUEUED = (49, 50)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,9 @@ class Outgoing:
     score: float
     payload: str
     host: str
+    #: the revisit window's flag (:meth:`~bloomcrawl.core.sizing.FilterParams.window_flag`):
+    #: "0" the default window
+    window: str = "0"
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,8 @@ class Exchanged:
 
     queued: int = 0
     filtered: int = 0
+    #: of those queued, how many the filter had held before their revisit window passed
+    revisited: int = 0
     leases: list[Lease] = field(default_factory=list)
     #: seconds until a host of the leased partition may be fetched (None: nothing
     #: queued; BUSY_RETRY_S: every host with work has all its slots in flight)
@@ -345,8 +352,9 @@ class Frontier:
         sent = time.monotonic()
         results = self.bloom.run_scripts(calls, recreate_filter=self._recreate_filter)
         replies = [r for r in results if isinstance(r, list)]
-        queued = sum(reply[0].count(b"1") for reply in replies)
-        done = Exchanged(queued=queued, filtered=len(outgoing) - queued)
+        revisited = sum(reply[0].count(b"2") for reply in replies)
+        queued = sum(reply[0].count(b"1") for reply in replies) + revisited
+        done = Exchanged(queued=queued, filtered=len(outgoing) - queued, revisited=revisited)
         # the filter's fingerprints each partition queued (its decisions, in the order sent)
         call_of = {p: i for i, p in enumerate(partitions[:len(partitions) - (lease_from
                                                                            is not None)])}
@@ -356,7 +364,7 @@ class Frontier:
             decisions = results[call_of[p]][0]
             done.queued_fingerprints += [e.fingerprint for e, d in zip(entries, decisions,
                                                                        strict=True)
-                                         if d == 49 and not e.dont_filter]  # ord("1")
+                                         if d in _QUEUED and not e.dont_filter]
         if peek:
             at = len(calls) - len(peek) - (lease_from is not None)
             done.peeked = {p: wait_seconds(int(ms))
@@ -383,7 +391,7 @@ class Frontier:
         if outgoing:
             script = _ENQUEUE[self.bloom.params.backend, self.bloom.params.windowed]
             args += [b"".join(e.fingerprint for e in outgoing),
-                     "".join("1" if e.dont_filter else "0" for e in outgoing)]
+                     "".join("1" if e.dont_filter else e.window for e in outgoing)]
             for e in outgoing:
                 args += [repr(e.score), e.host, e.payload]
         return ScriptCall(script, [f.state(partition), f.leases(partition), f.deadlines(partition),

@@ -67,20 +67,34 @@ def redisbloom_key(name: str, partition: int) -> str:
     return partition_tag(name, partition) + ":rb"
 
 
-def generation_state_key(name: str, partition: int, generation: int) -> str:
-    """A revisit window's generation of a partition (bloom_window.lua)."""
-    return "%s:g%d%s" % (partition_tag(name, partition), generation, STATE_SUFFIX)
+def _ring(window: int) -> str:
+    """A ring's part of its generations' names: ":g" (the default window), ":w<i>g"."""
+    return ":g" if not window else ":w%dg" % window
+
+
+def generation_state_key(name: str, partition: int, generation: int, window: int = 0) -> str:
+    """A revisit window's generation of a partition (bloom_window.lua); ``window`` 0 is
+    BLOOMFILTER_REVISIT_AFTER's ring, i the i-th named window's (1-based)."""
+    return "%s%s%d%s" % (partition_tag(name, partition), _ring(window), generation,
+                         STATE_SUFFIX)
 
 
 def generation_chunk_key(name: str, partition: int, generation: int, slice_index: int,
-                         chunk: int) -> str:
-    return "%s:g%d:s%d:c%d" % (partition_tag(name, partition), generation, slice_index, chunk)
+                         chunk: int, window: int = 0) -> str:
+    return "%s%s%d:s%d:c%d" % (partition_tag(name, partition), _ring(window), generation,
+                               slice_index, chunk)
 
 
-def generation_pattern(name: str, partition: int) -> str:
-    """SCAN pattern matching every key of a partition's revisit-window generations."""
+def generation_pattern(name: str, partition: int, window: int | None = 0) -> str:
+    """SCAN pattern matching every key of a partition's revisit-window generations: of
+    one ring, or (``window`` None) of the named windows' rings."""
     escaped = partition_tag(name, partition).replace("{", "\\{").replace("}", "\\}")
-    return escaped + ":g*"
+    return escaped + (":w*" if window is None else _ring(window) + "*")
+
+
+def generations_field(window: int) -> str:
+    """The partition state's field listing a ring's live generations."""
+    return "gens" if not window else "gens:%d" % window
 
 
 def chunk_pattern(name: str, partition: int) -> str:

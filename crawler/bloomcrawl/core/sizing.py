@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from bloomcrawl.core import defaults, keys
-from bloomcrawl.core.errors import InvalidFilterParameters
+from bloomcrawl.core.errors import InvalidFilterParameters, UnknownWindow
 
 FINGERPRINT_BYTES = 20
 BLOCK_BITS = 2048
@@ -114,9 +115,16 @@ PARTITION_BY = ("host", "fingerprint")
 #: what decides where an item's bits are and which partition (and queue) holds it: a
 #: filter stored with others is never opened
 LAYOUT_FIELDS = ("partitions", "partition_by", "block_bits", "hashing", "backend", "version",
-                 "revisit_after", "generations")
+                 "revisit_after", "generations", "windows")
 #: the most generations a revisit window keeps (each call may look in all of them)
 MAX_GENERATIONS = 64
+#: the most named revisit windows a filter has (BLOOMFILTER_REVISIT_WINDOWS): each is
+#: one letter in the scripts' flags, "a" for the first name in order
+MAX_WINDOWS = 26
+#: a named window's name: what a request's meta["revisit"] or a spider's
+#: ``revisit_window`` says; "default" is BLOOMFILTER_REVISIT_AFTER's
+WINDOW_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
+DEFAULT_WINDOW = "default"
 
 
 def allocation_bytes(size: int) -> int:
@@ -175,9 +183,14 @@ class FilterParams:
     revisit_after: float = 0
     #: the generations g a revisit window is kept in (BLOOMFILTER_GENERATIONS)
     generations: int = defaults.FILTER_GENERATIONS
+    #: named revisit windows (BLOOMFILTER_REVISIT_WINDOWS), ``(name, seconds)`` sorted by
+    #: name, 0 seconds: never forgotten. Each is a ring of generations of its own; a
+    #: request names its window, and is a duplicate only of what was queued in it
+    windows: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
-        problems = []
+        problems: list[str] = []
+        self._check_windows(problems)
         if self.backend not in BACKENDS:
             problems.append("backend must be one of %s, got %r" % (", ".join(BACKENDS),
                                                                    self.backend))
@@ -243,14 +256,15 @@ class FilterParams:
                 or not math.isfinite(self.revisit_after) or self.revisit_after < 0):
             problems.append("revisit_after must be a number of seconds >= 0, got %r"
                             % (self.revisit_after,))
-        elif self.revisit_after:
+        elif self.windowed:
             if self.backend != "bitmap":
-                problems.append("a revisit window (BLOOMFILTER_REVISIT_AFTER) needs the bitmap"
-                                " backend, got %r" % (self.backend,))
+                problems.append("a revisit window (BLOOMFILTER_REVISIT_AFTER/_WINDOWS) needs"
+                                " the bitmap backend, got %r" % (self.backend,))
             if self.bit_exponent is not None:
-                problems.append("a revisit window (BLOOMFILTER_REVISIT_AFTER) needs a growing"
-                                " filter: no BLOOMFILTER_BIT/HASH_NUMBER with it")
-            if isinstance(self.generations, int) and self.period_ms < 1:
+                problems.append("a revisit window (BLOOMFILTER_REVISIT_AFTER/_WINDOWS) needs"
+                                " a growing filter: no BLOOMFILTER_BIT/HASH_NUMBER with it")
+            if (self.revisit_after and isinstance(self.generations, int)
+                    and self.generations > 0 and self.period_ms < 1):
                 problems.append("revisit_after / generations must be at least 1 ms, got %r s"
                                 " / %r" % (self.revisit_after, self.generations))
         if (isinstance(self.generations, bool) or not isinstance(self.generations, int)
@@ -260,22 +274,78 @@ class FilterParams:
         if problems:
             raise InvalidFilterParameters("invalid Bloom filter parameters: " + "; ".join(problems))
 
+    def _check_windows(self, problems: list[str]) -> None:
+        """Named windows as one sorted tuple of pairs (JSON gives lists); their problems."""
+        raw = self.windows
+        if isinstance(raw, dict):
+            raw = tuple(raw.items())
+        try:
+            pairs = tuple(sorted((name, value) for name, value in raw))
+        except (TypeError, ValueError):
+            problems.append("windows must be (name, seconds) pairs, got %r" % (raw,))
+            return
+        object.__setattr__(self, "windows", pairs)
+        if len(pairs) > MAX_WINDOWS:
+            problems.append("at most %d named revisit windows, got %d" % (MAX_WINDOWS,
+                                                                           len(pairs)))
+        names = [name for name, _ in pairs]
+        for name, seconds in pairs:
+            if not isinstance(name, str) or not WINDOW_NAME.match(name):
+                problems.append("a revisit window's name is 1-40 letters, digits, '_', '.' or"
+                                " '-', got %r" % (name,))
+            elif name == DEFAULT_WINDOW:
+                problems.append("the window %r is BLOOMFILTER_REVISIT_AFTER's: name the"
+                                " others differently" % (DEFAULT_WINDOW,))
+            if (isinstance(seconds, bool) or not isinstance(seconds, float | int)
+                    or not math.isfinite(seconds) or seconds < 0):
+                problems.append("revisit window %r must be seconds >= 0, got %r"
+                                % (name, seconds))
+            elif seconds and isinstance(self.generations, int) and self.generations > 0 \
+                    and round(seconds * 1000 / self.generations) < 1:
+                problems.append("revisit window %r / generations must be at least 1 ms"
+                                % (name,))
+        if len(set(names)) != len(names):
+            problems.append("revisit window names must differ, got %s" % ", ".join(names))
+
     @property
     def windowed(self) -> bool:
-        """Whether items are forgotten after a revisit window."""
-        return bool(self.revisit_after)
+        """Whether requests go into rings of generations (bloom_window.lua): a revisit
+        window, or named windows."""
+        return bool(self.revisit_after or self.windows)
 
     @property
     def period_ms(self) -> int:
         """A generation's span P = W / g in milliseconds (Redis TIME), 0 without a window."""
         return round(self.revisit_after * 1000 / self.generations)
 
+    def window_periods_ms(self) -> list[int]:
+        """The named windows' generation spans, in their order (0: never forgotten)."""
+        return [round(seconds * 1000 / self.generations) for _, seconds in self.windows]
+
+    def window_flag(self, name: str | None) -> str:
+        """The scripts' flag of a request in window ``name``: "0" the default window
+        (None or "default"), "a" the first named one... :class:`UnknownWindow` (a
+        ValueError naming the windows there are) for any other name."""
+        if name is None or name == DEFAULT_WINDOW:
+            return "0"
+        for i, (known, _) in enumerate(self.windows):
+            if known == name:
+                return chr(97 + i)
+        raise UnknownWindow(
+            "no revisit window %r: BLOOMFILTER_REVISIT_WINDOWS has %s" % (
+                name, ", ".join(repr(n) for n, _ in self.windows) or "none"))
+
+    def shortest_window(self) -> float:
+        """The shortest revisit window in seconds that forgets (0: nothing forgets)."""
+        spans = [w for w in (self.revisit_after, *(s for _, s in self.windows)) if w]
+        return min(spans, default=0.0)
+
     def generation_params(self) -> FilterParams:
         """What each generation of a revisit window is sized as: a growing filter at
         ``error_rate / (g + 1)``, so the g + 1 generations a lookup may meet compound
-        to at most ``error_rate``."""
+        to at most ``error_rate``. Every window's generations share this plan."""
         return replace(self, error_rate=self.error_rate / (self.generations + 1),
-                       revisit_after=0, generations=defaults.FILTER_GENERATIONS)
+                       revisit_after=0, generations=defaults.FILTER_GENERATIONS, windows=())
 
     @classmethod
     def fixed(cls, bit_exponent: int, hashes: int, **kwargs: Any) -> FilterParams:

@@ -123,6 +123,27 @@ def get_duration(settings: BaseSettings, name: str, default: float) -> float:
         raise SettingError("%s %r: %s" % (name, raw, exc)) from exc
 
 
+def get_windows(settings: BaseSettings, name: str) -> tuple[tuple[str, float], ...]:
+    """Named revisit windows: a dict (or its JSON) of name -> duration
+    (:func:`parse_duration`; 0 or "never": never forgotten), sorted by name."""
+    raw = settings.get(name)
+    if raw is None or raw == "" or raw == {}:
+        return ()
+    try:
+        windows = settings.getdict(name)
+    except (ValueError, TypeError) as exc:
+        raise SettingError("%s %r: expected a dict of window name to duration, such as"
+                           " {\"listing\": \"1h\", \"article\": \"never\"}" % (name, raw)
+                           ) from exc
+    out = []
+    for window, duration in windows.items():
+        try:
+            out.append((window, parse_duration(duration)))
+        except ValueError as exc:
+            raise SettingError("%s window %r: %r: %s" % (name, window, duration, exc)) from exc
+    return tuple(sorted(out))
+
+
 def redis_from_settings(settings: BaseSettings) -> Any:
     """A client for REDIS_URL or REDIS_CLUSTER_NODES (plus REDIS_PARAMS), checked with a PING."""
     nodes = settings.get("REDIS_CLUSTER_NODES")
@@ -176,6 +197,8 @@ class FilterConfig:
     revisit_after: float = defaults.FILTER_REVISIT_AFTER
     #: BLOOMFILTER_GENERATIONS: a revisit window forgets W to W (1 + 1/g) after
     generations: int = defaults.FILTER_GENERATIONS
+    #: BLOOMFILTER_REVISIT_WINDOWS: named windows, (name, seconds) sorted by name
+    windows: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str | None = None) -> FilterConfig:
@@ -218,6 +241,7 @@ class FilterConfig:
                                        defaults.FILTER_REVISIT_AFTER),
             generations=get_int(settings, "BLOOMFILTER_GENERATIONS",
                                 defaults.FILTER_GENERATIONS, 1),
+            windows=get_windows(settings, "BLOOMFILTER_REVISIT_WINDOWS"),
         )
         config.check()
         return config
@@ -230,7 +254,7 @@ class FilterConfig:
                                       growth=self.growth,
                                       tightening=tightening, backend=concrete,
                                       revisit_after=self.revisit_after,
-                                      generations=self.generations)
+                                      generations=self.generations, windows=self.windows)
         try:
             if self.bit_exponent is not None and self.hashes is not None:
                 FilterParams.fixed(self.bit_exponent, self.hashes, **common)
@@ -238,6 +262,11 @@ class FilterConfig:
                 FilterParams(capacity=self.capacity, error_rate=self.error_rate, **common)
         except InvalidFilterParameters as exc:
             raise SettingError("BLOOMFILTER_* settings: %s" % exc) from exc
+
+    def shortest_window(self) -> float:
+        """The shortest revisit window in seconds that forgets (0: nothing forgets)."""
+        return min((w for w in (self.revisit_after, *(s for _, s in self.windows)) if w),
+                   default=0.0)
 
     def key(self, spider: str) -> str:
         try:
@@ -256,7 +285,7 @@ class FilterConfig:
             growth=self.growth, tightening=self.tightening, bit_exponent=self.bit_exponent,
             hashes=self.hashes, backend=self.backend, partition_by=self.partition_by,
             strict_params=self.strict_params, revisit_after=self.revisit_after,
-            generations=self.generations)
+            generations=self.generations, windows=dict(self.windows))
 
 
 def default_partitions(server: Any, key: str) -> int:

@@ -16,6 +16,7 @@ from scrapy.dupefilters import BaseDupeFilter
 from bloomcrawl.core.bloom import normalise_fingerprint
 from bloomcrawl.core.politeness import filter_fingerprint, host_of
 from bloomcrawl.crawl.config import FilterConfig, redis_from_settings
+from bloomcrawl.crawl.windows import RevisitWindows
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -43,6 +44,7 @@ class RedisBloomDupeFilter(BaseDupeFilter):
         *,
         debug: bool = False,
         stats: StatsCollector | None = None,
+        spider: Spider | None = None,
     ) -> None:
         self.bloom = bloomfilter
         self.server = bloomfilter.server
@@ -51,6 +53,8 @@ class RedisBloomDupeFilter(BaseDupeFilter):
         self.debug = debug
         self.stats = stats
         self.logdupes = True
+        #: which revisit window a request goes in (meta["revisit"], the spider's default)
+        self.windows = RevisitWindows(bloomfilter.params, spider)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RedisBloomDupeFilter:
@@ -63,6 +67,7 @@ class RedisBloomDupeFilter(BaseDupeFilter):
             crawler.request_fingerprinter,
             debug=settings.getbool("DUPEFILTER_DEBUG"),
             stats=crawler.stats,
+            spider=crawler.spider,
         )
 
     @classmethod
@@ -71,14 +76,22 @@ class RedisBloomDupeFilter(BaseDupeFilter):
         return cls.from_crawler(spider.crawler)
 
     def request_fingerprint(self, request: Request) -> bytes:
-        """The filter's fingerprint: on a host-partitioned filter, bytes 17-20 are the host's."""
+        """The filter's fingerprint: on a host-partitioned filter, bytes 17-20 are the host's
+        (in a named revisit window, mixed with its name)."""
+        return self._fingerprint(request)[0]
+
+    def _fingerprint(self, request: Request) -> tuple[bytes, str | None]:
+        """The filter's fingerprint and the request's window (None: the default one)."""
         fp = normalise_fingerprint(self.fingerprinter.fingerprint(request))
-        return filter_fingerprint(fp, host_of(request.url), self.bloom.params.partition_by)
+        fp, flag = self.windows.fingerprint(fp, request)
+        window = None if flag == "0" else self.windows.of(request)[1]
+        return (filter_fingerprint(fp, host_of(request.url), self.bloom.params.partition_by),
+                window)
 
     def request_seen(self, request: Request) -> bool:
         if request.dont_filter:
             return False
-        seen = not self.bloom.add(self.request_fingerprint(request))
+        seen = not self.bloom.add(*self._fingerprint(request))
         if seen and self.stats is not None:
             self.stats.inc_value("bloomfilter/filtered")
         return seen
@@ -86,7 +99,10 @@ class RedisBloomDupeFilter(BaseDupeFilter):
     def requests_seen(self, requests: Sequence[Request]) -> list[bool]:
         """:meth:`request_seen` for many requests in one round trip per partition."""
         todo = [i for i, r in enumerate(requests) if not r.dont_filter]
-        answers = self.bloom.add_many([self.request_fingerprint(requests[i]) for i in todo])
+        pairs = [self._fingerprint(requests[i]) for i in todo]
+        named = any(window is not None for _, window in pairs)
+        answers = self.bloom.add_many([fp for fp, _ in pairs],
+                                      [window for _, window in pairs] if named else None)
         seen = [False] * len(requests)
         for i, new in zip(todo, answers, strict=True):
             seen[i] = not new

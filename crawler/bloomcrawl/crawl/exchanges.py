@@ -208,6 +208,11 @@ class ExchangeLoop:
         else:
             self.seen.remember((e.fingerprint for e in batch.outgoing if not e.dont_filter),
                                sent=len(batch.outgoing))
+        if done.queued:
+            self.outbox.count_later("queued", done.queued)
+        if done.revisited:
+            self.stats.inc_value("bloomcrawl/revisited", done.revisited)
+            self.outbox.count_later("revisited", done.revisited)
         if done.filtered:
             self.stats.inc_value("dupefilter/filtered", done.filtered)
             self.stats.inc_value("bloomfilter/filtered", done.filtered)

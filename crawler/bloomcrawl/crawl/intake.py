@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from bloomcrawl.crawl.pages import PageTracker
     from bloomcrawl.crawl.seen import SeenCache
     from bloomcrawl.crawl.serialization import ClassAllowList
+    from bloomcrawl.crawl.windows import RevisitWindows
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class Intake:
                  held: HeldRequests, pages: PageTracker, engine: EngineInterface,
                  stats: StatsCollector, fingerprinter: Any, spider: Spider,
                  allowed: ClassAllowList | None, partition_by: str, crawl_id: bytes,
-                 strict: bool) -> None:
+                 strict: bool, windows: RevisitWindows) -> None:
         self.loop = loop
         self.outbox = loop.outbox
         self.book = book
@@ -88,6 +89,8 @@ class Intake:
         self.crawl_id = crawl_id
         #: FRONTIER_STRICT: a request the frontier cannot share closes the spider
         self.strict = strict
+        #: which revisit window each request goes in
+        self.windows = windows
 
     def enqueue(self, request: Request) -> bool:
         """Queue a request in the shared frontier (buffered, sent with the next exchange).
@@ -112,6 +115,9 @@ class Intake:
         if dont_filter and meta.get("is_start_request") and self.crawl_id:
             fp = hashlib.sha1(b"start:" + self.crawl_id + fp).digest()
             dont_filter = False
+        window = "0"
+        if not dont_filter:
+            fp, window = self.windows.fingerprint(fp, request)
         # most links a page yields were sent before: the seen cache answers from the
         # fingerprint's own bytes, before the host is parsed out of the URL
         if not dont_filter and fp in self.seen:
@@ -126,7 +132,8 @@ class Intake:
             payload = request_to_json(request, self.spider, self.allowed)
         except UnserializableRequest as exc:
             return self._keep(request, lease, fp, dont_filter, exc)
-        buffered = outbox.add(Outgoing(fp, dont_filter, priority_score(request), payload, host))
+        buffered = outbox.add(Outgoing(fp, dont_filter, priority_score(request), payload, host,
+                                       window))
         if lease is not None:
             # a retry or redirect of a leased request: ack the original once this is queued
             self.loop.ack(lease)
@@ -144,6 +151,9 @@ class Intake:
         """Add the counts buffered since the last call to Scrapy's stats (and the shared
         ``filtered`` count to the outbox)."""
         filtered, self._filtered_here = self._filtered_here, 0
+        if self.windows.unknown:
+            self.counts.inc("bloomcrawl/unknown_revisit_window", self.windows.unknown)
+            self.windows.unknown = 0
         if filtered:
             self.outbox.count("filtered", filtered)
             self.counts.inc("dupefilter/filtered", filtered)

@@ -106,6 +106,8 @@ class Outbox:
         self._acks: dict[int, list[str]] = defaultdict(list)
         self._feedback: dict[int, Feedback] = {}
         self._counts: dict[str, int] = defaultdict(int)
+        # counts that ride with the next stats but do not call for an exchange of their own
+        self._later: dict[str, int] = defaultdict(int)
         # counts of failed exchanges, resent under their own numbers
         self._unconfirmed_stats: list[tuple[int, dict[str, int]]] = []
         # counts Redis confirmed lately: (when, number, counts)
@@ -157,6 +159,17 @@ class Outbox:
     def count(self, name: str, value: int = 1) -> None:
         """Add to a shared stat (``<spider>:stats``), sent with the next exchange."""
         self._counts[name] += value
+
+    def count_later(self, name: str, value: int = 1) -> None:
+        """:meth:`count`, sent with the next stats that go anyway: what an exchange's
+        reply counts (requests queued, revisits) starts no exchange of its own. On close,
+        :meth:`owe_later_counts` makes them owed."""
+        self._later[name] += value
+
+    def owe_later_counts(self) -> None:
+        for name, value in self._later.items():
+            self._counts[name] += value
+        self._later.clear()
 
     def feedback_for(self, partition: int) -> Feedback:
         """What this worker saw of the hosts of ``partition``, sent with the next exchange."""
@@ -231,6 +244,8 @@ class Outbox:
             due = bool(self._counts or self._outgoing or self._acks)
         if due:
             self._number += 1
+            if self._later:
+                self.owe_later_counts()
             stats.append((self._number, dict(self._counts)))
             self._counts = defaultdict(int)
             self._stats_sent_at = now

@@ -89,6 +89,7 @@ from bloomcrawl.crawl.serialization import (
     ClassAllowList,
 )
 from bloomcrawl.crawl.tools import local_scheduler, tool_command
+from bloomcrawl.crawl.windows import RevisitWindows
 
 if TYPE_CHECKING:
     import redis
@@ -147,7 +148,7 @@ class Scheduler:
         self.book = LeaseBook()
         # under a revisit window, a fingerprint is answered here for less than W (see seen)
         self.seen = SeenCache(config.seen_cache,
-                              filter_config.revisit_after / 2 or None)
+                              filter_config.shortest_window() / 2 or None)
         self.held = HeldRequests()
         # dont_filter start requests are deduplicated among the workers of one crawl
         self.crawl_id = b""
@@ -237,7 +238,8 @@ class Scheduler:
                              fingerprinter=self.fingerprinter, spider=spider,
                              allowed=self.allowed, crawl_id=self.crawl_id,
                              partition_by=frontier.bloom.params.partition_by,
-                             strict=self.config.strict)
+                             strict=self.config.strict,
+                             windows=RevisitWindows(frontier.bloom.params, spider))
         moved = frontier.migrate()
         if moved:
             logger.info("moved %d queued requests into per-host queues", moved, extra=extra)
@@ -272,6 +274,7 @@ class Scheduler:
         self.io.stop()  # from here on, Redis work runs inline
         outbox = self.loop.outbox
         outbox.settle()
+        outbox.owe_later_counts()
         frontier = self.frontier
         try:
             self.loop.send_now()

@@ -39,11 +39,15 @@ RECENT_KEY = TAG + ":recent"
 #: runs kept; older ones are deleted as new ones start
 KEEP_RUNS = 50
 RUNNING, FINISHED = "running", "finished"
-#: the counters a run reports, from the spider's shared stats
-COUNTERS = ("pages", "items", "errors", "filtered", "requeued")
+#: the counters a run reports: "new" and "revisited" split the requests the filter
+#: queued (a revisit is a URL queued again after its revisit window), the others are
+#: the spider's shared stats of the same name
+COUNTERS = ("pages", "new", "revisited", "items", "errors", "filtered", "requeued")
 _CLOSED_RE = re.compile(r"Spider closed \(([^)]*)\)")
 #: the fields of a :class:`Run` its hash holds as JSON
-_DICT_FIELDS = ("jobs", "refused", "stats_start", "stats_end", "reasons")
+_DICT_FIELDS = ("jobs", "refused", "stats_start", "stats_end", "reasons", "unreachable")
+#: how long a run waits for a job whose node does not answer (a node gone for good)
+UNREACHABLE_GIVE_UP_S = 900.0
 
 
 def run_key(run_id: str) -> str:
@@ -73,13 +77,20 @@ class Run:
     finished: float | None = None
     #: {job id: the reason its log gives (``finished``, ``shutdown``, ...) or ``unknown``}
     reasons: dict[str, str] = field(default_factory=dict)
+    #: {job id: since when (Redis TIME) its node has not answered}
+    unreachable: dict[str, float] = field(default_factory=dict)
 
     @property
     def counters(self) -> dict[str, int]:
         """What the run counted: the shared stats' growth from its start (to now, if running)."""
         end = self.stats_end
-        return {name: max(0, end.get(name, 0) - self.stats_start.get(name, 0))
-                for name in COUNTERS}
+
+        def growth(name: str) -> int:
+            return max(0, end.get(name, 0) - self.stats_start.get(name, 0))
+
+        counts = {name: growth(name) for name in COUNTERS}
+        counts["new"] = max(0, growth("queued") - counts["revisited"])
+        return counts
 
     @property
     def duration(self) -> float | None:
@@ -183,20 +194,31 @@ def finish_reason(node: scrapyd.Node, log_url: str | None) -> str:
 
 
 def check_run(client: redis.Redis, store: RunStore, run: Run,
-              nodes: Sequence[scrapyd.Node]) -> bool:
+              nodes: Sequence[scrapyd.Node], give_up_s: float = UNREACHABLE_GIVE_UP_S) -> bool:
     """Whether ``run`` is over; if it is, it is finished and saved. Else its counters so far
-    are saved."""
+    are saved. A job whose node has not answered for ``give_up_s`` (Redis's clock) ends
+    the run's wait for it, with the reason ``unreachable``."""
     found = scrapyd.job_entries(nodes, run.project, run.jobs)
     run.stats_end = shared_stats(client, run.spider)
-    if any(state in ("pending", "running", "unreachable") for state, _ in found.values()):
+    now = redis_time(client)
+    for job, (state, _) in found.items():
+        if state == "unreachable":
+            run.unreachable.setdefault(job, now)
+        else:
+            run.unreachable.pop(job, None)
+    # a node that does not answer may come back: its job is waited for, up to give_up_s
+    if any(state in ("pending", "running")
+           or (state == "unreachable" and now - run.unreachable[job] < give_up_s)
+           for job, (state, _) in found.items()):
         store.save(run)
         return False
     by_url = {node.url: node for node in nodes}
     for url, job in run.jobs.items():
         state, entry = found[job]
         run.reasons[job] = (finish_reason(by_url[url], entry.get("log_url"))
-                            if state == "finished" else "lost")
-    run.finished = redis_time(client)
+                            if state == "finished" else state if state == "unreachable"
+                            else "lost")
+    run.finished = now
     run.status = FINISHED
     store.save(run)
     return True

@@ -42,11 +42,12 @@ RUNS_PER_SCHEDULE = 5
 #: the finish reasons a run's jobs are counted by; any other is ``other``. Scrapy's own
 #: (its CloseSpider extension's included), the frontier's, and those of
 #: :func:`bloomcrawl.ops.runs.check_run` (``unknown``: no log line; ``lost``: the node
-#: forgot the job)
+#: forgot the job; ``unreachable``: the node did not answer for the run's give-up time)
 FINISH_REASONS = ("finished", "shutdown", "cancelled", "closespider_timeout",
                   "closespider_timeout_no_item", "closespider_itemcount",
                   "closespider_pagecount", "closespider_pagecount_no_item",
-                  "closespider_errorcount", "bloomfilter_full", "unknown", "lost", "other")
+                  "closespider_errorcount", "bloomfilter_full", "unknown", "lost",
+                  "unreachable", "other")
 #: a read problem as the exporter logs it: key -> the line
 Problems = dict[str, str]
 _DATA_ERRORS = (ValueError, KeyError, TypeError, AttributeError)
@@ -195,6 +196,12 @@ _RUN_GAUGES: tuple[tuple[str, str, _RunValue], ...] = (
     ("bloomcrawl_run_pages",
      "Pages the run crawled: growth of the spider's shared stats since it started (as of"
      " the timer's last look at it while it runs).", lambda r, now: r.counters["pages"]),
+    ("bloomcrawl_run_new_requests",
+     "Requests the run queued that the filter did not hold: never queued, or forgotten"
+     " more than a generation before.", lambda r, now: r.counters["new"]),
+    ("bloomcrawl_run_revisited_requests",
+     "Requests the run queued again after their revisit window.",
+     lambda r, now: r.counters["revisited"]),
     ("bloomcrawl_run_items", "Items the run scraped.", lambda r, now: r.counters["items"]),
     ("bloomcrawl_run_errors", "Requests of the run that ended in an error.",
      lambda r, now: r.counters["errors"]),

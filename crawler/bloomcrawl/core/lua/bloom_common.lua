@@ -16,6 +16,9 @@
 -- slices' plans are read on the first decide() or check().
 local state_key = KEYS[1]
 local byte, char, sub, floor = string.byte, string.char, string.sub, math.floor
+-- a revisit window's decide() marks here (index -> true) the new items it found in the
+-- generation that last left the window: queued again after their window (nil: none)
+local REVISITED = nil
 
 -- one read for the partition's parameters and its first slice; it also tells a missing
 -- partition before anything is written

@@ -8,15 +8,16 @@
 --   the fingerprints (20 bytes each), the flags, one per request: '0' filter it,
 --   '1' dont_filter (queued without touching the filter), then score, host and
 --   payload of each request
--- returns {decisions, wait, token1, payload1, ...}: decisions has one '1' (queued) or
--- '0' (duplicate) per request; wait as frontier_lease.lua's
+-- returns {decisions, wait, token1, payload1, ...}: decisions has one '1' (queued), '2'
+-- (queued again after its revisit window) or '0' (duplicate) per request; wait as
+-- frontier_lease.lua's
 return exchange(function(first)
   local keep = decide(ARGV[first], ARGV[first + 1])
   local out, by_host, hosts = {}, {}, {}
   local base = first + 2
   for j = 0, #keep - 1 do
     if keep[j + 1] then
-      out[j + 1] = '1'
+      out[j + 1] = REVISITED and REVISITED[j + 1] and '2' or '1'
       local at = base + 3 * j
       local host = ARGV[at + 1]
       local list = by_host[host]

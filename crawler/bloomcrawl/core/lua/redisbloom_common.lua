@@ -5,6 +5,8 @@
 local state_key = KEYS[1]
 local rb_key = string.sub(state_key, 1, -7) .. ':rb'
 local byte, sub = string.byte, string.sub
+-- as bloom_common.lua's: RedisBloom has no revisit window, so never set
+local REVISITED = nil
 if redis.call('EXISTS', rb_key) == 0 then
   return redis.error_reply('BLOOMCRAWL_NOFILTER no filter partition at ' .. rb_key)
 end

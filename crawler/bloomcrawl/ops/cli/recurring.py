@@ -19,7 +19,6 @@ from bloomcrawl.ops.cluster.state import Paths
 from bloomcrawl.ops.console import OpsError, say
 from bloomcrawl.ops.runs import RUNNING, RunStore, shared_stats
 from bloomcrawl.ops.schedules import Schedule, ScheduleStore, redis_time, spec_from_options
-from bloomcrawl.ops.timer import fire, run_timer
 
 ACTIONS = ("list", "pause", "resume", "remove", "run-now")
 
@@ -91,6 +90,8 @@ def cmd_schedules(args: argparse.Namespace, paths: Paths) -> int:
         say("removed %s (its runs stay in `bloomcrawl runs`)" % args.name)
     else:
         schedule = store.get(args.name)
+        from bloomcrawl.ops.timer import fire  # the timer builds on the cli's job options
+
         outcome = fire(client, target, schedule, redis_time(client), manual=True)
         outcome["timer"] = "run-now"
         store.record(args.name, outcome)
@@ -140,6 +141,8 @@ def cmd_timer(args: argparse.Namespace, paths: Paths) -> int:
     options = TargetOptions.from_args(args)
     # the nodes are asked for at each firing: a scaled cluster has others
     redis_target = resolve_target(paths, options, need_nodes=False, need_redis=True)
+    from bloomcrawl.ops.timer import run_timer
+
     return run_timer(redis_target.redis(),
                      lambda: resolve_target(paths, options, need_nodes=True, need_redis=True),
                      args.interval)
