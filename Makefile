@@ -15,6 +15,10 @@ URL ?=
 SERVICE ?=
 # REDIS=cluster: a six-node Redis Cluster (docker-compose.cluster.yml) instead of one redis-server
 REDIS ?=
+# SWARM=1: a Docker Swarm stack (docker-compose.swarm.yml; the default on a swarm manager);
+# SWARM=0: docker-compose even on a manager
+SWARM ?=
+CLUSTER_KIND = $(if $(filter 1,$(SWARM)),--swarm)$(if $(filter 0,$(SWARM)),--docker)
 .PHONY: up down scale deploy crawl demo status logs e2e
 
 help:
@@ -67,8 +71,8 @@ bench: venv system-deps ## benchmarks: side-by-side ratios against the seeds' re
 	$(PY) bench/scale.py
 	$(PY) bench/politeness.py
 
-up: venv ## start the cluster with WORKERS=N workers (docker-compose; local processes without Docker); REDIS=cluster: on a Redis Cluster
-	$(BLOOMCRAWL) up --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS))
+up: venv ## start the cluster with WORKERS=N workers (docker-compose; a Swarm stack on a manager; local processes without Docker); REDIS=cluster: on a Redis Cluster
+	$(BLOOMCRAWL) up --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS)) $(CLUSTER_KIND)
 
 down: venv ## stop the cluster and delete its data (KEEP_DATA=1 keeps it)
 	$(BLOOMCRAWL) down $(if $(KEEP_DATA),--keep-data)
@@ -86,7 +90,7 @@ crawl: venv ## crawl URL=... with SPIDER=site on every worker
 	$(BLOOMCRAWL) crawl --spider $(SPIDER) $(URL)
 
 demo: venv ## up, deploy, crawl the demo site, print progress until done, then a summary
-	$(BLOOMCRAWL) demo --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS))
+	$(BLOOMCRAWL) demo --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS)) $(CLUSTER_KIND)
 
 status: venv ## nodes, jobs, queue, leases, filter fill and estimated false-positive rate
 	$(BLOOMCRAWL) status

@@ -20,11 +20,13 @@ processes) is :mod:`bloomcrawl.ops.cluster`; scrapyd is reached through
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import redis
 
 from bloomcrawl.core.errors import BloomcrawlError
+from bloomcrawl.ops.cli.cluster import in_stack, run_in_stack
 from bloomcrawl.ops.cli.parser import build_parser
 from bloomcrawl.ops.cluster.state import Paths
 from bloomcrawl.ops.console import warn
@@ -50,9 +52,13 @@ def failure_line(exc: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     paths = Paths.from_environment()
     try:
+        if in_stack(args, paths):
+            # a Swarm stack publishes nothing: the command runs on its network
+            return run_in_stack(args, paths, argv)
         return int(args.func(args, paths))
     except (BloomcrawlError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
         warn(f"bloomcrawl {args.command}: {failure_line(exc)}")
