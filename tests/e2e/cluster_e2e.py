@@ -31,11 +31,12 @@ network namespaces, each with its own dockerd, joined into one swarm
     built there and loaded on the two other nodes, the stack running with a
     worker on each node, Redis on the labelled node, nothing published.
 13. ``make deploy`` reaches the three replicas; ``make status`` lists each
-    replica with its node.
+    replica with its node; ``make logs`` shows the workers of every node.
 14. ``make demo``: every page exactly once, pages crawled on all three nodes.
 15. A second crawl; one worker node dies mid-crawl (its link down, its dockerd,
     containerd and containers killed): its task moves to a live node, every page
-    is still crawled, and ``make deploy`` reaches the rescheduled replica.
+    is still crawled, and ``make deploy`` reaches the rescheduled replica at its
+    new address.
 16. The node comes back; ``make scale WORKERS=4``, then ``make deploy`` reaches 4.
 17. Prometheus, on the manager, has the exporter's metrics.
 18. ``make down`` leaves no container, network or volume on any node; then the

@@ -68,6 +68,21 @@ def running_workers() -> dict[str, str]:
             if t["CurrentState"].startswith("Running")}
 
 
+def worker_addresses() -> dict[str, str]:
+    """{task name: its address on the stack's network} of the worker tasks running now."""
+    ids = docker("service", "ps", "%s_worker" % STACK, "--filter", "desired-state=running",
+                 "-q", "--no-trunc").stdout.split()
+    found = {}
+    for task in json.loads(docker("inspect", "--type", "task", *ids).stdout) if ids else []:
+        if task["Status"]["State"] != "running":
+            continue
+        for attachment in task.get("NetworksAttachments") or []:
+            if attachment["Network"]["Spec"]["Name"] == "%s_default" % STACK:
+                found["%s_worker.%d" % (STACK, task["Slot"])] = (
+                    attachment["Addresses"][0].split("/")[0])
+    return found
+
+
 def in_stack(code: str, *args: str, timeout: float = 60) -> str:
     """Python ``code`` in a container on the stack's network (on the manager): its stdout."""
     result = docker("run", "--rm", "--network", "%s_default" % STACK, "bloomcrawl/worker:latest",
@@ -147,7 +162,13 @@ def check_deploy() -> str:
         row = next((line for line in status.splitlines() if line.startswith(name + " ")), "")
         assert row.split()[1:2] == [node], "make status has no row %s on %s:\n%s" % (
             name, node, status[-1500:])
-    return "deployed to all 3 replicas; make status lists each with its node"
+    logs = e2e.make("logs", "SERVICE=worker", timeout=120)
+    # docker service logs names each line's task and node: <task>.<id>@<node>
+    nodes = {h for h in HOSTS if "@%s " % h in logs or "@%s\t" % h in logs}
+    assert nodes == set(HOSTS), "make logs SERVICE=worker shows nodes %s:\n%s" % (
+        sorted(nodes), logs[-800:])
+    return "deployed to all 3 replicas; make status lists each with its node; make logs" \
+           " shows the workers of all 3 nodes"
 
 
 def check_demo() -> str:
@@ -208,6 +229,10 @@ def check_node_loss() -> str:
     assert moved, "no task moved: %s -> %s" % (before, after)
     out = e2e.make("deploy", timeout=180)
     assert "to 3 of 3 node(s)" in out, out[-500:]
+    addresses = worker_addresses()
+    for name in moved:
+        assert "ok   http://%s:6800:" % addresses[name] in out, (
+            "make deploy did not reach %s at %s:\n%s" % (name, addresses[name], out[-800:]))
     return ("every page crawled %.0fs after the loss; %d fetched twice (in flight on %s), %d"
             " leases requeued; %s moved to %s; make deploy reached all 3" % (
                 crawled_in, stats["duplicates"], VICTIM, requeued, ", ".join(moved),
