@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from test_compose_redis_cluster import compose_config
 
-from bloomcrawl.ops.cli.cluster import IN_STACK_COMMANDS, in_stack
 from bloomcrawl.ops.cli.parser import build_parser
+from bloomcrawl.ops.cli.stack import IN_STACK_COMMANDS, in_stack
 from bloomcrawl.ops.cluster.state import Cluster, Paths, save_cluster
 from bloomcrawl.ops.cluster.swarm import IN_STACK_ENV
 

@@ -10,6 +10,7 @@ that other commands call too (``demo`` is ``up``, ``deploy``, ``schedule``,
   ``runs``, ``timer``
 * :mod:`~bloomcrawl.ops.cli.status`: ``status``, ``filter-info``, a crawl's progress
 * :mod:`~bloomcrawl.ops.cli.demo`: ``demo``
+* :mod:`~bloomcrawl.ops.cli.stack`: which commands run on a Swarm stack's network
 * :mod:`~bloomcrawl.ops.cli.parser`: the command line;
   :mod:`~bloomcrawl.ops.cli.target`: where the cluster a command acts on is
 
@@ -26,8 +27,8 @@ from collections.abc import Sequence
 import redis
 
 from bloomcrawl.core.errors import BloomcrawlError
-from bloomcrawl.ops.cli.cluster import in_stack, run_in_stack
 from bloomcrawl.ops.cli.parser import build_parser
+from bloomcrawl.ops.cli.stack import in_stack, run_in_stack
 from bloomcrawl.ops.cluster.state import Paths
 from bloomcrawl.ops.console import warn
 
