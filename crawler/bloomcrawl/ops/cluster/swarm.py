@@ -275,7 +275,7 @@ class Swarm:
             if follow:
                 cmd.append("--follow")
             say(f"==> {self.service(name)} <==")
-            run([*cmd, self.service(name)], check=False)
+            run([*cmd, self.service(name)], check=False, timeout=None if follow else 120)
 
     def down(self, *, keep_data: bool, timeout: float = DOWN_TIMEOUT) -> None:
         """``docker stack rm``, then wait until its tasks and network are gone everywhere;
