@@ -158,6 +158,7 @@ def check_deploy() -> str:
     out = e2e.make("deploy", timeout=180)
     assert "to 3 of 3 node(s)" in out, out[-500:]
     status = e2e.make("status", timeout=120)
+    assert "cluster: swarm" in status and "nodes: 3 of 3 up" in status, status[-1500:]
     for name, node in running_workers().items():
         row = next((line for line in status.splitlines() if line.startswith(name + " ")), "")
         assert row.split()[1:2] == [node], "make status has no row %s on %s:\n%s" % (
