@@ -19,6 +19,10 @@ REDIS ?=
 REDIS_BIND ?=
 # INSECURE=1: allow plain text (redis://, http://) to addresses off this machine
 INSECURE ?=
+# SWARM=1: a Docker Swarm stack (docker-compose.swarm.yml; the default on a swarm manager);
+# SWARM=0: docker-compose even on a manager
+SWARM ?=
+CLUSTER_KIND = $(if $(filter 1,$(SWARM)),--swarm)$(if $(filter 0,$(SWARM)),--docker)
 .PHONY: up down scale deploy crawl demo status logs e2e certs worker-host
 
 help:
@@ -71,9 +75,9 @@ bench: venv system-deps ## benchmarks: side-by-side ratios against the seeds' re
 	$(PY) bench/scale.py
 	$(PY) bench/politeness.py
 
-up: venv ## start the cluster with WORKERS=N workers (docker-compose; local processes without Docker); REDIS=cluster: on a Redis Cluster; REDIS_BIND=addr: Redis for worker hosts too
+up: venv ## start the cluster with WORKERS=N workers (docker-compose; a Swarm stack on a manager; local processes without Docker); REDIS=cluster: on a Redis Cluster; REDIS_BIND=addr: Redis for worker hosts too
 	$(BLOOMCRAWL) $(if $(INSECURE),--insecure) up --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS)) \
-		$(if $(REDIS_BIND),--redis-bind $(REDIS_BIND))
+		$(if $(REDIS_BIND),--redis-bind $(REDIS_BIND)) $(CLUSTER_KIND)
 
 # certificates: the CA (once) and NAME's certificate for HOSTS, in .run/certs (never committed)
 CERTS_DIR ?= .run/certs
@@ -105,7 +109,7 @@ crawl: venv ## crawl URL=... with SPIDER=site on every worker
 	$(BLOOMCRAWL) crawl --spider $(SPIDER) $(URL)
 
 demo: venv ## up, deploy, crawl the demo site, print progress until done, then a summary
-	$(BLOOMCRAWL) demo --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS))
+	$(BLOOMCRAWL) demo --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS)) $(CLUSTER_KIND)
 
 status: venv ## nodes, jobs, queue, leases, filter fill and estimated false-positive rate
 	$(BLOOMCRAWL) status
@@ -113,5 +117,5 @@ status: venv ## nodes, jobs, queue, leases, filter fill and estimated false-posi
 logs: venv ## recent logs of the cluster (SERVICE=worker for one service)
 	$(BLOOMCRAWL) logs $(SERVICE)
 
-e2e: venv ## the cluster in real containers: up, deploy, crawls, a killed worker, Prometheus, a Redis Cluster, down (E2E_CASES=single,cluster)
+e2e: venv ## the cluster in real containers: up, deploy, crawls, a killed worker, Prometheus, a Redis Cluster, a Swarm of 3 simulated hosts, down (E2E_CASES=single,cluster,swarm)
 	tests/e2e/run.sh

@@ -10,6 +10,7 @@ that other commands call too (``demo`` is ``up``, ``deploy``, ``schedule``,
   ``runs``, ``timer``
 * :mod:`~bloomcrawl.ops.cli.status`: ``status``, ``filter-info``, a crawl's progress
 * :mod:`~bloomcrawl.ops.cli.demo`: ``demo``
+* :mod:`~bloomcrawl.ops.cli.stack`: which commands run on a Swarm stack's network
 * :mod:`~bloomcrawl.ops.cli.parser`: the command line;
   :mod:`~bloomcrawl.ops.cli.target`: where the cluster a command acts on is
 
@@ -21,6 +22,7 @@ processes) is :mod:`bloomcrawl.ops.cluster`; scrapyd is reached through
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 
 import redis
@@ -28,6 +30,7 @@ import redis
 from bloomcrawl.core.connection import INSECURE_ENV
 from bloomcrawl.core.errors import BloomcrawlError
 from bloomcrawl.ops.cli.parser import build_parser
+from bloomcrawl.ops.cli.stack import in_stack, run_in_stack
 from bloomcrawl.ops.cluster.state import Paths
 from bloomcrawl.ops.console import warn
 
@@ -52,12 +55,16 @@ def failure_line(exc: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     paths = Paths.from_environment()
     if args.insecure:
         # for this command and every process it starts (the workers' jobs)
         os.environ[INSECURE_ENV] = "1"
     try:
+        if in_stack(args, paths):
+            # a Swarm stack publishes nothing: the command runs on its network
+            return run_in_stack(args, paths, argv)
         return int(args.func(args, paths))
     except (BloomcrawlError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
         warn(f"bloomcrawl {args.command}: {failure_line(exc)}")

@@ -1,11 +1,12 @@
 """``up``, ``down``, ``scale``, ``logs``, ``nodes``: the cluster's lifecycle.
 
 ``up`` starts the cluster with docker-compose when a Docker engine answers,
-and otherwise as local processes on 127.0.0.1
-(:class:`~bloomcrawl.ops.cluster.local.LocalCluster`); either way it records
-the cluster in the state directory, where the other commands find it. With
-``--redis cluster`` (compose only) the cluster runs on a six-node Redis
-Cluster (``docker-compose.cluster.yml``).
+as a Docker Swarm stack when that engine is a swarm manager
+(:class:`~bloomcrawl.ops.cluster.swarm.Swarm`), and otherwise as local
+processes on 127.0.0.1 (:class:`~bloomcrawl.ops.cluster.local.LocalCluster`);
+either way it records the cluster in the state directory, where the other
+commands find it. With ``--redis cluster`` (compose only) the cluster runs on
+a six-node Redis Cluster (``docker-compose.cluster.yml``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from bloomcrawl.ops.cluster.state import (
     load_cluster,
     save_cluster,
 )
+from bloomcrawl.ops.cluster.swarm import WORKER_SERVICE, Swarm, swarm_manager
 from bloomcrawl.ops.console import OpsError, say
 
 DEFAULT_WORKERS = 3
@@ -61,7 +63,8 @@ ALL_PROFILES = ("demo", "grafana")
 
 def up(paths: Paths, workers: int, *, mode: str | None = None, demo: bool = False,
        build: bool = False, redis: str | None = None, redis_bind: str = "") -> int:
-    """Start the cluster: ``mode`` ``docker``, ``local``, or ``None`` (docker when it answers).
+    """Start the cluster: ``mode`` ``docker`` (compose), ``swarm``, ``local``, or ``None``:
+    swarm when the engine is a swarm manager, docker when an engine answers, else local.
 
     ``redis``: ``single`` (one redis-server), ``cluster`` (a six-node Redis
     Cluster; compose only), or ``None``: ``single``. A cluster already up keeps
@@ -98,9 +101,12 @@ def up(paths: Paths, workers: int, *, mode: str | None = None, demo: bool = Fals
     if redis == REDIS_CLUSTER and mode == "local":
         raise OpsError("a Redis Cluster runs in containers only (docker-compose): start"
                        " a Docker engine, or run without REDIS=cluster")
+    if redis == REDIS_CLUSTER and mode == "swarm":
+        raise OpsError("the Swarm stack runs one Redis: run without REDIS=cluster, or"
+                       " with SWARM=0 for the compose Redis Cluster")
     if mode is None:
         if docker_reachable():
-            mode = "docker"
+            mode = "swarm" if redis != REDIS_CLUSTER and swarm_manager() else "docker"
         elif redis == REDIS_CLUSTER:
             raise OpsError("no Docker engine is reachable, and a Redis Cluster runs in"
                            " containers only (is dockerd running?)")
@@ -108,9 +114,17 @@ def up(paths: Paths, workers: int, *, mode: str | None = None, demo: bool = Fals
             say("no Docker engine is reachable: running the cluster as local processes"
                 " on 127.0.0.1 (`make down` stops them)")
             mode = "local"
-    elif mode == "docker" and not docker_reachable():
+    elif mode in ("docker", "swarm") and not docker_reachable():
         raise OpsError("no Docker engine is reachable (is dockerd running?)")
+    elif mode == "swarm" and not swarm_manager():
+        raise OpsError("SWARM=1, but this Docker engine is not a swarm manager"
+                       " (`docker swarm init`, or run this on a manager)")
     env = ensure_env_file(paths.env_file)
+    if mode == "swarm":
+        if redis_bind:
+            raise OpsError("REDIS_BIND publishes the compose or local Redis for worker hosts;"
+                           " on a Swarm stack, workers join as swarm nodes (docs/deploy.md)")
+        return swarm_up(paths, workers, demo, build)
     if redis_bind:
         env = ensure_role_passwords(paths.env_file,
                                     [acl.password_variable(role) for role in acl.ROLES])
@@ -201,9 +215,39 @@ def write_redis_tls_dir(paths: Paths) -> None:
     users.chmod(0o644)
 
 
+def swarm_up(paths: Paths, workers: int, demo: bool, build: bool) -> int:
+    """The stack on this swarm manager: images built here and loaded on every node,
+    Redis's node labelled, ``docker stack deploy``, until every replica runs."""
+    started = time.monotonic()
+    swarm = Swarm(paths)
+    have_image = run(["docker", "image", "inspect", swarm.worker_image()], capture=True,
+                     check=False, timeout=60).returncode == 0
+    if build or not have_image:
+        run([str(paths.root / "scripts" / "build-images.sh"), str(paths.env_file)],
+            cwd=paths.root)
+        swarm = Swarm(paths)  # the images build-images.sh chose
+    nodes = swarm.nodes()
+    redis_node = swarm.label_redis_node(nodes)
+    swarm.distribute_images(nodes)
+    save_cluster(paths, Cluster("swarm", "", "", "", project_name=swarm.stack))
+    swarm.deploy(workers, demo or swarm.demo_deployed())
+    swarm.wait_ready()
+    tasks = swarm.tasks(WORKER_SERVICE)
+    say("stack %s up in %.0fs on %d node(s): %d worker(s): %s" % (
+        swarm.stack, time.monotonic() - started, len(nodes), len(tasks),
+        " ".join(f"{t.name}@{t.node}" for t in tasks)))
+    say(f"redis on {redis_node}; nothing is published: the bloomcrawl commands reach the"
+        f" stack from a container on its network {swarm.network}")
+    return 0
+
+
 def down(paths: Paths, *, keep_data: bool) -> int:
     cluster = load_cluster(paths)
-    if cluster is not None and cluster.mode in ("local", "worker-host"):
+    if cluster is not None and cluster.mode == "swarm":
+        Swarm(paths).down(keep_data=keep_data)
+        paths.cluster_file.unlink(missing_ok=True)
+        say("stack down%s" % (" (volumes kept)" if keep_data else ""))
+    elif cluster is not None and cluster.mode in ("local", "worker-host"):
         LocalCluster(paths, read_env_file(paths.env_file)).down(keep_data=keep_data)
     elif cluster is not None or (paths.env_file.is_file() and docker_reachable()):
         if not docker_reachable():
@@ -230,6 +274,13 @@ def scale(paths: Paths, workers: int) -> int:
         raise no_cluster(paths, hint="start one with `make up WORKERS=%d`" % workers)
     if cluster.mode == "local":
         return LocalCluster(paths, read_env_file(paths.env_file)).scale(workers)
+    if cluster.mode == "swarm":
+        swarm = Swarm(paths)
+        swarm.scale(workers)
+        tasks = swarm.tasks(WORKER_SERVICE)
+        say("%d worker(s): %s" % (len(tasks), " ".join(f"{t.name}@{t.node}" for t in tasks)))
+        say("new workers have no project yet: `make deploy` reaches every worker")
+        return 0
     compose = Compose(paths)
     profiles = ["grafana"] if compose.grafana else []
     compose.up_workers(workers, profiles, only_workers=True)
@@ -254,6 +305,9 @@ def logs(paths: Paths, service: str | None, *, tail: int, follow: bool) -> int:
                 lines = Path(record.log).read_text(errors="replace").splitlines()
                 say("\n".join(lines[-tail:]))
         return 0
+    if cluster is not None and cluster.mode == "swarm":
+        Swarm(paths).logs(service, tail=tail, follow=follow)
+        return 0
     cmd = ["logs", "--tail", str(tail)]
     if follow:
         cmd.append("--follow")
@@ -267,7 +321,7 @@ def logs(paths: Paths, service: str | None, *, tail: int, follow: bool) -> int:
 
 
 def cmd_up(args: argparse.Namespace, paths: Paths) -> int:
-    mode = "local" if args.local else "docker" if args.docker else None
+    mode = "local" if args.local else "docker" if args.docker else "swarm" if args.swarm else None
     return up(paths, args.workers, mode=mode, demo=args.demo, build=args.build,
               redis=args.redis, redis_bind=args.redis_bind)
 

@@ -2,7 +2,10 @@
 
 The demo site counts its hits, so the summary says whether every page was
 fetched exactly once. Locally it runs as one more process of the local
-cluster; with Docker, as the compose service ``demo``.
+cluster; with Docker, as the compose service ``demo``; on a Swarm stack, as
+its service ``demo`` on the manager, and the crawl itself is run from a
+container on the stack's network (``demo --site``, where the site and every
+worker are reached by name).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from bloomcrawl.ops.cluster.compose import Compose
 from bloomcrawl.ops.cluster.envfile import read_env_file
 from bloomcrawl.ops.cluster.local import LocalCluster
 from bloomcrawl.ops.cluster.state import Paths, load_cluster
+from bloomcrawl.ops.cluster.swarm import DEMO_URL, Swarm
 from bloomcrawl.ops.console import say
 
 #: a filter sized for the demo, so that its fill shows in status and Grafana
@@ -40,34 +44,50 @@ def site_stats(url: str) -> dict[str, Any]:
     return data
 
 
-def start_site(paths: Paths, *, workers: int, local: bool, pages: int | None,
-               delay_ms: float | None, redis: str | None = None) -> tuple[str, str]:
-    """Bring the cluster up if needed and start the demo site: (URL to crawl, URL of its stats)."""
+def start_site(paths: Paths, *, workers: int, mode: str | None, pages: int | None,
+               delay_ms: float | None, redis: str | None = None) -> tuple[str, str, str]:
+    """Bring the cluster up if needed and start the demo site: (URL to crawl, URL of its
+    stats, the cluster's mode)."""
     cluster = load_cluster(paths)
     if cluster is None or (redis and redis != cluster.redis):
-        up(paths, workers, mode="local" if local else None, redis=redis)
+        up(paths, workers, mode=mode, redis=redis)
         cluster = load_cluster(paths)
         assert cluster is not None
     env = read_env_file(paths.env_file)
+    if cluster.mode == "swarm":
+        Swarm(paths).start_demo()
+        return DEMO_URL, DEMO_URL, cluster.mode
     if cluster.mode == "docker":
         compose = Compose(paths)
         compose.run("up", "-d", "demo", profiles=["demo"])
         compose.wait_healthy(services=["demo"])
-        return COMPOSE_DEMO_URL, "http://127.0.0.1:%s/" % (env.get("DEMO_PORT") or 8000)
+        return (COMPOSE_DEMO_URL, "http://127.0.0.1:%s/" % (env.get("DEMO_PORT") or 8000),
+                cluster.mode)
     url = LocalCluster(paths, env).start_demo(cluster, pages, delay_ms)
-    return url, url
+    return url, url, cluster.mode
 
 
 #: the demo site is ours: its cluster-wide concurrency is each worker's CONCURRENT_REQUESTS
 DEMO_HOST_CONCURRENCY_PER_WORKER = 16
 
 
-def demo(paths: Paths, *, workers: int, local: bool, project: str, pages: int | None,
+def demo(paths: Paths, *, workers: int, mode: str | None, project: str, pages: int | None,
          delay_ms: float | None, max_idle: float, timeout: float,
-         redis: str | None = None) -> int:
-    """The whole demo; 1 when the deploy failed or the crawl did not end in ``timeout``."""
-    crawl_url, stats_url = start_site(paths, workers=workers, local=local, pages=pages,
-                                      delay_ms=delay_ms, redis=redis)
+         redis: str | None = None, site: str | None = None) -> int:
+    """The whole demo; 1 when the deploy failed or the crawl did not end in ``timeout``.
+
+    ``mode``: as :func:`~bloomcrawl.ops.cli.cluster.up` takes it. ``site``: the demo
+    site's URL when it runs already; nothing is started then.
+    """
+    if site is not None:
+        crawl_url = stats_url = site.rstrip("/") + "/"
+    else:
+        crawl_url, stats_url, running = start_site(paths, workers=workers, mode=mode,
+                                                   pages=pages, delay_ms=delay_ms, redis=redis)
+        if running == "swarm":
+            return Swarm(paths).run_inside([
+                "demo", "--site", crawl_url, "--project", project, "--max-idle", repr(max_idle),
+                "--timeout", repr(timeout)])
     target = resolve_target(paths, need_nodes=True)
     if deploy_project(paths, target, project) != 0:
         return 1
@@ -105,6 +125,8 @@ def demo(paths: Paths, *, workers: int, local: bool, project: str, pages: int | 
 
 
 def cmd_demo(args: argparse.Namespace, paths: Paths) -> int:
-    return demo(paths, workers=args.workers, local=args.local, project=args.project,
+    mode = ("local" if args.local else "docker" if args.docker else "swarm" if args.swarm
+            else None)
+    return demo(paths, workers=args.workers, mode=mode, project=args.project,
                 pages=args.pages, delay_ms=args.delay_ms, max_idle=args.max_idle,
-                timeout=args.timeout, redis=args.redis)
+                timeout=args.timeout, redis=args.redis, site=args.site)

@@ -67,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=cluster.DEFAULT_WORKERS)
     group = p.add_mutually_exclusive_group()
     group.add_argument("--local", action="store_true", help="local processes even with Docker")
-    group.add_argument("--docker", action="store_true", help="fail without a Docker engine")
+    group.add_argument("--docker", action="store_true", help="docker-compose (even on a swarm"
+                       " manager); fail without a Docker engine")
+    group.add_argument("--swarm", action="store_true", help="a Docker Swarm stack (the"
+                       " default on a swarm manager); fail unless this engine is a manager")
     p.add_argument("--demo", action="store_true", help="start the demo site too")
     p.add_argument("--build", action="store_true", help="rebuild the worker image")
     _add_redis_kind(p)
@@ -156,7 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     # --- the demo (cli/demo.py)
     p = sub.add_parser("demo", help="up, deploy, crawl the demo site, print progress, summary")
     p.add_argument("--workers", type=int, default=cluster.DEFAULT_WORKERS)
-    p.add_argument("--local", action="store_true")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--local", action="store_true")
+    group.add_argument("--docker", action="store_true", help="docker-compose, even on a swarm"
+                       " manager")
+    group.add_argument("--swarm", action="store_true", help="a Docker Swarm stack")
+    p.add_argument("--site", help="crawl the demo site already running at this URL (its"
+                   " /__stats counts the hits) and start nothing")
     p.add_argument("--project", default=jobs.DEFAULT_PROJECT)
     p.add_argument("--pages", type=int, help="local mode: pages of the demo site")
     p.add_argument("--delay-ms", type=float, help="local mode: response delay")

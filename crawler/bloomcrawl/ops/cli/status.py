@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import time
 from collections.abc import Sequence
 
@@ -21,6 +22,7 @@ from bloomcrawl.core.connection import REDIS_ERRORS, describe_redis, is_cluster
 from bloomcrawl.ops import inspection, scrapyd
 from bloomcrawl.ops.cli.target import Target, TargetOptions, resolve_target
 from bloomcrawl.ops.cluster.state import Paths
+from bloomcrawl.ops.cluster.swarm import IN_STACK_ENV
 from bloomcrawl.ops.console import OpsError, say, warn
 
 WATCH_INTERVAL = 2.0
@@ -91,7 +93,10 @@ def status(target: Target) -> int:
 
     Redis out of reach raises (its line names the server) once the nodes are printed.
     """
-    mode = target.cluster.mode if target.cluster else "not recorded (using REDIS_URL / --nodes)"
+    mode = (target.cluster.mode if target.cluster
+            else "swarm (seen from a container on the stack's network)"
+            if os.environ.get(IN_STACK_ENV)
+            else "not recorded (using REDIS_URL / --nodes)")
     say(f"cluster: {mode}")
     nodes = scrapyd.node_statuses(target.nodes)
     up = sum(1 for n in nodes if n.up)

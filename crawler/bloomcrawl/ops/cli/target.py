@@ -1,7 +1,8 @@
 """The cluster a command acts on: Redis, the scrapyd nodes and their credentials.
 
 Each comes from the command line when given there, else from the environment
-(``REDIS_URL``, ``SCRAPYD_NODES``, ``SCRAPYD_USERNAME``, ``SCRAPYD_PASSWORD``),
+(``REDIS_URL``, ``SCRAPYD_NODES``, ``SCRAPYD_SERVICE``, ``SCRAPYD_USERNAME``,
+``SCRAPYD_PASSWORD``),
 else from the cluster ``up`` recorded and its ``.env``. With none of these, a
 command that needs Redis or the nodes fails with :func:`no_cluster`'s line,
 saying how to start one; never with a guess at a server that may be someone
@@ -160,11 +161,12 @@ def resolve_target(paths: Paths, options: TargetOptions | None = None, *,
         urls = _split(options.nodes)
     elif os.environ.get("SCRAPYD_NODES"):
         urls = _split(os.environ["SCRAPYD_NODES"])
-    elif options.scrapyd_service:
+    elif options.scrapyd_service or os.environ.get("SCRAPYD_SERVICE"):
+        service = options.scrapyd_service or os.environ["SCRAPYD_SERVICE"]
         try:
-            urls = scrapyd.resolve_service(options.scrapyd_service)
+            urls = scrapyd.resolve_service(service)
         except OSError as exc:
-            raise OpsError(f"scrapyd service {options.scrapyd_service!r}: {exc}") from exc
+            raise OpsError(f"scrapyd service {service!r}: {exc}") from exc
     elif cluster is not None and need_nodes:
         urls = compose.worker_urls() if compose is not None else cluster.scrapyd_urls()
         recorded = True

@@ -1,6 +1,7 @@
 """Where the cluster runs from, and what ``up`` recorded about it (``.run/cluster.json``).
 
-The record says how the cluster runs (``docker`` or ``local``), on which Redis
+The record says how the cluster runs (``docker``: compose; ``swarm``: a Docker
+Swarm stack; or ``local``), on which Redis
 (``single``, or ``cluster``: the compose Redis Cluster of
 ``docker-compose.cluster.yml``), its ports and, for a local cluster, every
 process it started (pid and start time, so that ``down`` stops exactly those).
@@ -57,6 +58,11 @@ class Paths:
         return self.root / "docker-compose.cluster.yml"
 
     @property
+    def swarm_stack_file(self) -> Path:
+        """The stack ``up`` deploys on a Docker Swarm manager."""
+        return self.root / "docker-compose.swarm.yml"
+
+    @property
     def cluster_file(self) -> Path:
         return self.state_dir / "cluster.json"
 
@@ -88,7 +94,7 @@ class Paths:
 class Cluster:
     """What the commands need to reach a running cluster."""
 
-    mode: str  # "docker" or "local"
+    mode: str  # "docker", "swarm" or "local"
     redis_url: str
     username: str
     password: str
@@ -146,6 +152,9 @@ def load_cluster(paths: Paths) -> Cluster | None:
             # (Target.redis maps their announced names to their published ports)
             url = cluster_redis_url(
                 [int(env.get("REDIS_PORT") or DEFAULT_REDIS_PORT)], env.get("REDIS_PASSWORD", ""))
+        elif data["mode"] == "swarm":
+            # inside the stack's network only: its commands run there (ops/cluster/swarm.py)
+            url = ""
         elif data["mode"] == "docker":
             url = redis_url(int(env.get("REDIS_PORT") or DEFAULT_REDIS_PORT),
                             env.get("REDIS_PASSWORD", ""))
