@@ -17,6 +17,7 @@ from collections import Counter
 import redis
 
 from kit.changing_site import ChangingSite
+from kit.redis import redis_now
 from kit.wait import wait_until
 from kit.workers import WorkerPool, check_exits, run_workers
 
@@ -29,10 +30,6 @@ BEFORE_BOUND = 12.0
 #: a page's links are queued after it was fetched: at most this long after, here
 PARSE_S = 1.0
 
-
-def redis_now(client: redis.Redis) -> float:
-    seconds, micros = client.time()
-    return float(seconds + micros / 1e6)
 
 
 def crawl_run(pool: WorkerPool, redis_url: str, client: redis.Redis, site: ChangingSite,

@@ -24,6 +24,7 @@ from bloomcrawl.crawl.seen import SeenCache
 from bloomcrawl.ops.inspection import partition_fill
 
 from kit.data import fingerprints, outgoing
+from kit.redis import redis_now, wait_for_redis_time
 from kit.wait import wait_until
 
 WINDOW = 2.0
@@ -39,14 +40,6 @@ def windowed(client: redis.Redis, partitions: int = 2, **options: object) -> Blo
     return BloomFilter(client, KEY, **settings)  # type: ignore[arg-type]
 
 
-def redis_now(client: redis.Redis) -> float:
-    seconds, micros = client.time()
-    return float(seconds + micros / 1e6)
-
-
-def wait_for_redis_time(client: redis.Redis, t: float) -> None:
-    wait_until(lambda: redis_now(client) >= t, timeout=t - redis_now(client) + 5,
-               what="Redis TIME past %.3f" % t)
 
 
 def generation_of(client: redis.Redis, bf: BloomFilter) -> int:

@@ -20,6 +20,7 @@ import redis
 from kit import TESTS
 from kit.changing_site import ChangingSite
 from kit.checks import shared_stats
+from kit.redis import redis_now
 from kit.wait import wait_until
 from kit.workers import WorkerPool, check_exits, run_workers
 
@@ -32,10 +33,6 @@ BOUND = LISTING * (1 + 1 / GENERATIONS)
 #: a page's links are queued after it was fetched: at most this long after, here
 PARSE_S = 1.0
 
-
-def redis_now(client: redis.Redis) -> float:
-    seconds, micros = client.time()
-    return float(seconds + micros / 1e6)
 
 
 def news_run(pool: WorkerPool, redis_url: str, client: redis.Redis, site: ChangingSite,

@@ -26,6 +26,7 @@ from bloomcrawl.ops.inspection import partition_fill
 
 from kit.cluster import RedisClusterProcesses
 from kit.data import fingerprints, outgoing
+from kit.redis import redis_now, wait_for_redis_time
 from kit.wait import wait_until
 
 KEY = "t:bloomfilter"
@@ -35,14 +36,6 @@ BOUND = LISTING * (1 + 1 / GENERATIONS)
 WINDOWS = {"listing": LISTING, "article": 0}
 
 
-def redis_now(client: redis.Redis) -> float:
-    seconds, micros = client.time()
-    return float(seconds + micros / 1e6)
-
-
-def wait_for_redis_time(client: redis.Redis, t: float) -> None:
-    wait_until(lambda: redis_now(client) >= t, timeout=t - redis_now(client) + 5,
-               what="Redis TIME past %.3f" % t)
 
 
 def named(client: redis.Redis, partitions: int = 2, **options: object) -> BloomFilter:

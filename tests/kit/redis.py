@@ -179,3 +179,18 @@ class RedisServer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+# --- Redis's clock (revisit windows and schedules count on it, not the test's) ----------
+
+
+def redis_now(client: redis.Redis) -> float:
+    """Redis's ``TIME`` in seconds."""
+    seconds, micros = client.time()
+    return float(seconds + micros / 1e6)
+
+
+def wait_for_redis_time(client: redis.Redis, t: float) -> None:
+    """Wait until Redis's clock reads ``t`` or later."""
+    wait_until(lambda: redis_now(client) >= t, timeout=t - redis_now(client) + 5,
+               what="Redis TIME past %.3f" % t)
