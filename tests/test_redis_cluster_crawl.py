@@ -203,19 +203,21 @@ def test_slots_migrated_mid_crawl_lose_nothing(private_cluster, demo_site,
     f = keys.FrontierKeys(SPIDER, partitions=24)
     # the site is one host: all its requests live in its partition (by host)
     home = host_partition(host_of(demo_site.url), 24)
-    # the slots of busy keys, one at a time, keys and all: the stats, the site's
-    # partition, then others
+    # the slots of busy keys, one at a time, keys and all: the site's partition (every
+    # request of the crawl goes through it), the stats, then others
     moved = []
+    crawled_when_moved = []
     errors: list[BaseException] = []
 
     def migrate() -> None:
         try:
-            for key in [f.stats, f.polite(home, "ready"),
+            for key in [f.polite(home, "ready"), f.stats,
                         *(f.queue_part(p) for p in range(1, 24, 3) if p != home)]:
                 source = cluster.owner_of_slot(cluster.slot_of(key))
                 target = next(m for m in cluster.masters() if m != source)
                 cluster.migrate_slot_of_key(key, target)
                 moved.append((key, source, target))
+                crawled_when_moved.append(pages_crawled(demo_site))
         except BaseException as exc:  # reported below, not lost in the thread
             errors.append(exc)
 
@@ -224,9 +226,10 @@ def test_slots_migrated_mid_crawl_lose_nothing(private_cluster, demo_site,
     mover.join(120)
     assert not errors, errors
     assert len(moved) == 9
-    crawled_after = pages_crawled(demo_site)
     run_workers(workers, timeout=300)
-    assert crawled_after < total  # the crawl was still going when the slots moved
+    # the crawl was still going when the site's partition and the stats had moved (the
+    # others may move after its end on a loaded machine: their slots held little)
+    assert crawled_when_moved[1] < total, crawled_when_moved
     client = cluster.cluster_client()
     for key, _, target in moved:
         assert cluster.owner_of_slot(cluster.slot_of(key)) == target
