@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from faults.harness import BLOOMCRAWL, Contender, FaultRun, Outcome, Site
 
 from kit.redis import RedisServer
@@ -201,9 +203,21 @@ def inject_restart_empty(run: FaultRun, facts: dict[str, Any]) -> None:
 
 
 def _dbsize(run: FaultRun) -> int:
+    """The keys of the restarted server, once it has loaded its data (a big AOF takes a
+    moment, during which it answers LOADING)."""
     client = run.client()
+    sizes: list[int] = []
+
+    def loaded() -> bool:
+        try:
+            sizes.append(int(client.dbsize()))
+        except redis.exceptions.BusyLoadingError:
+            return False
+        return True
+
     try:
-        return int(client.dbsize())
+        wait_until(loaded, 30, interval=0.05, what="the restarted Redis to load its data")
+        return sizes[-1]
     finally:
         client.close()
 
