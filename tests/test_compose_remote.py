@@ -1,6 +1,6 @@
 """``make up REDIS_BIND=addr`` in containers, without a Docker engine: what it records,
 writes for the redis container, and docker-compose.remote.yml as docker-compose reads it.
-Not run in containers here (no Docker engine in ``make test``)."""
+In containers: the remote case of ``make e2e`` (tests/e2e/remote_e2e.py)."""
 
 from __future__ import annotations
 
