@@ -327,7 +327,11 @@ def check_deploy() -> str:
     nodes = CENTRAL_WORKERS + 1
     assert "to %d of %d node(s)" % (nodes, nodes) in out, out[-800:]
     assert "ok   %s: bloomcrawl " % NODE_URL in out, out[-800:]
-    return "deployed to %d of %d nodes, %s among them" % (nodes, nodes, NODE_URL)
+    status = e2e.make("status", timeout=120)
+    assert "nodes: %d of %d up" % (nodes, nodes) in status, status[-1500:]
+    assert "%s  yes" % NODE_URL.removeprefix("https://") in status, status[-1500:]
+    return "deployed to %d of %d nodes, %s among them; make status: %d of %d up" % (
+        nodes, nodes, NODE_URL, nodes, nodes)
 
 
 def start_site() -> None:
@@ -484,7 +488,8 @@ def run_remote(module: ModuleType) -> None:
              " redis:// refused", check_worker_host),
             ("remote: nodes add https:// with the CA; http:// and redis:// refused",
              check_nodes_add),
-            ("remote: make deploy reaches the remote node", check_deploy),
+            ("remote: make deploy reaches the remote node; make status shows it up",
+             check_deploy),
             ("remote: %d-page crawl: every page exactly once, the remote node did some"
              % PAGES, check_crawl),
             ("remote: the exporter container reaches the remote node", check_exporter),
