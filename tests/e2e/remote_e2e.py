@@ -167,14 +167,14 @@ def project_resources() -> list[str]:
 
 
 def files_outside_run() -> set[str]:
-    out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"],
-                         cwd=ROOT, text=True, capture_output=True, check=True,
-                         timeout=60).stdout
-    # new files (untracked or ignored), not changes to tracked ones
-    return {line[3:] for line in out.splitlines() if line[:2] in ("??", "!!")
-            and not line[3:].startswith((".run/", ".venv", "deploy/wheels/", ".cache/"))
-            and "__pycache__" not in line and ".mypy_cache" not in line
-            and ".ruff_cache" not in line}
+    """New files and directories (untracked or ignored) outside .run and the build's caches
+    (the venv, the wheelhouse and .cache, which outlive every case by design)."""
+    out = subprocess.run(["git", "status", "--porcelain", "-z", "--ignored"], cwd=ROOT,
+                         text=True, capture_output=True, check=True, timeout=60).stdout
+    return {entry[3:] for entry in out.split("\0") if entry[:2] in ("??", "!!")
+            and not entry[3:].startswith((".run/", ".venv", "deploy/wheels/", ".cache/"))
+            and "__pycache__" not in entry and not entry[3:].startswith((
+                ".mypy_cache/", ".ruff_cache/", ".pytest_cache/"))}
 
 
 def recorded_pids(state_dir: Path) -> list[int]:
