@@ -54,7 +54,8 @@ without one (scripts/swarm-hosts.sh, no swarm):
     https://...`` with the CA (``http://`` and ``redis://`` refused unless
     ``--insecure``, and then unanswered); ``make deploy`` reaches it.
 21. A 1,000-page crawl: every page exactly once, the central workers and the
-    remote node each did some; the exporter container reports the node up.
+    remote node each did some; the exporter container reports the node up, and
+    the timer container fires a recurring crawl on it too.
 22. ``make down`` on both hosts; the engine, namespaces, mounts and their files
     are gone, and no new file is left outside .run.
 

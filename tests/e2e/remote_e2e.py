@@ -414,6 +414,48 @@ def check_exporter() -> str:
     return "the exporter container reaches %s over TLS: %s" % (NODE_URL, up[0])
 
 
+#: argv: schedule name; REDIS_PORT and REDIS_PASSWORD in the environment: the schedule's
+#: last outcome and its run's state, as JSON
+SCHEDULE_STATE = """
+import json, os, sys, redis
+from bloomcrawl.ops.runs import RunStore
+from bloomcrawl.ops.schedules import ScheduleStore
+client = redis.Redis(host="127.0.0.1", port=int(os.environ["REDIS_PORT"]),
+                     password=os.environ["REDIS_PASSWORD"])
+outcome = ScheduleStore(client).get(sys.argv[1]).outcome
+run = RunStore(client).get(outcome["run"]) if outcome and outcome.get("run") else None
+print(json.dumps({"outcome": outcome, "status": run.status if run else None,
+                  "finish_reason": run.finish_reason if run else None}))
+"""
+
+
+def check_timer() -> str:
+    """The timer container fires a recurring crawl into the remote node too: it reads the
+    node and its CA from Redis, as the exporter does."""
+    made = e2e.bloomcrawl("schedule", "--name", "e2e-remote", "--every", "1h", "--max-idle",
+                          "2", SITE_URL)
+    assert made.returncode == 0, "schedule: %s" % (made.stdout + made.stderr)[-500:]
+    values = e2e.env_values()
+    env = {**e2e.environment(), "REDIS_PORT": values.get("REDIS_PORT", "6379"),
+           "REDIS_PASSWORD": values["REDIS_PASSWORD"]}
+    deadline = time.monotonic() + 180
+    while True:
+        state = json.loads(python_in("h1", SCHEDULE_STATE, "e2e-remote", env=env))
+        if state["status"] == "finished":
+            break
+        assert time.monotonic() < deadline, "after 180s: %s" % state
+        time.sleep(2)
+    outcome = state["outcome"]
+    started = sorted(outcome["started"])
+    assert outcome["result"] == "started" and NODE_URL in started, outcome
+    assert len(started) == CENTRAL_WORKERS + 1, outcome
+    assert state["finish_reason"] == "finished", state
+    removed = e2e.bloomcrawl("schedules", "remove", "e2e-remote")
+    assert removed.returncode == 0, (removed.stdout + removed.stderr)[-500:]
+    return "fired on %d nodes, %s among them; the run ended %s" % (
+        len(started), NODE_URL, state["finish_reason"])
+
+
 def check_down() -> str:
     pids = recorded_pids(WORKER_DIR / "state")
     ok_in("h2", "make", "--no-print-directory", "down", env=worker_env(), timeout=120)
@@ -493,13 +535,15 @@ def run_remote(module: ModuleType) -> None:
             ("remote: %d-page crawl: every page exactly once, the remote node did some"
              % PAGES, check_crawl),
             ("remote: the exporter container reaches the remote node", check_exporter),
+            ("remote: the timer container fires a recurring crawl into the remote node too",
+             check_timer),
         ]
         failed = "" if hosts_up else "the hosts"
         e2e.COMMAND_PREFIX[:] = netns("h1")
         for name, func in steps:
             if failed:
                 e2e.skip(name, "failed before: " + failed)
-            elif not e2e.check(name, func) and func is not check_exporter:
+            elif not e2e.check(name, func) and func not in (check_exporter, check_timer):
                 failed = name
         if hosts_up:
             e2e.check("remote: make down on both hosts leaves nothing", check_down)
