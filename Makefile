@@ -117,5 +117,5 @@ status: venv ## nodes, jobs, queue, leases, filter fill and estimated false-posi
 logs: venv ## recent logs of the cluster (SERVICE=worker for one service)
 	$(BLOOMCRAWL) logs $(SERVICE)
 
-e2e: venv ## the cluster in real containers: up, deploy, crawls, a killed worker, Prometheus, a Redis Cluster, a Swarm of 3 simulated hosts, down (E2E_CASES=single,cluster,swarm)
+e2e: venv ## the cluster in real containers: up, deploy, crawls, a killed worker, Prometheus, a Redis Cluster, a Swarm of 3 simulated hosts, a remote worker host over TLS, down (E2E_CASES=single,cluster,swarm,remote)
 	tests/e2e/run.sh

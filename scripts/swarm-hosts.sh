@@ -14,6 +14,10 @@
 #   networks 198.19.16N.0/20, the swarm's overlays 198.19.128.0/17; its host
 #   name (UTS namespace) is hN. Then h1
 #   inits a swarm (the manager) and the others join it as workers.
+#   SWARM_HOSTS_ENGINES=h1,...: only those hosts run an engine;
+#   SWARM_HOSTS_SWARM=0: no swarm; SWARM_HOSTS_BIP_BASE / _POOL_BASE shift the
+#   engines' networks (host N: docker0 198.19.(B+N).1/24, pools 198.19.(P+16N).0/20)
+#   so that another set of hosts can run beside (tests/e2e/remote_e2e.py).
 # kill HOST: the host dies: its link goes down and its dockerd, containerd and
 #   every process they started (container shims, so the containers) get
 #   SIGKILL. revive HOST: its link up, its engine started again (it cleans up
@@ -30,6 +34,14 @@ COUNT=${SWARM_HOSTS:-3}
 PREFIX=${SWARM_HOSTS_PREFIX:-bcsw}
 NET=${SWARM_HOSTS_NET:-198.18.77}
 TIMEOUT=${SWARM_HOSTS_TIMEOUT:-60}
+# the hosts that run an engine (default all), and whether they form a swarm (1) or
+# stay plain engines (0: the remote-worker case, whose worker host runs no engine)
+ENGINES=${SWARM_HOSTS_ENGINES:-}
+SWARM=${SWARM_HOSTS_SWARM:-1}
+# host N's docker0 is 198.19.(BIP_BASE+N).1/24, its local networks 198.19.(POOL_BASE+16N).0/20:
+# another set of hosts running beside these one picks other bases
+BIP_BASE=${SWARM_HOSTS_BIP_BASE:-0}
+POOL_BASE=${SWARM_HOSTS_POOL_BASE:-0}
 LAN=$PREFIX-lan
 
 hosts() {
@@ -41,6 +53,18 @@ hosts() {
 }
 
 number() { echo "${1#h}"; }
+
+has_engine() {  # $1 host: does it run a Docker engine
+    [ -z "$ENGINES" ] && return 0
+    case ",$ENGINES," in *",$1,"*) return 0 ;; esac
+    return 1
+}
+
+engine_hosts() {
+    for h in $(hosts); do
+        if has_engine "$h"; then echo "$h"; fi
+    done
+}
 
 address() { echo "$NET.$((10 + $(number "$1")))"; }
 
@@ -116,7 +140,8 @@ EOF
             'hostname "$0"; exec "$@"' "$h" dockerd \
             --data-root "$d/data" --exec-root "$d/exec" --pidfile "$d/dockerd.pid.own" \
             -H "$(sock "$h")" --containerd "$d/containerd.sock" \
-            --bip "198.19.$n.1/24" --default-address-pool "base=198.19.$((16 * n)).0/20,size=24" \
+            --bip "198.19.$((BIP_BASE + n)).1/24" \
+            --default-address-pool "base=198.19.$((POOL_BASE + 16 * n)).0/20,size=24" \
             --log-level warn >"$d/dockerd.log" 2>&1 </dev/null &
         echo $! >"$d/dockerd.pid"
     fi
@@ -181,9 +206,13 @@ start)
         fi
         ip -n "$ns" link set lo up
         ip -n "$ns" link set eth0 up
-        start_engine "$h"
+        if has_engine "$h"; then start_engine "$h"; fi
     done
-    for h in $(hosts); do wait_engine "$h"; done
+    for h in $(engine_hosts); do wait_engine "$h"; done
+    if [ "$SWARM" != 1 ]; then
+        echo "$COUNT hosts up; engines: $(engine_hosts | tr '\n' ' ')"
+        exit 0
+    fi
     manager=$(sock h1)
     if [ "$(docker -H "$manager" info --format '{{.Swarm.LocalNodeState}}')" != active ]; then
         docker -H "$manager" swarm init --advertise-addr "$(address h1)" \
@@ -214,7 +243,7 @@ revive)
     wait_engine "$h"
     ;;
 stop)
-    for h in $(hosts); do stop_host "$h" TERM; done
+    for h in $(engine_hosts); do stop_host "$h" TERM; done
     unmount_under "$DIR"
     for h in $(hosts); do ip netns del "$(netns "$h")" 2>/dev/null || true; done
     ip netns del "$LAN" 2>/dev/null || true
@@ -222,7 +251,9 @@ stop)
     ;;
 status)
     for h in $(hosts); do
-        if pid=$(pid_of "$h" dockerd); then
+        if ! has_engine "$h"; then
+            echo "$h $(address "$h") no engine"
+        elif pid=$(pid_of "$h" dockerd); then
             echo "$h $(address "$h") dockerd $pid $(sock "$h")"
         else
             echo "$h $(address "$h") down"

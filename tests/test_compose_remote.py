@@ -1,6 +1,6 @@
 """``make up REDIS_BIND=addr`` in containers, without a Docker engine: what it records,
 writes for the redis container, and docker-compose.remote.yml as docker-compose reads it.
-Not run in containers here (no Docker engine in ``make test``)."""
+In containers: the remote case of ``make e2e`` (tests/e2e/remote_e2e.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,17 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from bloomcrawl.ops import acl
 from bloomcrawl.ops.cli import cluster as cli_cluster
 from bloomcrawl.ops.cluster import envfile
-from bloomcrawl.ops.cluster.compose import REDIS_TLS_DIR, REMOTE_COMPOSE_FILE, Compose
+from bloomcrawl.ops.cluster.compose import (
+    REDIS_TLS_DIR,
+    REDIS_TLS_DIR_VARIABLE,
+    REMOTE_COMPOSE_FILE,
+    Compose,
+)
 from bloomcrawl.ops.cluster.state import Cluster, Paths, save_cluster
 
 from kit import ROOT
@@ -43,7 +50,7 @@ def test_the_override_publishes_tls_on_redis_bind_alone(tmp_path: Path) -> None:
 
 
 def test_up_writes_what_the_redis_container_mounts_and_records_the_override(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     paths = Paths(root=ROOT, env_file=tmp_path / ".env", state_dir=tmp_path / ".run")
     subprocess.run([str(ROOT / "scripts" / "make-certs.sh"), str(paths.certs_dir), "server",
                     "127.0.0.1", "198.18.20.1"], check=True, capture_output=True, timeout=60)
@@ -59,5 +66,13 @@ def test_up_writes_what_the_redis_container_mounts_and_records_the_override(
     assert users.splitlines() == [acl.config_line(role, values[acl.password_variable(role)])
                                   for role in acl.ROLES]
     assert not [role for role in acl.ROLES if values[acl.password_variable(role)] in users]
+    # Compose sets these for docker-compose; monkeypatch puts back what was there
+    monkeypatch.setenv("REDIS_BIND", "")
+    monkeypatch.delenv("REDIS_BIND")
+    monkeypatch.setenv(REDIS_TLS_DIR_VARIABLE, "unset")
     save_cluster(paths, Cluster("docker", "", "", "", redis_bind="198.18.20.1", tls=True))
-    assert str(ROOT / REMOTE_COMPOSE_FILE) in Compose(paths).base()
+    compose = Compose(paths)
+    assert str(ROOT / REMOTE_COMPOSE_FILE) in compose.base()
+    # the redis container mounts what was written, in this state directory (not ./.run)
+    config = compose.run("config", capture=True, timeout=60).stdout
+    assert "%s:/etc/bloomcrawl/tls:ro" % mounted in config, config

@@ -55,6 +55,8 @@ REMOTE_COMPOSE_FILE = "docker-compose.remote.yml"
 #: server's certificate and key, and the role users' ``user`` lines, password digests)
 REDIS_TLS_DIR = "redis-tls"
 REDIS_USERS_FILE = "users.conf"
+#: the variable docker-compose.remote.yml mounts that directory from
+REDIS_TLS_DIR_VARIABLE = "BLOOMCRAWL_REDIS_TLS_DIR"
 #: services that run once and must exit 0 (``wait_healthy`` waits for that)
 ONE_SHOT_SERVICES = (REDIS_CLUSTER_INIT,)
 REDIS_CONTAINER_PORT = 6379
@@ -101,6 +103,9 @@ class Compose:
         if self.redis_bind:
             # docker-compose reads it from the environment (the file's port and address)
             os.environ.setdefault("REDIS_BIND", self.redis_bind)
+            # what ``up`` wrote for the redis container is in the state directory, which
+            # BLOOMCRAWL_STATE_DIR may put anywhere: the file mounts it from here
+            os.environ[REDIS_TLS_DIR_VARIABLE] = str(paths.state_dir / REDIS_TLS_DIR)
 
     def files(self) -> list[Path]:
         files = [self.paths.compose_file]
