@@ -39,6 +39,13 @@ def test_three_workers_crawl_every_page_exactly_once(redis_server, redis_client,
         assert len(idle) == 1 and int(idle[0]) <= max_idle + 1, (w.name, idle)
 
 
+def leases_held(client, pid: int) -> int:
+    """Leases of the worker process ``pid`` (its tokens begin with its id: host-pid-...)."""
+    mark = ("-%d-" % pid).encode()
+    return sum(1 for key in client.scan_iter(match="site:*:leases")
+               for token in client.hkeys(key) if mark in token.split(b":", 1)[0])
+
+
 def test_sigkilled_worker_loses_nothing(redis_server, redis_client, demo_site,
                                         worker_pool: WorkerPool) -> None:
     concurrent = 8
@@ -52,6 +59,10 @@ def test_sigkilled_worker_loses_nothing(redis_server, redis_client, demo_site,
     total = len(demo_site.hits())
     wait_until(lambda: pages_crawled(demo_site) >= total // 3, 180,
                what="a third of the site crawled")
+    # killed while it holds leases (the site is one host: its budget may leave a worker
+    # with none for a moment)
+    wait_until(lambda: leases_held(redis_client, workers[0].pid) > 0, 60, interval=0.01,
+               what="worker 0 to hold a lease")
     workers[0].kill()
     run_workers(workers[1:], timeout=300)
     hits = demo_site.hits()
