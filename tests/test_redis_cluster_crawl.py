@@ -154,6 +154,7 @@ def test_a_master_killed_mid_crawl_loses_no_page(private_cluster, demo_site, lag
         cluster.node_client(victim).set("{%s:stats}:ballast" % SPIDER, b"x" * (48 << 20))
         time.sleep(1.0)  # the master acknowledges the workers' writes meanwhile
         written = cluster.node_client(victim).info("replication")["master_repl_offset"]
+        crawled_at_kill = pages_crawled(demo_site)
         cluster.nodes[victim].kill()
         cluster.nodes[replica].send_signal(signal.SIGCONT)
         time.sleep(0.5)  # the replica reads what reached it
@@ -163,13 +164,14 @@ def test_a_master_killed_mid_crawl_loses_no_page(private_cluster, demo_site, lag
         # the promoted replica really lacks acknowledged writes (links, acks, counts)
         assert received < written, (received, written)
     else:
+        crawled_at_kill = pages_crawled(demo_site)
         promoted = cluster.kill_master(victim)
-    crawled_at_kill = pages_crawled(demo_site)
     run_workers(workers, timeout=300)
     client = cluster.cluster_client()
     assert promoted in cluster.masters() and victim not in cluster.live_ports
     hits = demo_site.hits()
-    assert crawled_at_kill < total  # the crawl went on after the failover
+    # the master died mid-crawl (a loaded machine may finish the crawl during the failover)
+    assert crawled_at_kill < total
     assert min(hits) >= 1, [i for i, h in enumerate(hits) if h == 0][:20]  # nothing lost
     shared = shared_stats(client, SPIDER)
     twice = sum(h - 1 for h in hits if h > 1)
