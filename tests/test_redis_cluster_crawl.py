@@ -120,7 +120,9 @@ def test_three_workers_crawl_a_cluster_exactly_once(clean_cluster, demo_site,
 
 # two links a page: a binary tree, each page linked from one page only, so a lost
 # link is a lost subtree (a denser site would find it again through other pages)
-@pytest.mark.parametrize("demo_site", [{"pages": 1000, "links_per_page": 2, "delay_ms": 20}],
+# big enough that the crawl is still going once the lagging replica is set up, on a
+# loaded machine too (the 48 MB ballast and the settling take seconds there)
+@pytest.mark.parametrize("demo_site", [{"pages": 2000, "links_per_page": 2, "delay_ms": 20}],
                          indirect=True)
 @pytest.mark.parametrize("lagging", [False, True], ids=["caught-up", "lagging-replica"])
 def test_a_master_killed_mid_crawl_loses_no_page(private_cluster, demo_site, lagging: bool,
@@ -139,8 +141,8 @@ def test_a_master_killed_mid_crawl_loses_no_page(private_cluster, demo_site, lag
     settings = {"SCHEDULER_LEASE_TIMEOUT": "10", "SCHEDULER_REAP_INTERVAL": "1"}
     workers = worker_pool.start_many(3, cluster.startup_url, settings)
     total = len(demo_site.hits())
-    wait_until(lambda: pages_crawled(demo_site) >= total // 4, 180,
-               what="a quarter of the site crawled")
+    wait_until(lambda: pages_crawled(demo_site) >= total // 8, 180,
+               what="an eighth of the site crawled")
     victim = cluster.owner_of_slot(cluster.slot_of("%s:stats" % SPIDER))
     fetches = lambda: sum(demo_site.hits())  # noqa: E731
     lost_window = 0
