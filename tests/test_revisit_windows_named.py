@@ -199,11 +199,11 @@ def test_a_request_chooses_its_window_and_the_spider_sets_the_default(
     fp = fingerprints(1)[0]
     windows = RevisitWindows(params, Listings())
     assert windows.fingerprint(fp, Request("http://a.test/")) == (
-        window_fingerprint(fp, "listing"), "b")
+        window_fingerprint(fp, "listing"), "b", "listing")
     assert windows.fingerprint(fp, Request("http://a.test/", meta={"revisit": "article"})) == (
-        window_fingerprint(fp, "article"), "a")
+        window_fingerprint(fp, "article"), "a", "article")
     assert windows.fingerprint(fp, Request("http://a.test/", meta={"revisit": "default"})) == (
-        fp, "0")
+        fp, "0", "default")
     # a name the filter does not have: logged once, and the request is not dropped
     with caplog.at_level(logging.ERROR):
         for _ in range(3):
@@ -212,7 +212,7 @@ def test_a_request_chooses_its_window_and_the_spider_sets_the_default(
     assert windows.unknown == 3
     assert len([r for r in caplog.records if "no revisit window 'daily'" in r.message]) == 1
     plain = RevisitWindows(params, Spider("other"))
-    assert plain.fingerprint(fp, Request("http://a.test/")) == (fp, "0")
+    assert plain.fingerprint(fp, Request("http://a.test/")) == (fp, "0", "default")
 
 
 def test_a_spider_naming_no_window_does_not_open(redis_client: redis.Redis) -> None:

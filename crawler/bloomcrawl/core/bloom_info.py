@@ -51,8 +51,8 @@ def partition_filters(server: redis.Redis, key: str, params: FilterParams,
                       ) -> tuple[list[list[_Unit]], list[int]]:
     """Per partition (its state in ``states``), the growing filters it holds: itself, or
     for revisit windows the generations of every ring still in its window at Redis's
-    TIME; and per
-    partition the duplicates counted by generations out of the window, not retired yet.
+    TIME; and per partition the duplicates counted by generations out of the window, not
+    retired yet.
     """
     if not params.windowed:
         return ([[(state, functools.partial(keys.chunk_key, key, p))]
@@ -77,16 +77,12 @@ def partition_filters(server: redis.Redis, key: str, params: FilterParams,
         for r, g in gens:
             generation: dict[bytes, bytes] = next(replies)
             if g >= current[r] - params.generations:
-                part.append((generation, functools.partial(_generation_chunk, key, p, g, r)))
+                part.append((generation, functools.partial(keys.generation_chunk_key, key, p, g,
+                                                           window=r)))
             else:  # out of the window, not retired yet: only its duplicates count
                 retired_filtered[p] += int(generation.get(b"filtered", 0))
         units.append(part)
     return units, retired_filtered
-
-
-def _generation_chunk(key: str, partition: int, generation: int, window: int,
-                      slice_index: int, chunk: int) -> str:
-    return keys.generation_chunk_key(key, partition, generation, slice_index, chunk, window)
 
 
 def filter_info(server: redis.Redis, key: str, params: FilterParams) -> BloomInfo:

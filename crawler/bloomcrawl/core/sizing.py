@@ -127,6 +127,11 @@ WINDOW_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
 DEFAULT_WINDOW = "default"
 
 
+def shortest_window(revisit_after: float, windows: tuple[tuple[str, float], ...]) -> float:
+    """The shortest of a default window and named ones that forgets (0: none forgets)."""
+    return min((w for w in (revisit_after, *(span for _, span in windows)) if w), default=0.0)
+
+
 def allocation_bytes(size: int) -> int:
     """The bytes jemalloc (Redis's allocator) hands out for a request of ``size``.
 
@@ -337,8 +342,7 @@ class FilterParams:
 
     def shortest_window(self) -> float:
         """The shortest revisit window in seconds that forgets (0: nothing forgets)."""
-        spans = [w for w in (self.revisit_after, *(s for _, s in self.windows)) if w]
-        return min(spans, default=0.0)
+        return shortest_window(self.revisit_after, self.windows)
 
     def generation_params(self) -> FilterParams:
         """What each generation of a revisit window is sized as: a growing filter at

@@ -25,7 +25,13 @@ from bloomcrawl.core.connection import (
 )
 from bloomcrawl.core.errors import InvalidFilterParameters, SettingError
 from bloomcrawl.core.politeness import Politeness, host_of
-from bloomcrawl.core.sizing import BACKENDS, PARTITION_BY, REDISBLOOM_TIGHTENING, FilterParams
+from bloomcrawl.core.sizing import (
+    BACKENDS,
+    PARTITION_BY,
+    REDISBLOOM_TIGHTENING,
+    FilterParams,
+    shortest_window,
+)
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
@@ -265,8 +271,7 @@ class FilterConfig:
 
     def shortest_window(self) -> float:
         """The shortest revisit window in seconds that forgets (0: nothing forgets)."""
-        return min((w for w in (self.revisit_after, *(s for _, s in self.windows)) if w),
-                   default=0.0)
+        return shortest_window(self.revisit_after, self.windows)
 
     def key(self, spider: str) -> str:
         try:

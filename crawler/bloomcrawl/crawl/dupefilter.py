@@ -83,8 +83,8 @@ class RedisBloomDupeFilter(BaseDupeFilter):
     def _fingerprint(self, request: Request) -> tuple[bytes, str | None]:
         """The filter's fingerprint and the request's window (None: the default one)."""
         fp = normalise_fingerprint(self.fingerprinter.fingerprint(request))
-        fp, flag = self.windows.fingerprint(fp, request)
-        window = None if flag == "0" else self.windows.of(request)[1]
+        fp, flag, name = self.windows.fingerprint(fp, request)
+        window = None if flag == "0" else name
         return (filter_fingerprint(fp, host_of(request.url), self.bloom.params.partition_by),
                 window)
 

@@ -117,7 +117,7 @@ class Intake:
             dont_filter = False
         window = "0"
         if not dont_filter:
-            fp, window = self.windows.fingerprint(fp, request)
+            fp, window, _ = self.windows.fingerprint(fp, request)
         # most links a page yields were sent before: the seen cache answers from the
         # fingerprint's own bytes, before the host is parsed out of the URL
         if not dont_filter and fp in self.seen:

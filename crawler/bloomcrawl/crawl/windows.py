@@ -79,9 +79,9 @@ class RevisitWindows:
                              self.default_name)
             return self.default_flag, self.default_name
 
-    def fingerprint(self, fp: bytes, request: Request) -> tuple[bytes, str]:
-        """The request's fingerprint in its window, and the window's flag."""
+    def fingerprint(self, fp: bytes, request: Request) -> tuple[bytes, str, str]:
+        """The request's fingerprint in its window, the window's flag and its name."""
         flag, name = self.of(request)
         if flag == "0":
-            return fp, flag
-        return window_fingerprint(fp, name), flag
+            return fp, flag, name
+        return window_fingerprint(fp, name), flag, name

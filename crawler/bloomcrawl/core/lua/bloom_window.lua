@@ -18,9 +18,8 @@
 -- looked in only to tell a new item that was queued before (REVISITED, "revisited")
 -- from one never queued or forgotten longer ago ("new"), and those older are retired
 -- (UNLINK of their state and chunks: slices x chunks keys, never a scan of the bits).
--- An item
--- added at t is live until (floor(t / P) + g + 1) P: at least W, at most W (1 + 1/g)
--- after t.
+-- An item added at t is live until (floor(t / P) + g + 1) P: at least W, at most
+-- W (1 + 1/g) after t.
 local partition_key = state_key
 local plain_decide, plain_check = decide, check
 local WINDOW = redis.call('HMGET', partition_key, 'period_ms', 'generations', 'gens', 'windows')
