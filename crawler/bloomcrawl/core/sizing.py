@@ -306,7 +306,7 @@ class FilterParams:
                 problems.append("revisit window %r must be seconds >= 0, got %r"
                                 % (name, seconds))
             elif seconds and isinstance(self.generations, int) and self.generations > 0 \
-                    and round(seconds * 1000 / self.generations) < 1:
+                    and self._generation_ms(seconds) < 1:
                 problems.append("revisit window %r / generations must be at least 1 ms"
                                 % (name,))
         if len(set(names)) != len(names):
@@ -318,14 +318,19 @@ class FilterParams:
         window, or named windows."""
         return bool(self.revisit_after or self.windows)
 
+    def _generation_ms(self, window: float) -> int:
+        """A generation's span P = W / g in milliseconds (Redis TIME) for a window of
+        ``window`` seconds; 0 for one that never forgets."""
+        return round(window * 1000 / self.generations)
+
     @property
     def period_ms(self) -> int:
-        """A generation's span P = W / g in milliseconds (Redis TIME), 0 without a window."""
-        return round(self.revisit_after * 1000 / self.generations)
+        """The default window's generation span, 0 without a window."""
+        return self._generation_ms(self.revisit_after)
 
     def window_periods_ms(self) -> list[int]:
         """The named windows' generation spans, in their order (0: never forgotten)."""
-        return [round(seconds * 1000 / self.generations) for _, seconds in self.windows]
+        return [self._generation_ms(seconds) for _, seconds in self.windows]
 
     def window_flag(self, name: str | None) -> str:
         """The scripts' flag of a request in window ``name``: "0" the default window
