@@ -145,9 +145,6 @@ class Worker(KitWorker):
             pythonpath=(BENCH,), settings_module="crawlbench.settings", base={})
         self.start()
 
-    def close(self) -> None:
-        self.kill()
-
     def responses_so_far(self) -> int:
         """Responses this worker has had, as its probe last wrote them (every 10)."""
         try:
@@ -297,7 +294,7 @@ def run_crawl(
         except WaitTimeout:
             raise CrawlFailed("%s, %d workers: %d of %d pages after %.0f s\n%s" % (
                 contender.label, workers, brief["distinct"], pages, timeout,
-                _tails(procs))) from None
+                logs(procs))) from None
         time.sleep(SETTLE_S)
         after = read()
         for w in procs:
@@ -307,14 +304,14 @@ def run_crawl(
         failed = [w for w in procs if w.name not in killed and w.returncode != 0]
         if failed:
             raise CrawlFailed("%s: worker exited with %s\n%s" % (
-                contender.label, [w.returncode for w in failed], _tails(failed)))
+                contender.label, [w.returncode for w in failed], logs(failed)))
         stats = site.stats()
         shared_stats = {k.decode() if isinstance(k, bytes) else k: int(v)
                         for k, v in client.hgetall("site:stats").items()}
         item_pages = stored_item_pages(client)
     finally:
         for w in procs:
-            w.close()
+            w.kill()
     first, last = stats["first_hit"], stats["last_hit"]
     steady = None
     if mid is not None and stats["distinct"] > mid[0]:
@@ -348,10 +345,6 @@ def stored_item_pages(client: redis.Redis, key: str = "site:items") -> dict[int,
         if page is not None:
             counts[page] = counts.get(page, 0) + 1
     return counts
-
-
-def _tails(procs: list[Worker]) -> str:
-    return logs(procs)
 
 
 def pick_contenders(parser: argparse.ArgumentParser, spec: str,

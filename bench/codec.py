@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "crawler"))  # the working tree's bloomcrawl, installed or not
 
 import scrapy  # noqa: E402
+from _report import emit, table  # noqa: E402
 from scrapy import Request  # noqa: E402
 from scrapy.http import HtmlResponse  # noqa: E402
 from scrapy.linkextractors import LinkExtractor  # noqa: E402
@@ -287,22 +288,6 @@ def measure(case: Case, spider: ShopSpider, sizes: Sizes) -> Result:
 
 
 # --- output --------------------------------------------------------------------------
-
-
-def emit(line: str = "") -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
-    """Columns padded to their widest cell; the first ``left`` columns left-aligned."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(cell.ljust(widths[i]) if i < left else cell.rjust(widths[i])
-                         for i, cell in enumerate(cells)).rstrip()
-
-    return [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
 
 
 def fmt_ratio(new: float, old: float) -> str:

@@ -71,6 +71,7 @@ from _crawl import (
     pick_contenders,
     run_crawl,
 )
+from _report import fmt, verdict
 from _site import SiteProcess
 from crawlbench import profile
 
@@ -144,14 +145,6 @@ def ceiling_of(runs: list[CrawlRun]) -> float | None:
         if run.contender is MEMORY and run.workers == 1:
             return run.pages_per_second
     return None
-
-
-def fmt(value: float | None, spec: str) -> str:
-    return "n/a" if value is None else format(value, spec)
-
-
-def verdict(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("PASS" if ok else "MISS")
 
 
 def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],

@@ -54,6 +54,7 @@ sys.path[:0] = [str(ROOT / "crawler"), str(ROOT / "tests")]
 
 import redis  # noqa: E402
 from _redis import CpuSample, cpu_sample  # noqa: E402
+from _report import emit, ratio, table  # noqa: E402
 
 from bloomcrawl.core import defaults  # noqa: E402
 from bloomcrawl.core.bloom import BloomFilter  # noqa: E402
@@ -61,6 +62,7 @@ from bloomcrawl.core.bloom_creation import create_or_open  # noqa: E402
 from bloomcrawl.core.sizing import FilterParams, allocation_bytes  # noqa: E402
 from bloomcrawl.ops.cluster.processes import redisbloom_module  # noqa: E402
 
+from kit.data import fingerprints  # noqa: E402
 from kit.redis import RedisServer  # noqa: E402
 
 ERROR_RATE = 0.001
@@ -240,13 +242,7 @@ class FillRow:
         return out
 
 
-# --- fingerprints -------------------------------------------------------------
-
-
-def digests(n: int, label: str) -> list[bytes]:
-    """n SHA-1 digests, like Scrapy's fingerprints; reproducible from ``label``."""
-    prefix = f"{label}:".encode()
-    return [hashlib.sha1(prefix + str(i).encode()).digest() for i in range(n)]
+# --- memory -----------------------------------------------------------------
 
 
 def memory_of_db(client: redis.Redis) -> int:
@@ -531,7 +527,7 @@ def bench_probes(client: redis.Redis, sizes: Sizes, module: bool,
     state, chunk = PROBE_KEY + ":state", PROBE_KEY + ":s0:c0"
     n = max(1, sizes.probe_calls // PROBE_ROUNDS)  # calls per probe and round
     calls = max(1, n // 10)  # batched calls per probe and round
-    fps = digests(PROBE_ROUNDS * (n + calls * PROBE_BATCH), "probe")
+    fps = fingerprints(PROBE_ROUNDS * (n + calls * PROBE_BATCH), "probe:")
     client.hset(state, mapping={"slices": 1, "block_bytes": 256, "chunk_blocks": 4096,
                                 "max_slices": 24, "plan:0": "1000 14 4096", "items:0": 0,
                                 "hashing": 2})
@@ -677,7 +673,7 @@ def bench_recipe_fill(client: redis.Redis, bit: int, bits_per_item: float, why: 
     items = max(1, round((1 << bit) / bits_per_item))
     key = "bench:recipe-fill:bloomfilter"
     client.flushall()
-    values = [fp.hex() for fp in digests(items, f"fill-{items}")]
+    values = [fp.hex() for fp in fingerprints(items, f"fill-{items}:")]
     recipe_fill(client, key, bit, RECIPE_HASHES, values)
     hits = recipe_false_positives(client, key, bit, RECIPE_HASHES, unseen_hex)
     client.flushall()
@@ -1121,11 +1117,6 @@ def report_window(result: WindowResult) -> dict[str, Any]:
 # --- output -----------------------------------------------------------------
 
 
-def emit(line: str = "") -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-
 def fmt_count(x: float) -> str:
     return f"{x:,.0f}"
 
@@ -1161,20 +1152,6 @@ def fmt_pct(hits: int, checked: int) -> str:
     return f"{hits / checked * 100:.3f}% ({hits:,}/{checked:,})"
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
-    """Columns padded to their widest cell; the first ``left`` columns left-aligned."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        out = []
-        for i, cell in enumerate(cells):
-            out.append(cell.ljust(widths[i]) if i < left else cell.rjust(widths[i]))
-        return "  ".join(out).rstrip()
-
-    rule = "  ".join("-" * w for w in widths)
-    return [line(header), rule, *(line(r) for r in rows)]
-
-
 @dataclass
 class Target:
     name: str
@@ -1205,10 +1182,6 @@ class Target:
         out = asdict(self)
         out["verdict"] = self.verdict
         return out
-
-
-def ratio(a: float, b: float | None) -> float | None:
-    return a / b if b else None
 
 
 def ratio_of(by_key: dict[str, Row], seen_by: dict[str, SeenRow]
@@ -1629,8 +1602,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.no_redisbloom:
         module, skipped = None, "--no-redisbloom given"
 
-    seen = digests(max(sizes.single, sizes.batched, sizes.recipe), "seen")
-    unseen = digests(sizes.unseen, "unseen")
+    seen = fingerprints(max(sizes.single, sizes.batched, sizes.recipe), "seen:")
+    unseen = fingerprints(sizes.unseen, "unseen:")
     seen_hex = [fp.hex() for fp in seen[:max(sizes.single, sizes.recipe)]]
     unseen_hex = [fp.hex() for fp in unseen]
 

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "crawler"), str(ROOT / "tests")]
 
 import redis  # noqa: E402
+from _report import emit  # noqa: E402
 
 from bloomcrawl.core import keys  # noqa: E402
 from bloomcrawl.core.bloom import BloomFilter  # noqa: E402
@@ -49,11 +50,6 @@ SCRAPE_TARGET_S = 0.050
 COMMAND_TARGET_US = 1000
 IGNORED_COMMANDS = {"config", "slowlog", "info", "client", "hello", "ping", "select"}
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def say(line: str = "") -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 def mib(n: float) -> str:
@@ -149,11 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         plan_chunks = sum(
             math.ceil(s.blocks * bloom.params.block_bits / 8 / bloom.params.chunk_bytes)
             for s in bloom.params.plan()[:1]) * info.partitions
-        say("exporter benchmark: one scrape of a 1-billion-capacity filter")
-        say(f"  filter: capacity {CAPACITY:,}, error rate {ERROR_RATE}, {info.partitions}"
+        emit("exporter benchmark: one scrape of a 1-billion-capacity filter")
+        emit(f"  filter: capacity {CAPACITY:,}, error rate {ERROR_RATE}, {info.partitions}"
             f" partitions, {info.bits / 8 / 2**30:.2f} GiB of bits in {plan_chunks} chunks"
             f" of {mib(bloom.params.chunk_bytes)}; created in {created * 1000:.1f} ms")
-        say(f"  lazily allocated: {chunk_keys} chunks after {args.adds} real adds,"
+        emit(f"  lazily allocated: {chunk_keys} chunks after {args.adds} real adds,"
             f" Redis used_memory {mib(empty)} empty -> {mib(used_memory(client))}"
             f" (filter bits {mib(info.memory_bytes)}); counters set as if"
             f" {int(CAPACITY * FULL_SHARE):,} items were in (fill {info.fill_ratio:.3f})")
@@ -190,23 +186,23 @@ def main(argv: list[str] | None = None) -> int:
     times_ms = sorted(t * 1000 for t in times)
     p95 = times_ms[min(len(times_ms) - 1, math.ceil(0.95 * len(times_ms)) - 1)]
     verdict = "PASS" if max(times_ms) < SCRAPE_TARGET_S * 1000 else "MISS"
-    say(f"  slice plan of these parameters in a fresh process: {plan_cost * 1000:.0f} ms,"
+    emit(f"  slice plan of these parameters in a fresh process: {plan_cost * 1000:.0f} ms,"
         " once per process (the exporter scrapes once before it listens)")
     cold_calls = sum(c for c, _ in cold_stats.values())
-    say(f"  GET /metrics: first after start {cold * 1000:.1f} ms ({cold_calls} commands,"
+    emit(f"  GET /metrics: first after start {cold * 1000:.1f} ms ({cold_calls} commands,"
         f" slowest {cold_slowest} us); then over {n} scrapes: median"
         f" {statistics.median(times_ms):.1f} ms, p95 {p95:.1f} ms, max {max(times_ms):.1f} ms"
         f" (target < 50 ms: {verdict}); collect() itself {float(exported) * 1000:.1f} ms")
     verdict = "PASS" if slowest < COMMAND_TARGET_US else "MISS"
-    say(f"  Redis per scrape (INFO commandstats): {calls / n:.0f} commands,"
+    emit(f"  Redis per scrape (INFO commandstats): {calls / n:.0f} commands,"
         f" {usec / n:.0f} us of Redis time; slowest single command (SLOWLOG, all"
         f" {len(entries)} logged): {slowest} us"
         + (f" ({_command(slowest_cmd).upper()})" if slowest_cmd else "")
         + f" (target < 1000 us: {verdict})")
     breakdown = ", ".join(f"{cmd.upper()} {c / n:.0f} x {u / max(c, 1):.1f} us"
                           for cmd, (c, u) in sorted(stats.items(), key=lambda kv: -kv[1][1]))
-    say(f"    by command, per scrape: {breakdown}")
-    say("    never BITCOUNT or KEYS: "
+    emit(f"    by command, per scrape: {breakdown}")
+    emit("    never BITCOUNT or KEYS: "
         + ("yes" if not {"bitcount", "keys"} & set(stats) else "NO"))
     return 0
 

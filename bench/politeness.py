@@ -59,6 +59,7 @@ sys.path[:0] = [str(CRAWLER), str(ROOT / "tests")]
 
 import redis  # noqa: E402
 from _crawl import BLOOMCRAWL, ITEM_PIPELINES, SCRAPY_REDIS, Contender, Worker  # noqa: E402
+from _report import fmt, ratio, verdict  # noqa: E402
 
 from bloomcrawl.ops.cluster.processes import (  # noqa: E402
     ManagedProcess,
@@ -82,7 +83,7 @@ from bloomcrawl.ops.noproxy import http_ok  # noqa: E402
 
 from kit.redis import RedisServer  # noqa: E402
 from kit.wait import WaitTimeout, wait_until  # noqa: E402
-from kit.workers import wait_opened as kit_wait_opened  # noqa: E402
+from kit.workers import logs, wait_opened  # noqa: E402
 
 WORKERS = 3
 MAX_IDLE_S = 1
@@ -274,7 +275,7 @@ def run_scenario(scenario: Scenario, server: RedisServer, workdir: Path) -> Run:
         failure = ""
         try:
             if scenario.contender.start == "redis":
-                failure = wait_opened(workers)
+                failure = open_failure(workers)
                 if not failure:
                     client.rpush("site:start_urls", *urls)
             if not failure:
@@ -288,20 +289,20 @@ def run_scenario(scenario: Scenario, server: RedisServer, workdir: Path) -> Run:
             arrivals = site.client.arrivals()
         finally:
             for w in workers:
-                w.close()
+                w.kill()
             client.close()
         codes = [w.returncode for w in workers]
         if not failure and any(code != 0 for code in codes):
             failure = "workers exited with %s" % codes
         if failure:
-            failure += "\n" + "\n".join("--- %s\n%s" % (w.name, w.tail()) for w in workers)
+            failure += "\n" + logs(workers)
         return Run(scenario, arrivals, codes, failure)
 
 
-def wait_opened(workers: list[Worker]) -> str:
-    """"" when every worker opened its spider, else what went wrong."""
+def open_failure(workers: list[Worker]) -> str:
+    """"" once every worker opened its spider (the kit's wait), else what went wrong."""
     try:
-        kit_wait_opened(workers, START_TIMEOUT_S)
+        wait_opened(workers, START_TIMEOUT_S)
     except AssertionError as exc:  # a worker exited first, or time was up
         return str(exc).splitlines()[0]
     return ""
@@ -325,18 +326,6 @@ def wait_crawled(scenario: Scenario, site: HostsSiteClient, workers: list[Worker
         return "the workers closed with %d of %d pages fetched" % (
             stats["distinct"], scenario.total_pages)
     return ""
-
-
-def fmt(value: float | None, spec: str = ".2f") -> str:
-    return "n/a" if value is None else format(value, spec)
-
-
-def verdict(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("PASS" if ok else "MISS")
-
-
-def ratio(value: float | None, by: float) -> float | None:
-    return None if value is None or not by else value / by
 
 
 def print_one_domain(runs: dict[str, Run]) -> None:

@@ -70,6 +70,7 @@ from _crawl import (  # noqa: E402
     run_crawl,
 )
 from _redis import CpuSample  # noqa: E402
+from _report import emit, table  # noqa: E402
 from _site import SiteProcess  # noqa: E402
 
 from bloomcrawl.core import defaults, keys  # noqa: E402
@@ -81,6 +82,7 @@ from bloomcrawl.core.scripts import Script, ScriptCall  # noqa: E402
 from bloomcrawl.crawl.config import default_partitions  # noqa: E402
 from bloomcrawl.crawl.scheduler import CLUSTER_STATS_INTERVAL  # noqa: E402
 
+from kit.data import fingerprints  # noqa: E402
 from kit.redis import RedisServer  # noqa: E402
 
 ERROR_RATE = 0.001
@@ -231,17 +233,12 @@ def measure_idle(target: Target, seconds: float) -> None:
 # --- decisions --------------------------------------------------------------------
 
 
-def digests(n: int, label: str) -> list[bytes]:
-    prefix = label.encode() + b":"
-    return [hashlib.sha1(prefix + str(i).encode()).digest() for i in range(n)]
-
-
 def _decision_client(url: str, label: str, count: int, barrier: Any, results: Any) -> None:
     """One client process: two timed passes of add_many over its own fingerprints."""
     client = redis_from_url(url, socket_timeout=120)
     bloom = BloomFilter.open(client, FILTER_KEY)
-    fps = digests(count, label)
-    bloom.add_many(digests(WARM_UP, label + ":warm"))  # scripts loaded, connections made
+    fps = fingerprints(count, label + ":")
+    bloom.add_many(fingerprints(WARM_UP, label + ":warm:"))  # scripts loaded, connections made
     barrier.wait()
     for phase in ("new", "seen"):
         barrier.wait()  # go
@@ -606,9 +603,9 @@ def measure_call_cost(client: redis.Redis, calls: int) -> CallCost:
                         partitions=CALL_PARTITIONS, error_rate=ERROR_RATE, backend="bitmap")
     script = Script.for_backend("bitmap", "bloom_add.lua")
     by_partition: dict[int, list[bytes]] = {p: [] for p in range(CALL_PARTITIONS)}
-    for fp in digests(calls * (SMALL_CALL + LARGE_CALL) * 2, "calls"):
+    for fp in fingerprints(calls * (SMALL_CALL + LARGE_CALL) * 2, "calls:"):
         by_partition[partition_of(fp, CALL_PARTITIONS)].append(fp)
-    bloom.add_many(digests(CALL_PARTITIONS * 4, "calls-warm"))  # loaded, chunks allocated
+    bloom.add_many(fingerprints(CALL_PARTITIONS * 4, "calls-warm:"))  # loaded, chunks allocated
 
     def timed(per_call: int) -> float:
         batch = []
@@ -696,7 +693,7 @@ def measure_exporter(client: redis.Redis, partitions: Sequence[int], scrapes: in
         frontier_keys = keys.FrontierKeys("site", partitions=p)
         bloom = BloomFilter(client, frontier_keys.filter, capacity=1_000_000, partitions=p,
                             error_rate=ERROR_RATE, backend="bitmap")
-        bloom.add_many(digests(20 * p, "exporter"))
+        bloom.add_many(fingerprints(20 * p, "exporter:"))
         frontier = Frontier(client, bloom, frontier_keys, queue_type="priority",
                             lease_timeout=30, worker_id="scale-bench", node="scale-bench")
         frontier.record_layout()
@@ -863,11 +860,6 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
     return lines
 
 
-def say(line: str = "") -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-
 _STARTED = time.monotonic()
 
 
@@ -893,17 +885,6 @@ def fmt_ratio(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}x"
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
-    """Columns padded to their widest cell; the first ``left`` columns left-aligned."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(widths[i]) if i < left else c.rjust(widths[i])
-                         for i, c in enumerate(cells)).rstrip()
-
-    return [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
-
-
 def projected_decisions(r: TargetResult) -> float:
     """Decisions/s on one dedicated core per master, the busiest master being the limit."""
     new = r.decisions.get("new")
@@ -918,17 +899,17 @@ def projected_pages(r: TargetResult) -> float | None:
 def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
            extras: Extras | None, seconds: float, env: dict[str, Any]) -> None:
     quick = " --quick" if args.quick else ""
-    say(f"bloomcrawl scale benchmark (bench/scale.py{quick}): one Redis beside Redis Cluster"
+    emit(f"bloomcrawl scale benchmark (bench/scale.py{quick}): one Redis beside Redis Cluster"
         f" of {', '.join(map(str, plan.masters))} master(s), no replicas")
-    say(f"redis-server {env['redis']}, Python {env['python']}, redis-py {env['redis_py']};"
+    emit(f"redis-server {env['redis']}, Python {env['python']}, redis-py {env['redis_py']};"
         f" {env['cpus']} CPUs shared by the clients, the workers, the demo site and every"
         f" redis-server; load average {env['load_start']} at start, {env['load_end']} at end;"
         f" {seconds:.0f} s")
-    say(f"decisions: {plan.clients} client processes x {plan.decisions:,} fingerprints,"
+    emit(f"decisions: {plan.clients} client processes x {plan.decisions:,} fingerprints,"
         f" add_many in batches of {BATCH:,}, error rate {ERROR_RATE:g}, bitmap backend;"
         f" crawls: {plan.pages:,}-page demo site (20 links a page), BLOOMFILTER_CAPACITY"
         f" {CRAWL_CAPACITY:,}, items dropped")
-    say()
+    emit()
     single = next((r for r in results if r.name == "redis"), None)
     single_rate = single.decisions.get("new").rate if single else None
     single_pages = single.best_rate() if single else None
@@ -956,21 +937,21 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
             fmt_int(projected_decisions(r)), fmt_int(projected_pages(r)),
         ])
     for line in table(header, rows):
-        say(line)
-    say("MEASURED here (2 shared cores): decisions/s, pages/s, the x 1 Redis ratios, Redis"
+        emit(line)
+    emit("MEASURED here (2 shared cores): decisions/s, pages/s, the x 1 Redis ratios, Redis"
         " us/dec and us/page, RTT/page.")
     if not plan.crawl_everywhere:
-        say("pages/s not run: --quick crawls on one Redis and the largest cluster only.")
-    say("* PROJECTED, not measured: one dedicated Redis core per master = 1e6 / (Redis us"
+        emit("pages/s not run: --quick crawls on one Redis and the largest cluster only.")
+    emit("* PROJECTED, not measured: one dedicated Redis core per master = 1e6 / (Redis us"
         " per decision or page), divided by the busiest master's measured share of the CPU"
         " (1 with one master; 1/N if N masters shared evenly).")
-    say("decisions/s: fingerprints never seen before (every decision inserts); Redis us:"
+    emit("decisions/s: fingerprints never seen before (every decision inserts); Redis us:"
         " used_cpu_sys + used_cpu_user of every master, summed, minus their idle CPU over"
         " the same time; per page: over the whole crawl, all worker counts pooled;"
         " RTT/page: packets the workers sent (a pipeline reaching k masters counts k).")
 
-    say()
-    say("Decisions in detail (Redis us and client us per decision; hottest: the busiest"
+    emit()
+    emit("Decisions in detail (Redis us and client us per decision; hottest: the busiest"
         " master's share of the masters' CPU)")
     header = ["target", "masters", "new/s", "Redis us", "client us", "hottest", "seen/s",
               "Redis us", "client us", "scripts/1k", "GETKEYS/1k", "filter bits/item",
@@ -985,14 +966,14 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
                      "%.1f" % r.decisions.filter_bits_per_item,
                      "%.2f" % (r.idle_cpu_per_s * 1e3)])
     for line in table(header, rows):
-        say(line)
-    say("seen: the same fingerprints again (every decision finds its item, nothing is"
+        emit(line)
+    emit("seen: the same fingerprints again (every decision finds its item, nothing is"
         " written); scripts/1k, GETKEYS/1k: EVALSHA and COMMAND GETKEYS calls per 1,000"
         " decisions (new pass); idle ms/s: CPU the idle masters used per second, summed (subtracted"
         " above).")
 
-    say()
-    say(f"Synthetic pages: one Frontier.exchange per page, one after another from one process"
+    emit()
+    emit(f"Synthetic pages: one Frontier.exchange per page, one after another from one process"
         f" ({plan.exchanges:,} pages; each: {EXCHANGE_LINKS} links with their ~450-byte"
         f" requests, {EXCHANGE_LINKS // 2} new and {EXCHANGE_LINKS // 2} seen, the previous"
         f" lease's ack, the stats, a lease), as an I/O-bound worker sends them")
@@ -1009,13 +990,13 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
                      "%d/%d" % (e.leased, e.exchanges), fmt_us(e.reap_us),
                      "%.1f" % (e.reap_getkeys / e.reap_calls if e.reap_calls else 0.0)])
     for line in table(header, rows):
-        say(line)
-    say("ms/page: this process's wall time per exchange (round trips included); client us:"
+        emit(line)
+    emit("ms/page: this process's wall time per exchange (round trips included); client us:"
         " its CPU; Redis us/page: every master's CPU, summed, minus idle. reap us/partition:"
         " Frontier.reap() (what each worker runs every SCHEDULER_REAP_INTERVAL, one script"
         " call per partition, nothing expired), Redis CPU per partition.")
-    say()
-    say(f"The same pages partitioned by host (the default for new filters): of each page's"
+    emit()
+    emit(f"The same pages partitioned by host (the default for new filters): of each page's"
         f" {EXCHANGE_LINKS} links, {2 * OWN_HOST_LINKS} on its own site ({SITE_PAGES} pages"
         f" of a site in a row), the others each on another of {SYNTHETIC_HOSTS} sites")
     header = ["target", "masters", "ms/page", "client us", "Redis us/page", "cmds/page",
@@ -1029,12 +1010,12 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
                      fmt_us(e.redis_us / e.calls("evalsha")), "%.2f" % e.hottest,
                      "%d/%d" % (e.leased, e.exchanges)])
     for line in table(header, rows):
-        say(line)
+        emit(line)
     for line in estimate_lines(results, extras, plan):
-        say(line)
+        emit(line)
 
-    say()
-    say("Crawls in detail")
+    emit()
+    emit("Crawls in detail")
     header = ["target", "masters", "workers", "pages", "span s", "pages/s", "Redis us/page",
               "raw", "steady", "cmds/page", "scripts/page", "GETKEYS/page", "RTT/page",
               "stats calls/page", "hottest", "once"]
@@ -1058,30 +1039,30 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
             rows.append([r.label, str(r.masters), "FAILED", *[""] * 12,
                          failure.splitlines()[0][:60]])
     for line in table(header, rows):
-        say(line)
-    say("Redis us/page: process CPU over the crawl (worker start-up included) minus the idle"
+        emit(line)
+    emit("Redis us/page: process CPU over the crawl (worker start-up included) minus the idle"
         " CPU; raw: without that subtraction; steady: main thread from a tenth of the pages"
         " on, idle included (bench/crawl.py's column).")
-    say("scripts/page: EVALSHA calls; GETKEYS/page: COMMAND GETKEYS calls redis-py's"
+    emit("scripts/page: EVALSHA calls; GETKEYS/page: COMMAND GETKEYS calls redis-py's"
         " cluster pipeline makes to find a queued EVALSHA's slot (each a round trip of its"
         " own to one node; counted in cmds/page and RTT/page).")
-    say("stats calls/page: frontier_stats.lua calls (exchanges carrying counts, from"
+    emit("stats calls/page: frontier_stats.lua calls (exchanges carrying counts, from"
         " {site:stats}:applied) per page; each goes to the one stats slot.")
 
     if extras is not None:
         st, q = extras.stats, extras.queue
-        say()
-        say("On one Redis (measured):")
-        say(f"  stats slot: one frontier_stats.lua call costs Redis {st.us_alone:.1f} us alone"
+        emit()
+        emit("On one Redis (measured):")
+        emit(f"  stats slot: one frontier_stats.lua call costs Redis {st.us_alone:.1f} us alone"
             f" (one round trip each, {st.calls_alone:,} calls) and {st.us_pipelined:.1f} us"
             f" pipelined 100 a round trip: one core serves {1e6 / st.us_alone:,.0f} to"
             f" {1e6 / st.us_pipelined:,.0f} calls/s")
         cc = extras.calls
-        say(f"  partition script call (bloom_add.lua, {CALLS_PER_PIPELINE} calls a pipeline,"
+        emit(f"  partition script call (bloom_add.lua, {CALLS_PER_PIPELINE} calls a pipeline,"
             f" {cc.calls:,} calls of {SMALL_CALL} and of {LARGE_CALL} new fingerprints):"
             f" {cc.us_small:.1f} and {cc.us_large:.1f} us, i.e. {cc.fixed_us:.1f} us a call"
             f" + {cc.per_fingerprint_us:.2f} us a fingerprint")
-        say(f"  queue memory: {q.requests:,} serialized requests of {q.payload_bytes:.0f} bytes"
+        emit(f"  queue memory: {q.requests:,} serialized requests of {q.payload_bytes:.0f} bytes"
             f" (JSON, ~95-char URL and Referer): {q.zset_bytes:.0f} bytes each in a priority"
             f" queue (zset), {q.list_bytes:.0f} in a fifo/lifo queue (list), MEMORY USAGE;"
             f" an item id in {{<items>}}:ids: {q.item_id_bytes:.0f} bytes")
@@ -1090,22 +1071,22 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
         rows = [[str(e.partitions), "%.0f" % e.commands, "%.0f" % e.redis_usec,
                  "%.0f" % e.redis_cpu_us, "%.1f" % e.client_ms] for e in extras.exporter]
         for line in table(header, rows, left=0):
-            say("  " + line)
+            emit("  " + line)
         if len(extras.exporter) > 1:
             a, b = extras.exporter[0], extras.exporter[-1]
             dp = b.partitions - a.partitions
-            say(f"  exporter snapshot (bloomcrawl.ops.inspection.snapshot, one spider):"
+            emit(f"  exporter snapshot (bloomcrawl.ops.inspection.snapshot, one spider):"
                 f" per partition {(b.commands - a.commands) / dp:.1f} commands,"
                 f" {(b.redis_usec - a.redis_usec) / dp:.1f} us of command time,"
                 f" {(b.redis_cpu_us - a.redis_cpu_us) / dp:.1f} us of Redis CPU"
                 f" (slope from {a.partitions} to {b.partitions} partitions)")
 
-    say()
-    say("PROJECTED (arithmetic on the measured figures above, not measured):")
+    emit()
+    emit("PROJECTED (arithmetic on the measured figures above, not measured):")
     for r in results:
         new = r.decisions.get("new")
         per_core = 1e6 / new.redis_us
-        say(f"  {r.label}{'' if r.name == 'redis' else ' of %d' % r.masters}: {per_core:,.0f}"
+        emit(f"  {r.label}{'' if r.name == 'redis' else ' of %d' % r.masters}: {per_core:,.0f}"
             f" decisions/s per Redis core (1e6 / {new.redis_us:.2f} us); {r.masters} dedicated"
             f" core(s): {per_core * r.masters:,.0f} if even, {projected_decisions(r):,.0f} with"
             f" the measured busiest share {new.hottest:.2f}")
@@ -1114,13 +1095,13 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
     slow = ", ".join(f"{rate} pages/s each: {FLEET * rate:,} x {e.redis_us:.0f} us ="
                      f" {FLEET * rate * e.redis_us / 1e6:,.1f} cores"
                      for rate in WORKER_RATES[:2])
-    say(f"  Redis cores for {FLEET:,} I/O-bound workers, one exchange a page"
+    emit(f"  Redis cores for {FLEET:,} I/O-bound workers, one exchange a page"
         f" ({biggest.label} of {biggest.masters}, synthetic pages): {slow}")
     largest = max((r for r in results if r.crawls), key=lambda r: r.masters, default=None)
     if largest is not None:
         us = largest.pooled_page_us() or 0.0
         rate = WORKER_RATES[-1]
-        say(f"  Redis cores for {FLEET:,} workers at {rate} pages/s each, batched as in the"
+        emit(f"  Redis cores for {FLEET:,} workers at {rate} pages/s each, batched as in the"
             f" crawls above ({largest.label} of {largest.masters}, {us:.0f} us/page):"
             f" {FLEET * rate:,} x {us:.0f} us = {FLEET * rate * us / 1e6:,.1f} cores")
         if extras is not None:
@@ -1133,7 +1114,7 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
                 else:
                     load = FLEET * rate  # at most one stats call per page
                     bound = "at most one call a page"
-                say(f"  stats slot, {FLEET:,} workers x {rate} pages/s, {bound}"
+                emit(f"  stats slot, {FLEET:,} workers x {rate} pages/s, {bound}"
                     f" (measured here: {calls:.2f} a page): {load:,.0f} calls/s ="
                     f" {load * extras.stats.us_alone / 1e6:.2f} core if each comes alone,"
                     f" {load * extras.stats.us_pipelined / 1e6:.2f} if pipelined")
@@ -1258,8 +1239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(json.dumps(as_json(plan, results, extras, env), indent=2) + "\n")
     failures = [f for r in results for f in r.failures]
     if failures:
-        say()
-        say("FAILED runs: %d (details on stderr)" % len(failures))
+        emit()
+        emit("FAILED runs: %d (details on stderr)" % len(failures))
         return 1
     return 0
 
