@@ -3,7 +3,6 @@ and request fingerprinter."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import random
@@ -38,22 +37,7 @@ from bloomcrawl.ops.demo_site import (
 
 from kit import CRAWLER
 from kit.wait import wait_until
-
-
-def fetch(
-    url: str, *, method: str = "GET", host: str | None = None
-) -> tuple[int, bytes, dict[str, str]]:
-    """One HTTP request to 127.0.0.1, optionally with another ``Host`` header."""
-    parts = urlsplit(url)
-    assert parts.hostname == "127.0.0.1"
-    path = parts.path + ("?" + parts.query if parts.query else "")
-    conn = http.client.HTTPConnection("127.0.0.1", parts.port, timeout=10)
-    try:
-        conn.request(method, path or "/", headers={"Host": host} if host else {})
-        response = conn.getresponse()
-        return response.status, response.read(), dict(response.getheaders())
-    finally:
-        conn.close()
+from kit.web import fetch
 
 
 def fetch_json(url: str, method: str = "GET") -> dict[str, Any]:

@@ -23,21 +23,15 @@ from bloomcrawl.core.frontier import Frontier
 from bloomcrawl.core.keys import FrontierKeys
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 from bloomcrawl.ops import inspection
-from bloomcrawl.ops.exporter import ClusterCollector, build_registry
-from bloomcrawl.ops.exporter import redis_client as exporter_client
 
 from kit.cli import CliRun, run_cli
 from kit.data import outgoing, populate_frontier
-from kit.exporter import Exporter
+from kit.exporter import Exporter, collector_registry
 from kit.redis import RedisServer
 
 GOOD = {"spider": "good"}
 BAD = {"spider": "bad"}
 READ_ERRORS = "bloomcrawl_spider_read_errors"
-
-
-def scrape(url: str) -> CollectorRegistry:
-    return build_registry(ClusterCollector(exporter_client(url)))
 
 
 def populate_bad(client: redis.Redis) -> None:
@@ -91,7 +85,7 @@ def test_one_malformed_spider_never_hides_the_others(
 ) -> None:
     front = populate_frontier(redis_client, "good")
     MALFORMED[breakage](redis_client)
-    registry = scrape(redis_server.url)
+    registry = collector_registry(redis_server.url)
     get = registry.get_sample_value
     with caplog.at_level(logging.WARNING, logger="bloomcrawl.ops.exporter"):
         for _ in range(3):
@@ -123,7 +117,7 @@ def test_what_can_be_read_of_a_broken_spider_is_reported_and_a_fix_is_logged(
     front = populate_frontier(redis_client, "bad", partitions=2)
     replace(redis_client, BAD_KEYS.queue_part(1), "x")
     redis_client.hset(BAD_KEYS.stats, "pages", "ten")
-    registry = scrape(redis_server.url)
+    registry = collector_registry(redis_server.url)
     get = registry.get_sample_value
     with caplog.at_level(logging.INFO, logger="bloomcrawl.ops.exporter"):
         assert get(READ_ERRORS, BAD) == 2  # two kinds: the queue keys, the stats
@@ -161,7 +155,7 @@ def test_an_unforeseen_failure_of_one_spider_is_contained(
     state = inspection.spider_state(redis_client, BAD_META)
     assert state is not None
     assert state.problems == ["unreadable (RuntimeError: something nobody thought of)"]
-    registry = scrape(redis_server.url)
+    registry = collector_registry(redis_server.url)
     assert registry.get_sample_value("bloomcrawl_up") == 1
     assert registry.get_sample_value("bloomcrawl_filter_items", GOOD) == 300
     assert registry.get_sample_value(READ_ERRORS, BAD) == 1
@@ -196,7 +190,7 @@ def test_a_redis_refusing_commands_goes_through_the_one_error_policy(
     redis_client.acl_setuser("scraper", enabled=True, passwords=["+pw"], keys=["*"],
                              commands=["+@all", "-info"])
     try:
-        registry = scrape(f"redis://scraper:pw@127.0.0.1:{redis_server.port}/0")
+        registry = collector_registry(f"redis://scraper:pw@127.0.0.1:{redis_server.port}/0")
         with caplog.at_level(logging.INFO, logger="bloomcrawl.ops.exporter"):
             for _ in range(3):
                 assert registry.get_sample_value("bloomcrawl_up") == 0
@@ -254,7 +248,7 @@ def test_start_url_leases_lease_counters_item_ids_and_stats_writers(
     assert (state.start_urls, state.start_urls_leased) == (1, 2)
     assert state.leases_total == state.leased == 4
     assert (state.items_stored, state.item_ids, state.stats_workers) == (3, 3, 2)
-    registry = scrape(redis_server.url)
+    registry = collector_registry(redis_server.url)
     get = registry.get_sample_value
     site = {"spider": "site"}
     assert get("bloomcrawl_start_urls", site) == 1

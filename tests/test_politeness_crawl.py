@@ -25,7 +25,6 @@ its own User-Agent, which tells the site who fetched what.
 
 from __future__ import annotations
 
-import http.client
 import os
 import re
 import sys
@@ -65,6 +64,7 @@ from kit.politeness import (
 )
 from kit.redis import RedisServer
 from kit.wait import wait_until
+from kit.web import fetch
 from kit.workers import WorkerPool, check_exits, run_workers
 
 #: each page links to this many new ones: every worker could have work of the domain at once
@@ -120,16 +120,12 @@ def test_measures_of_arrivals() -> None:
     assert summarize(records)["b"].rate is None
 
 
-def fetch(site: RunningHostsSite, host: str, path: str,
-          who: str = "probe") -> tuple[int, str, dict[str, str]]:
-    conn = http.client.HTTPConnection("127.0.0.1", site.port, timeout=10)
-    try:
-        conn.request("GET", path, headers={"Host": "%s:%d" % (host, site.port),
-                                           "User-Agent": who})
-        response = conn.getresponse()
-        return response.status, response.read().decode(), dict(response.getheaders())
-    finally:
-        conn.close()
+def fetch_host(site: RunningHostsSite, host: str, path: str,
+               who: str = "probe") -> tuple[int, str, dict[str, str]]:
+    """GET ``path`` of ``host`` on the hosts site, as the user agent ``who``."""
+    status, body, headers = fetch("http://127.0.0.1:%d%s" % (site.port, path),
+                                  host="%s:%d" % (host, site.port), headers={"User-Agent": who})
+    return status, body.decode(), headers
 
 
 def test_hosts_site_serves_each_host_its_pages_and_behaviour() -> None:
@@ -138,22 +134,23 @@ def test_hosts_site_serves_each_host_its_pages_and_behaviour() -> None:
              HostSpec("h1.localhost", pages=2, throttle_first=2, retry_after=4),
              HostSpec("slow.localhost", pages=1, latency=0.3)]
     with RunningHostsSite(specs).start() as site:
-        status, body, _ = fetch(site, "H0.localhost", "/", "w0")
+        status, body, _ = fetch_host(site, "H0.localhost", "/", "w0")
         assert status == 200 and "<title>h0.localhost page 0</title>" in body
         assert re.findall(r'href="([^"]+)"', body) == ["/p/1", "/p/2", "/p/3"]
-        links = re.findall(r'href="([^"]+)"', fetch(site, "h0.localhost", "/p/1", "w1")[1])
+        links = re.findall(r'href="([^"]+)"', fetch_host(site, "h0.localhost", "/p/1", "w1")[1])
         assert links == ["/p/4", "/p/5", "/p/6", "/", "/"]  # children, parent (/), home
-        assert fetch(site, "h0.localhost", "/robots.txt")[1] == (
+        assert fetch_host(site, "h0.localhost", "/robots.txt")[1] == (
             "User-agent: *\nDisallow: /p/6\nCrawl-delay: 1.5\n")
-        assert fetch(site, "h0.localhost", "/p/7")[0] == 404
-        assert fetch(site, "h1.localhost", "/robots.txt")[0] == 404
-        first, second = fetch(site, "h1.localhost", "/"), fetch(site, "h1.localhost", "/p/1")
+        assert fetch_host(site, "h0.localhost", "/p/7")[0] == 404
+        assert fetch_host(site, "h1.localhost", "/robots.txt")[0] == 404
+        first = fetch_host(site, "h1.localhost", "/")
+        second = fetch_host(site, "h1.localhost", "/p/1")
         assert (first[0], first[2]["Retry-After"], second[0]) == (429, "4", 429)
-        assert fetch(site, "h1.localhost", "/")[0] == 200
+        assert fetch_host(site, "h1.localhost", "/")[0] == 200
         started = time.monotonic()
-        assert fetch(site, "slow.localhost", "/")[0] == 200
+        assert fetch_host(site, "slow.localhost", "/")[0] == 200
         assert time.monotonic() - started >= 0.3
-        assert fetch(site, "elsewhere.localhost", "/")[0] == 404
+        assert fetch_host(site, "elsewhere.localhost", "/")[0] == 404
         client = HostsSiteClient(site.port)
         assert client.arrivals() == site.arrivals()  # the control endpoints are not recorded
         records = site.arrivals()

@@ -17,6 +17,7 @@ from bloomcrawl.ops.runs import FINISHED, Run, RunStore, run_key
 from bloomcrawl.ops.schedules import Schedule, ScheduleStore, Spec, redis_time, schedule_key
 
 from kit.cluster import RedisClusterProcesses
+from kit.exporter import collector_registry
 from kit.redis import RedisServer
 from kit.wait import wait_until
 
@@ -25,11 +26,6 @@ RESULTS = ("started", "partly_started", "skipped", "failed", "under_way")
 
 def spec(name: str, spider: str = "site", **when: object) -> Spec:
     return Spec(name, spider, "bloomcrawl", **when).check()  # type: ignore[arg-type]
-
-
-def scrape(url: str) -> CollectorRegistry:
-    """A registry whose every read is a fresh scrape of Redis at ``url``."""
-    return build_registry(ClusterCollector(exporter_client(url)))
 
 
 def outcome_of(registry: CollectorRegistry, schedule: str, spider: str = "site"
@@ -59,7 +55,7 @@ def test_each_schedule_s_last_and_next_fire_and_last_outcome(
     hourly = store.add(spec("hourly", every=3600))
     store.add(spec("nightly", spider="shop", cron="0 3 * * *"))
     store.set_paused("nightly", True)
-    registry = scrape(redis_server.url)
+    registry = collector_registry(redis_server.url)
     get = registry.get_sample_value
     h = {"schedule": "hourly", "spider": "site"}
     n = {"schedule": "nightly", "spider": "shop"}
@@ -114,7 +110,7 @@ def test_a_due_slot_no_timer_claims_is_overdue_until_claimed(
         redis_server: RedisServer, redis_client: redis.Redis) -> None:
     store = ScheduleStore(redis_client)
     made = fired(store, "often", 1)
-    registry = scrape(redis_server.url)
+    registry = collector_registry(redis_server.url)
     labels = {"schedule": "often", "spider": "site"}
 
     # no timer runs: the slots come and none is claimed
@@ -168,7 +164,7 @@ def test_the_last_runs_of_each_schedule_by_how_long_ago(
                        (5, {"a": "my own reason"})):
         made[n].status, made[n].finished, made[n].reasons = FINISHED, now - 50, reasons
         runs.save(made[n])
-    registry = scrape(redis_server.url)
+    registry = collector_registry(redis_server.url)
     get = registry.get_sample_value
 
     def at(ago: int, schedule: str = "news", spider: str = "site") -> dict[str, str]:
@@ -250,7 +246,7 @@ def test_redis_refusing_the_schedule_keys_is_redis_down_for_the_scrape(
                                  "~[^{]*", "+@all")
     try:
         host, port = redis_server.url.split("//")[1].split("/")[0].split(":")
-        registry = scrape("redis://noschedules:secret@%s:%s/0" % (host, port))
+        registry = collector_registry("redis://noschedules:secret@%s:%s/0" % (host, port))
         with caplog.at_level(logging.WARNING, logger="bloomcrawl.ops.exporter"):
             names = {f.name for f in registry.collect()}
         assert registry.get_sample_value("bloomcrawl_up") == 0
@@ -298,7 +294,7 @@ def test_on_redis_cluster_the_schedules_and_runs_are_read_from_their_slots(
     store = ScheduleStore(client)
     made = fired(store, "hourly", 3600, "skipped")
     RunStore(client).start(run("hourly", 1, made.created))
-    registry = scrape(clean_cluster.startup_url)
+    registry = collector_registry(clean_cluster.startup_url)
     labels = {"schedule": "hourly", "spider": "site"}
     assert registry.get_sample_value("bloomcrawl_up") == 1
     assert outcome_of(registry, "hourly")["skipped"] == 1

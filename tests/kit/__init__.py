@@ -9,6 +9,7 @@
 * :mod:`kit.workers`: :class:`~kit.workers.Worker`, the one ``scrapy crawl`` launcher,
   and :class:`~kit.workers.WorkerPool`, which stops every worker it started;
 * :mod:`kit.scrapyd`: :class:`~kit.scrapyd.ScrapydNode`, one scrapyd process;
+* :mod:`kit.web`: :func:`~kit.web.fetch`, one HTTP request to a site on 127.0.0.1;
 * :mod:`kit.cli`: :func:`~kit.cli.run_cli`, ``bloomcrawl`` in-process, and
   :func:`~kit.cli.run_cli_process` where a test needs the real process;
 * :mod:`kit.checks`: what a crawl left behind, and the exactly-once checks;

@@ -4,7 +4,8 @@ An :class:`Exporter` is ``python -m bloomcrawl.ops.exporter`` on a free
 127.0.0.1 port, started by the project's process manager and stopped by pid;
 :meth:`~Exporter.scrape` is one GET /metrics, and :meth:`~Exporter.poll`
 scrapes it from a thread every ``interval`` seconds (the fault suite checks
-that every scrape answered).
+that every scrape answered). :func:`collector_registry` is the same collector
+in the test's own process, for a test that reads the metrics without HTTP.
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from bloomcrawl.ops.cluster.processes import ManagedProcess, free_port, spawn
 from bloomcrawl.ops.noproxy import OPENER
 
 from kit import CRAWLER
 from kit.wait import wait_until
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -46,6 +51,14 @@ class Scrape:
             if line.startswith(wanted + " "):
                 return float(line.split()[-1])
         return None
+
+
+def collector_registry(url: str) -> CollectorRegistry:
+    """The exporter's collector of Redis at ``url``, in this process: every read of the
+    registry is a fresh scrape of Redis."""
+    from bloomcrawl.ops.exporter import ClusterCollector, build_registry, redis_client
+
+    return build_registry(ClusterCollector(redis_client(url)))
 
 
 class Exporter:
