@@ -94,6 +94,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "crawler"))
 
+from common import labelled_resources  # noqa: E402
+
 from bloomcrawl.ops import scrapyd  # noqa: E402
 from bloomcrawl.ops.cli.jobs import clear_spider, seed  # noqa: E402
 from bloomcrawl.ops.cli.target import Target, resolve_target  # noqa: E402
@@ -288,20 +290,13 @@ def docker_json(*args: str) -> Any:
     return json.loads(out)
 
 
-def project_resources() -> dict[str, list[str]]:
-    label = "label=com.docker.compose.project=%s" % PROJECT
-    found = {}
-    for kind, cmd in (("containers", ["ps", "-a"]), ("networks", ["network", "ls"]),
-                      ("volumes", ["volume", "ls"])):
-        out = subprocess.run(["docker", *cmd, "-q", "--filter", label], text=True,
-                             capture_output=True, check=True, timeout=60).stdout
-        found[kind] = out.split()
-    return found
+def project_resources() -> list[str]:
+    return labelled_resources("com.docker.compose.project=%s" % PROJECT)
 
 
 def compose_down_leftovers() -> None:
     """A previous run that died may have left its cluster: remove it first."""
-    if ENV_FILE.exists() and any(project_resources().values()):
+    if ENV_FILE.exists() and project_resources():
         log("removing the cluster a previous run left")
         make("down", timeout=180)
 
@@ -678,7 +673,7 @@ def check_cluster_reup() -> str:
 def check_down() -> str:
     make("down", timeout=180)
     left = project_resources()
-    assert not any(left.values()), "left behind: %s" % left
+    assert not left, "left behind: %s" % left
     return "no container, network or volume of %s left" % PROJECT
 
 

@@ -17,8 +17,8 @@ containers through their ports published on h1's 127.0.0.1, as an operator on
 that host would; on h2 ``make worker-host`` and ``make down``. The demo site runs
 as a process on h1's LAN address, where the containers and h2 both reach it.
 
-The checks use the helpers of cluster_e2e (``e2e``): one line each, "N passed,
-M failed" at the end.
+The checks use the helpers of cluster_e2e (``e2e``) and the simulated hosts of
+common.py: one line each, "N passed, M failed" at the end.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from common import HTTP, SimulatedHosts, alive, labelled_resources
 
 from bloomcrawl.ops.cluster.envfile import ensure_env_file
 
@@ -60,6 +62,9 @@ HOSTS_ENV = {
 PLAIN_TEXT_REFUSED = "is plain text to %s, which is not a loopback address"
 
 e2e: ModuleType
+sim_hosts = SimulatedHosts(HOSTS_DIR, PREFIX, lambda: e2e.environment(), HOSTS_ENV)
+#: docker on h1's engine
+docker = sim_hosts.docker
 #: the demo site process on h1 (started by this case, stopped by its pid)
 site: subprocess.Popen[bytes] | None = None
 #: ``git status --ignored`` outside .run before the case: what it may not add to
@@ -69,24 +74,6 @@ files_before: set[str] = set()
 def netns(host: str) -> list[str]:
     # nsenter --net, not `ip netns exec`: that remounts /sys
     return ["nsenter", "--net=/run/netns/%s-%s" % (PREFIX, host)]
-
-
-def socket_of() -> str:
-    return "unix://%s/docker.sock" % (HOSTS_DIR / "h1")
-
-
-def docker(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", "-H", socket_of(), *args], text=True,
-                          capture_output=True, check=check, timeout=timeout)
-
-
-def hosts_script(*args: str, timeout: float = 180) -> str:
-    result = subprocess.run([str(ROOT / "scripts" / "swarm-hosts.sh"), *args], cwd=ROOT,
-                            text=True, capture_output=True, timeout=timeout,
-                            env={**e2e.environment(), **HOSTS_ENV})
-    assert result.returncode == 0, "swarm-hosts.sh %s: %s" % (
-        " ".join(args), (result.stdout + result.stderr)[-1500:])
-    return result.stdout
 
 
 def worker_env(**extra: str) -> dict[str, str]:
@@ -121,13 +108,6 @@ def worker_redis_url() -> str:
         e2e.env_values()["REDIS_WORKER_PASSWORD"], CENTRAL)
 
 
-HTTP_GET = """
-import sys, urllib.request
-opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-with opener.open(sys.argv[1], timeout=20) as r:
-    sys.stdout.write(r.read().decode())
-"""
-
 #: argv: host port [password [ca certfile keyfile username]]: PING's outcome, one line
 REDIS_PING = """
 import sys, redis
@@ -146,7 +126,7 @@ except Exception as exc:
 
 
 def demo_stats() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(python_in("h1", HTTP_GET, SITE_URL + "__stats"))
+    data: dict[str, Any] = json.loads(python_in("h1", HTTP, SITE_URL + "__stats"))
     return data
 
 
@@ -158,12 +138,8 @@ def project_containers() -> list[dict[str, Any]]:
 
 
 def project_resources() -> list[str]:
-    label = "label=com.docker.compose.project=%s" % PROJECT
-    found = []
-    for kind in (["ps", "-a"], ["network", "ls"], ["volume", "ls"]):
-        result = docker(*kind, "-q", "--filter", label, check=False)
-        found += ["%s %s" % (kind[0], r) for r in result.stdout.split()]
-    return found
+    return labelled_resources("com.docker.compose.project=%s" % PROJECT,
+                              sim_hosts.docker_command(), check=False)
 
 
 def files_outside_run() -> set[str]:
@@ -184,22 +160,12 @@ def recorded_pids(state_dir: Path) -> list[int]:
     return [int(p["pid"]) for p in json.loads(cluster_file.read_text()).get("processes", [])]
 
 
-def alive(pid: int) -> bool:
-    try:
-        return bool(Path("/proc/%d/cmdline" % pid).read_bytes())
-    except OSError:
-        return False
-
-
 # --- the checks -------------------------------------------------------------------
 
 
 def check_hosts() -> str:
-    out = hosts_script("start")
-    namespaces = subprocess.run(["ip", "netns", "list"], text=True, capture_output=True,
-                                check=True, timeout=30).stdout
-    ours = sorted(line.split()[0] for line in namespaces.splitlines()
-                  if line.startswith(PREFIX + "-"))
+    out = sim_hosts.script("start")
+    ours = sorted(sim_hosts.namespaces())
     assert ours == ["bcrm-h1", "bcrm-h2", "bcrm-lan"], ours
     docker("info")
     return "%s; namespaces %s" % (out.strip().splitlines()[-1], ", ".join(ours))
@@ -406,7 +372,7 @@ def check_crawl() -> str:
 
 def check_exporter() -> str:
     port = e2e.env_values().get("EXPORTER_PORT", "9410")
-    text = python_in("h1", HTTP_GET, "http://127.0.0.1:%s/metrics" % port)
+    text = python_in("h1", HTTP, "http://127.0.0.1:%s/metrics" % port)
     label = 'node="%s"' % NODE_URL.removeprefix("https://")
     up = [line for line in text.splitlines()
           if line.startswith("bloomcrawl_scrapyd_node_up{") and label in line]
@@ -470,12 +436,10 @@ def check_down() -> str:
 
 
 def check_hosts_gone() -> str:
-    pids = [pidfile.read_text().strip() for pidfile in HOSTS_DIR.glob("*/*.pid")]
-    hosts_script("stop")
+    pids = sim_hosts.engine_pids()
+    sim_hosts.script("stop")
     alive_pids = [p for p in pids if p and alive(int(p))]
-    namespaces = subprocess.run(["ip", "netns", "list"], text=True, capture_output=True,
-                                check=True, timeout=30).stdout
-    ours = [line for line in namespaces.splitlines() if line.startswith(PREFIX + "-")]
+    ours = sim_hosts.namespaces()
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
               if line.split()[1].startswith(str(HOSTS_DIR))]
     new_files = sorted(files_outside_run() - files_before)
@@ -499,7 +463,7 @@ def leftovers() -> None:
             if docker("info", check=False).returncode == 0 and project_resources():
                 e2e.make("down", timeout=240)
         finally:
-            hosts_script("stop")
+            sim_hosts.script("stop")
     shutil.rmtree(WORKER_DIR, ignore_errors=True)
     shutil.rmtree(e2e.WORK, ignore_errors=True)
 
@@ -511,7 +475,7 @@ def run_remote(module: ModuleType) -> None:
     e2e.log("remote worker host: compose project %s on h1 (%s), worker host h2 (%s), state"
             " in %s" % (PROJECT, CENTRAL, REMOTE, e2e.WORK))
     e2e.EXTRA_ENV.clear()
-    e2e.EXTRA_ENV["DOCKER_HOST"] = socket_of()
+    e2e.EXTRA_ENV["DOCKER_HOST"] = sim_hosts.socket()
     leftovers()
     files_before = files_outside_run()
     e2e.WORK.mkdir(parents=True, exist_ok=True)

@@ -8,21 +8,22 @@ the root namespace or beyond. h1 is the manager; ``make`` runs with
 DOCKER_HOST on h1's socket, as an operator on the manager would, and finds
 the other engines through SWARM_ENGINES in the case's .env.
 
-The checks use the helpers of cluster_e2e (``e2e``): one line each, "N passed,
-M failed" at the end. Everything the case reads of the stack (the demo site's
-counts, Redis, Prometheus) it reads from inside the stack's network or its
-containers: the stack publishes nothing.
+The checks use the helpers of cluster_e2e (``e2e``) and the simulated hosts of
+common.py: one line each, "N passed, M failed" at the end. Everything the case
+reads of the stack (the demo site's counts, Redis, Prometheus) it reads from
+inside the stack's network or its containers: the stack publishes nothing.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.parse
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from common import HTTP, SimulatedHosts, alive, labelled_resources
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTS_DIR = ROOT / ".run" / "hosts"
@@ -33,26 +34,9 @@ STACK = "bloomcrawl-e2e-swarm"
 VICTIM = "h3"
 
 e2e: ModuleType
-
-
-def socket_of(host: str) -> str:
-    return "unix://%s/docker.sock" % (HOSTS_DIR / host)
-
-
-def docker(*args: str, host: str = "h1", check: bool = True,
-           timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", "-H", socket_of(host), *args], text=True,
-                          capture_output=True, check=check, timeout=timeout)
-
-
-def hosts_script(*args: str, timeout: float = 180) -> str:
-    result = subprocess.run([str(ROOT / "scripts" / "swarm-hosts.sh"), *args], cwd=ROOT,
-                            text=True, capture_output=True, timeout=timeout,
-                            env={**e2e.environment(), "SWARM_HOSTS_DIR": str(HOSTS_DIR),
-                                 "SWARM_HOSTS_PREFIX": PREFIX})
-    assert result.returncode == 0, "swarm-hosts.sh %s: %s" % (
-        " ".join(args), (result.stdout + result.stderr)[-1500:])
-    return result.stdout
+sim_hosts = SimulatedHosts(HOSTS_DIR, PREFIX, lambda: e2e.environment())
+#: docker on a host's engine (h1's unless ``host=`` says otherwise)
+docker = sim_hosts.docker
 
 
 def worker_tasks() -> list[dict[str, str]]:
@@ -91,14 +75,6 @@ def in_stack(code: str, *args: str, timeout: float = 60) -> str:
     return result.stdout
 
 
-HTTP = """
-import sys, urllib.request
-data = sys.argv[2].encode() if len(sys.argv) > 2 else None
-with urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=data), timeout=20) as r:
-    sys.stdout.write(r.read().decode())
-"""
-
-
 def demo_stats() -> dict[str, Any]:
     data: dict[str, Any] = json.loads(in_stack(HTTP, "http://demo:8000/__stats"))
     return data
@@ -113,19 +89,15 @@ def redis_cli(*args: str) -> str:
 
 
 def stack_resources(host: str) -> list[str]:
-    label = "label=com.docker.stack.namespace=%s" % STACK
-    found = []
-    for kind in (["ps", "-a"], ["network", "ls"], ["volume", "ls"]):
-        result = docker(*kind, "-q", "--filter", label, host=host, check=False)
-        found += ["%s %s" % (kind[0], r) for r in result.stdout.split()]
-    return found
+    return labelled_resources("com.docker.stack.namespace=%s" % STACK,
+                              sim_hosts.docker_command(host), check=False)
 
 
 # --- the checks -------------------------------------------------------------------
 
 
 def check_hosts() -> str:
-    out = hosts_script("start")
+    out = sim_hosts.script("start")
     nodes = docker("node", "ls", "--format", "{{.Hostname}} {{.Status}}").stdout.split("\n")
     ready = sorted(line.split()[0] for line in nodes if line.endswith(" Ready"))
     assert ready == list(HOSTS), "swarm nodes ready: %s" % nodes
@@ -205,7 +177,7 @@ def check_node_loss() -> str:
         assert time.monotonic() < deadline, "the crawl did not get going (%d pages)" % pages
         time.sleep(0.2)
         pages = int(redis_cli("hget", "site:stats", "pages") or 0)
-    hosts_script("kill", VICTIM)
+    sim_hosts.script("kill", VICTIM)
     killed_at = time.monotonic()
     e2e.log("%s died at %d pages" % (VICTIM, pages))
     deadline = time.monotonic() + 300
@@ -241,7 +213,7 @@ def check_node_loss() -> str:
 
 
 def check_scale() -> str:
-    hosts_script("revive", VICTIM)
+    sim_hosts.script("revive", VICTIM)
     deadline = time.monotonic() + 120
     while True:
         status = docker("node", "ls", "--format", "{{.Hostname}} {{.Status}}").stdout
@@ -279,16 +251,12 @@ def check_down() -> str:
 
 
 def check_hosts_gone() -> str:
-    pids = []
-    for pidfile in HOSTS_DIR.glob("*/*.pid"):
-        pids.append(pidfile.read_text().strip())
-    hosts_script("stop")
-    alive = [p for p in pids if p and Path("/proc", p).exists()]
-    namespaces = subprocess.run(["ip", "netns", "list"], text=True, capture_output=True,
-                                check=True, timeout=30).stdout
-    ours = [line for line in namespaces.splitlines() if line.startswith(PREFIX + "-")]
-    assert not alive and not ours and not HOSTS_DIR.exists(), (
-        "left: pids %s, namespaces %s, %s exists: %s" % (alive, ours, HOSTS_DIR,
+    pids = sim_hosts.engine_pids()
+    sim_hosts.script("stop")
+    left = [p for p in pids if p and alive(int(p))]
+    ours = sim_hosts.namespaces()
+    assert not left and not ours and not HOSTS_DIR.exists(), (
+        "left: pids %s, namespaces %s, %s exists: %s" % (left, ours, HOSTS_DIR,
                                                          HOSTS_DIR.exists()))
     return "engines %s stopped; namespaces and %s removed" % (" ".join(pids), HOSTS_DIR)
 
@@ -299,12 +267,12 @@ def run_swarm(module: ModuleType) -> None:
     e2e.use(STACK, ROOT / ".run" / "e2e-swarm")
     e2e.log("Docker Swarm: stack %s on %s, state in %s" % (STACK, ", ".join(HOSTS), e2e.WORK))
     e2e.EXTRA_ENV.clear()
-    e2e.EXTRA_ENV["DOCKER_HOST"] = socket_of("h1")
+    e2e.EXTRA_ENV["DOCKER_HOST"] = sim_hosts.socket("h1")
     e2e.WORK.mkdir(parents=True, exist_ok=True)
     e2e.ENV_FILE.write_text(
         "# the e2e test's stack (tests/e2e/swarm_e2e.py)\nCOMPOSE_PROJECT_NAME=%s\n"
         "DEMO_PAGES=%d\nSWARM_ENGINES=%s\n" % (STACK, e2e.PAGES, ",".join(
-            socket_of(h) for h in HOSTS[1:])))
+            sim_hosts.socket(h) for h in HOSTS[1:])))
     (e2e.STATE_DIR / "cluster.json").unlink(missing_ok=True)
     try:
         steps = [
