@@ -284,12 +284,6 @@ def env_values() -> dict[str, str]:
     return read_env_file(ENV_FILE)
 
 
-def docker_json(*args: str) -> Any:
-    out = subprocess.run(["docker", *args], text=True, capture_output=True, check=True,
-                         timeout=60).stdout
-    return json.loads(out)
-
-
 def project_resources() -> list[str]:
     return labelled_resources("com.docker.compose.project=%s" % PROJECT)
 
