@@ -17,6 +17,13 @@ from scrapy.utils.reactor import install_reactor
 
 pytest_plugins = ["kit.fixtures"]
 
+#: fixtures that start more than the session's one redis-server: crawls, scrapyd,
+#: Redis Clusters, the demo site
+PROCESS_FIXTURES = frozenset({
+    "redis_cluster", "clean_cluster", "private_cluster", "redismod_server", "demo_site",
+    "worker_pool", "scrapyd_node", "scrapyd_nodes",
+})
+
 if scrapy.version_info < (2, 14):
     # Scrapy 2.13's get_crawler() asks which reactor is installed, and fails when none is
     install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
@@ -62,3 +69,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.section("fault suite: what each fault cost")
     terminalreporter.write_line(format_table([row for found in rows.values() for row in found]))
     terminalreporter.write_line(SUMMARY_NOTE)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The cheap tests first, so that a break shows in the suite's first minute: those
+    marked ``slow`` or starting processes (:data:`PROCESS_FIXTURES`) run after the rest,
+    each group in the order collected."""
+    def costly(item: pytest.Item) -> bool:
+        names = getattr(item, "fixturenames", ())
+        return item.get_closest_marker("slow") is not None or not PROCESS_FIXTURES.isdisjoint(names)
+
+    items.sort(key=costly)
