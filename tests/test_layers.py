@@ -1,7 +1,8 @@
 """The package's three layers import only downward: core <- crawl <- ops.
 
 core is the library (no Scrapy), crawl is what a worker runs, ops never
-ships in a worker's egg. No module imports another module's private names.
+ships in a worker's egg. No module imports another module's private names,
+and none (nor any class) grows past the size of one job.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ FORBIDDEN = {
     "crawl": ("bloomcrawl.ops",),
     "ops": (),
 }
+#: a module or class longer than this holds more than one job: split it along a seam
+MAX_MODULE_LINES = 500
+MAX_CLASS_LINES = 300
 
 
 def imports(path: Path) -> list[tuple[str, list[str]]]:
@@ -65,3 +69,20 @@ def test_no_module_imports_private_names_of_another() -> None:
         if name.startswith("_") and not name.startswith("__")
     ]
     assert wrong == []
+
+
+def test_no_module_or_class_outgrows_one_job() -> None:
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        name = path.relative_to(PACKAGE)
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            too_long.append("%s: %d lines (at most %d)" % (name, lines, MAX_MODULE_LINES))
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.ClassDef):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size > MAX_CLASS_LINES:
+                    too_long.append("%s: class %s: %d lines (at most %d)" % (
+                        name, node.name, size, MAX_CLASS_LINES))
+    assert not too_long, "split along a seam:\n" + "\n".join(too_long)

@@ -18,6 +18,7 @@ from bloomcrawl.crawl.redis_io import call_later
 
 if TYPE_CHECKING:
     from bloomcrawl.crawl.engine import EngineInterface
+    from bloomcrawl.crawl.exchanges import ExchangeLoop
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,22 @@ class IdleCloser:
         self._since: float | None = None
         self._call: Any = None
         self._stopped = False
+
+    def spider_idle(self, loop: ExchangeLoop) -> None:
+        """The engine is idle: raises DontCloseSpider while this worker owes Redis or
+        holds work, or the cluster's frontier (as ``loop`` last saw it) is not empty,
+        until it stayed empty for ``max_idle`` s; returns when the spider may close."""
+        if loop.busy_here():
+            loop.exchange(lease=loop.starved)
+            self.recheck_in(IDLE_RECHECK_S)
+            raise DontCloseSpider
+        loop.starved = True
+        if loop.frontier_size is None or loop.frontier_size > 0:
+            # others are crawling and may queue more (or we do not know yet): look soon
+            self.not_empty()
+            loop.poller.look_soon()
+            raise DontCloseSpider
+        self.empty()
 
     def not_empty(self) -> None:
         """Something is queued or leased somewhere (or unknown): the clock starts over."""

@@ -4,7 +4,8 @@
 exchange's reply, handed to the engine, acked when the request's outcome is
 final, given up when Redis says they expired or lost them. It knows nothing
 of Redis; :class:`LeaseUpkeep` renews the book's leases and reaps every
-worker's expired ones on the I/O thread.
+worker's expired ones on the I/O thread, and puts the book's leases back on
+close.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from bloomcrawl.core.connection import server_infos
+from bloomcrawl.core.connection import REDIS_ERRORS, server_infos
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LeaseRef
 from bloomcrawl.crawl.redis_io import create_looping_call, log_unexpected, redis_failed
 
@@ -178,6 +179,15 @@ class LeaseUpkeep:
             # a replica promoted over a connection opened before: see ServerWatch
             self.watch.check_masters(server_infos(self.frontier.server))
         return self.frontier.reap()
+
+    def release(self) -> None:
+        """Closing: the leases this worker did not finish go straight back to the queue."""
+        try:
+            self.count_requeued(self.frontier.release(self.book.held()))
+            self.book.clear()
+        except REDIS_ERRORS as exc:
+            logger.error("could not put this worker's leases back on close (%s): they will be"
+                         " requeued when they expire", exc, extra=self.log_extra)
 
     def count_requeued(self, requeued: int) -> None:
         if requeued:

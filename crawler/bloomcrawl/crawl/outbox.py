@@ -8,7 +8,7 @@ one :meth:`~bloomcrawl.core.frontier.Frontier.exchange` on the I/O thread
 :class:`Reply` comes back on the reactor. A batch that fails goes back in
 front of the buffer, nothing of it lost; when to try again is the exchange
 loop's decision. Shared stats travel numbered, so a resent exchange counts
-once.
+once (:class:`~bloomcrawl.crawl.stats_book.StatsBook` keeps them).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from bloomcrawl.core.connection import ServerChangedError, ServerWatch, server_i
 from bloomcrawl.core.errors import FilterFullError
 from bloomcrawl.core.frontier import Exchanged, Frontier, Lease, Outgoing
 from bloomcrawl.core.politeness import Feedback
+from bloomcrawl.crawl.stats_book import StatsBook
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
@@ -29,10 +30,6 @@ if TYPE_CHECKING:
 
     from bloomcrawl.crawl.redis_io import RedisIO
 
-#: counts Redis confirmed, kept this long (and this many) to be sent again if Redis
-#: turns out to have lost them (a rollback, a restart without persistence)
-STATS_HISTORY_S = 900.0
-STATS_HISTORY_MAX = 100_000
 #: requests of confirmed exchanges kept this long before the last confirmed one (and at
 #: most this many), to be sent again when Redis may have lost them: what a failover can
 #: drop is what the promoted replica had not received when its master died
@@ -95,23 +92,13 @@ class Outbox:
         self.io = io
         self.frontier = frontier
         self.watch = watch
-        #: 0: counts go with every exchange, numbered (one Redis: the numbers tell
-        #: a restarted server that lost writes). On Redis Cluster every exchange of
-        #: every worker would hit the one stats slot, and any server change is
-        #: handled as a loss anyway: counts go at most this often (and on close)
-        self.stats_interval = stats_interval
+        #: the shared stats owed, numbered, confirmed (``stats_interval``: see StatsBook)
+        self.shared_stats = StatsBook(stats_interval)
         #: 0: keep nothing to :meth:`replay`; on Redis Cluster, REPLAY_S
         self.replay_s = replay_s
         self._outgoing: list[Outgoing] = []
         self._acks: dict[int, list[str]] = defaultdict(list)
         self._feedback: dict[int, Feedback] = {}
-        self._counts: dict[str, int] = defaultdict(int)
-        # counts that ride with the next stats but do not call for an exchange of their own
-        self._later: dict[str, int] = defaultdict(int)
-        # counts of failed exchanges, resent under their own numbers
-        self._unconfirmed_stats: list[tuple[int, dict[str, int]]] = []
-        # counts Redis confirmed lately: (when, number, counts)
-        self._confirmed_stats: deque[tuple[float, int, dict[str, int]]] = deque()
         # start URL leases: requests made, not sent yet / sent, to be acked
         self._start_waiting: list[str] = []
         self._start_acks: list[str] = []
@@ -124,10 +111,6 @@ class Outbox:
         self._recent: set[bytes] = set()
         self.exchanging = False
         self._verify_masters = False
-        self._number = 0
-        self._stats_sent_at = float("-inf")
-        #: the number of the last exchange whose stats Redis confirmed
-        self.confirmed_number = 0
 
     # -- what is owed ------------------------------------------------------------------
 
@@ -158,18 +141,21 @@ class Outbox:
 
     def count(self, name: str, value: int = 1) -> None:
         """Add to a shared stat (``<spider>:stats``), sent with the next exchange."""
-        self._counts[name] += value
+        self.shared_stats.count(name, value)
 
     def count_later(self, name: str, value: int = 1) -> None:
         """:meth:`count`, sent with the next stats that go anyway: what an exchange's
         reply counts (requests queued, revisits) starts no exchange of its own. On close,
         :meth:`owe_later_counts` makes them owed."""
-        self._later[name] += value
+        self.shared_stats.count_later(name, value)
 
     def owe_later_counts(self) -> None:
-        for name, value in self._later.items():
-            self._counts[name] += value
-        self._later.clear()
+        self.shared_stats.owe_later_counts()
+
+    @property
+    def confirmed_number(self) -> int:
+        """The number of the last exchange whose stats Redis confirmed."""
+        return self.shared_stats.confirmed_number
 
     def feedback_for(self, partition: int) -> Feedback:
         """What this worker saw of the hosts of ``partition``, sent with the next exchange."""
@@ -212,8 +198,7 @@ class Outbox:
 
     def owes(self) -> bool:
         """Requests, acks or stats are waiting to be sent."""
-        return bool(self._outgoing or self._acks or self._counts or self._unconfirmed_stats
-                    or self._feedback)
+        return bool(self._outgoing or self._acks or self._feedback) or self.shared_stats.owes()
 
     def ack_partition(self) -> int | None:
         """A partition with acks to send: a lease from it carries them in the same call."""
@@ -232,23 +217,10 @@ class Outbox:
             return None
         outgoing, duplicates = self._unique()
         if duplicates:
-            self._counts["filtered"] += duplicates
-        stats, self._unconfirmed_stats = self._unconfirmed_stats, []
-        now = time.monotonic()
-        if self.stats_interval:
-            due = bool(self._counts) and (now - self._stats_sent_at >= self.stats_interval
-                                          or not self.io.threaded)
-        else:
-            # numbered even without counts: the number is how a restarted server
-            # tells whether it kept this worker's writes
-            due = bool(self._counts or self._outgoing or self._acks)
-        if due:
-            self._number += 1
-            if self._later:
-                self.owe_later_counts()
-            stats.append((self._number, dict(self._counts)))
-            self._counts = defaultdict(int)
-            self._stats_sent_at = now
+            self.shared_stats.count("filtered", duplicates)
+        stats = self.shared_stats.take(time.monotonic(),
+                                       writes=bool(self._outgoing or self._acks),
+                                       at_once=not self.io.threaded)
         batch = Batch(outgoing, self._acks, stats, self._start_waiting, self._dropped,
                       lease_from, want, check_idle, self.watch.epoch, probe or [],
                       self._feedback, duplicates)
@@ -278,15 +250,8 @@ class Outbox:
         return kept, len(self._outgoing) - len(kept)
 
     def restate(self, applied: int) -> int:
-        """Redis lost state: send again the counts it confirmed beyond number ``applied``.
-
-        ``applied`` is the number of this worker's last exchange the shared
-        stats hold now; each number is still added once.
-        """
-        again = [(number, counts) for _, number, counts in self._confirmed_stats
-                 if number > applied]
-        self._unconfirmed_stats[:0] = again  # lower numbers first, as the script needs
-        return len(again)
+        """Redis lost state: send again the counts it confirmed beyond number ``applied``."""
+        return self.shared_stats.restate(applied)
 
     def replay(self) -> int:
         """Redis may have lost requests: queue again those of the recent exchanges.
@@ -354,13 +319,7 @@ class Outbox:
         self._recent = {e.fingerprint for e in batch.outgoing if not e.dont_filter}
         self._start_acks += batch.start_tokens
         now = time.monotonic()
-        history = self._confirmed_stats
-        history.extend((now, number, counts) for number, counts in batch.stats)
-        if batch.stats:
-            self.confirmed_number = max(self.confirmed_number, batch.stats[-1][0])
-        while history and (len(history) > STATS_HISTORY_MAX
-                           or history[0][0] < now - STATS_HISTORY_S):
-            history.popleft()
+        self.shared_stats.confirmed(batch.stats, now)
         if batch.outgoing and self.replay_s:
             self._sent.append((now, batch.outgoing))
             self._sent_count += len(batch.outgoing)
@@ -375,7 +334,7 @@ class Outbox:
         self._outgoing[:0] = batch.outgoing
         for p, tokens in batch.acks.items():
             self._acks[p][:0] = tokens
-        self._unconfirmed_stats[:0] = batch.stats
+        self.shared_stats.failed(batch.stats)
         self._start_waiting[:0] = batch.start_tokens
         self._dropped[:0] = batch.dropped
         if not isinstance(failure.value, FilterFullError | ServerChangedError):

@@ -47,7 +47,6 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
-from scrapy.exceptions import DontCloseSpider
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.connection import (
@@ -70,15 +69,12 @@ from bloomcrawl.crawl.engine import EngineInterface
 from bloomcrawl.crawl.exchanges import ExchangeLoop
 from bloomcrawl.crawl.feedback import HostFeedback, retry_after
 from bloomcrawl.crawl.held import HeldRequests
-from bloomcrawl.crawl.idle import IDLE_RECHECK_S, IdleCloser
+from bloomcrawl.crawl.idle import IdleCloser
 from bloomcrawl.crawl.intake import Intake
-from bloomcrawl.crawl.lease import (
-    LEASE_META_KEY,
-    Outcome,
-    request_finished,
-)
+from bloomcrawl.crawl.lease import request_finished
 from bloomcrawl.crawl.lease_book import LeaseBook, LeaseUpkeep
 from bloomcrawl.crawl.outbox import REPLAY_S, Outbox
+from bloomcrawl.crawl.outcomes import Outcomes
 from bloomcrawl.crawl.pages import PageTracker
 from bloomcrawl.crawl.readiness import PartitionReadiness
 from bloomcrawl.crawl.recovery import Recovery
@@ -115,8 +111,8 @@ class Scheduler:
     :meth:`open` (or :meth:`open_frontier`, for tools and tests without a
     running reactor) opens the filter and builds the parts that need it: the
     exchange loop and its outbox (``loop``), the lease book and its upkeep,
-    host feedback, recovery, the idle closer and the intake of new requests
-    (docs/architecture.md draws them).
+    host feedback, recovery, the idle closer, the intake of new requests and
+    the outcomes of crawled ones (docs/architecture.md draws them).
     """
 
     spider: Spider
@@ -126,6 +122,7 @@ class Scheduler:
     feedback: HostFeedback
     idle: IdleCloser
     intake: Intake
+    outcomes: Outcomes
 
     def __init__(self, server: redis.Redis, crawler: Crawler, config: FrontierConfig,
                  filter_config: FilterConfig, allowed: ClassAllowList | None = None) -> None:
@@ -152,7 +149,6 @@ class Scheduler:
         self.held = HeldRequests()
         # dont_filter start requests are deduplicated among the workers of one crawl
         self.crawl_id = b""
-        self._closing = False
         # scrapy shell: Scrapy's own scheduler does the work (see open)
         self.tool: Any = None
 
@@ -231,6 +227,7 @@ class Scheduler:
         self.feedback = HostFeedback(frontier, self.book, self.loop, self.engine, self.stats,
                                      self.crawler.settings,
                                      autothrottle=politeness.autothrottle is not None)
+        self.outcomes = Outcomes(self.loop)
         self.crawl_id = prepare_frontier(frontier, self.server, self.config, spider)
         self.upkeep.count_requeued(frontier.reap())
         self.intake = Intake(loop=self.loop, book=self.book, seen=self.seen, held=self.held,
@@ -249,9 +246,9 @@ class Scheduler:
         # response_downloaded, not response_received: a 429 that RetryMiddleware turns
         # into a retry never becomes a received response
         s.connect(self.feedback.response, signal=signals.response_downloaded)
-        s.connect(self._on_finished, signal=request_finished)
-        s.connect(self._on_item, signal=signals.item_scraped)
-        s.connect(self._on_spider_error, signal=signals.spider_error)
+        s.connect(self.outcomes.finished, signal=request_finished)
+        s.connect(self.outcomes.item_scraped, signal=signals.item_scraped)
+        s.connect(self.outcomes.spider_error, signal=signals.spider_error)
         logger.info("bloomcrawl frontier %s, lease %.0f s; politeness: %s",
                     frontier.describe(), self.config.lease_timeout, politeness.describe(),
                     extra=extra)
@@ -266,7 +263,6 @@ class Scheduler:
         if self.tool is not None:
             self.tool.close(reason)
             return
-        self._closing = True
         self.intake.flush_counts()
         self.upkeep.stop()
         self.idle.stop()
@@ -286,12 +282,7 @@ class Scheduler:
         except REDIS_ERRORS as exc:
             logger.error("could not send this worker's last requests and acks on close"
                          " (%s)", exc, extra={"spider": self.spider})
-        try:
-            self.upkeep.count_requeued(frontier.release(self.book.held()))
-            self.book.clear()
-        except REDIS_ERRORS as exc:
-            logger.error("could not put this worker's leases back on close (%s): they will be"
-                         " requeued when they expire", exc, extra={"spider": self.spider})
+        self.upkeep.release()
         self.held.clear()
         if reason == "finished" and self.crawl_id and not self.config.crawl_id:
             end_crawl(self.server, frontier, self.spider, self.crawl_id)
@@ -385,41 +376,10 @@ class Scheduler:
 
     # -- signals ------------------------------------------------------------------------
 
-    def _on_finished(self, request: Request, outcome: Outcome) -> None:
-        lease = request.meta.pop(LEASE_META_KEY, None)
-        outbox = self.loop.outbox
-        if outcome == Outcome.RESPONSE:
-            outbox.count("pages")
-        elif outcome == Outcome.DOWNLOAD_ERROR:
-            # a raising callback is counted once, by the spider_error signal
-            outbox.count("errors")
-        if lease is not None:
-            # sent with the next lease (next_request), or within ACK_DELAY anyway:
-            # a worker killed now must not leave finished pages to be crawled again
-            self.loop.ack(lease)
-            self.loop.flush_soon()
-
-    def _on_item(self, item: Any, response: Any, spider: Spider) -> None:
-        self.loop.outbox.count("items")
-
-    def _on_spider_error(self, failure: Any, response: Any, spider: Spider) -> None:
-        self.loop.outbox.count("errors")
-
     def _on_idle(self, spider: Spider) -> None:
         """spider_idle: the spider stays open while the cluster's frontier is not empty."""
         self.intake.flush_counts()
-        loop = self.loop
-        if loop.busy_here():
-            loop.exchange(lease=loop.starved)
-            self.idle.recheck_in(IDLE_RECHECK_S)
-            raise DontCloseSpider
-        loop.starved = True
-        if loop.frontier_size is None or loop.frontier_size > 0:
-            # others are crawling and may queue more (or we do not know yet): look soon
-            self.idle.not_empty()
-            loop.poller.look_soon()
-            raise DontCloseSpider
-        self.idle.empty()
+        self.idle.spider_idle(self.loop)
 
 
 def open_frontier(server: redis.Redis, spider: Spider, config: FrontierConfig,

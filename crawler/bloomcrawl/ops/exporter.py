@@ -34,16 +34,13 @@ queued and in-flight requests, delay and concurrency for the spider's
 Recurring crawls: each schedule's last and next fire and last outcome, and
 its last runs (:mod:`bloomcrawl.ops.schedule_metrics`), read with the rest.
 
-Every flag can also be set from the environment (``REDIS_URL``,
-``SCRAPYD_NODES``, ``SCRAPYD_SERVICE``, ``SCRAPYD_USERNAME``,
-``SCRAPYD_PASSWORD``, ``BLOOMCRAWL_EXPORTER_PORT``, ...; see ``--help``).
+Its command line and the environment variables it reads are
+:mod:`bloomcrawl.ops.exporter_parser`.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -61,7 +58,6 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from bloomcrawl import __version__
-from bloomcrawl.core import defaults
 from bloomcrawl.core.connection import (
     REDIS_ERRORS,
     RedisErrorPolicy,
@@ -71,14 +67,28 @@ from bloomcrawl.core.connection import (
 )
 from bloomcrawl.core.errors import RedisUnavailableError, SettingError
 from bloomcrawl.ops import inspection, metrics, remote_nodes, schedule_metrics, scrapyd
-from bloomcrawl.ops.console import OpsError
+from bloomcrawl.ops.exporter_parser import (
+    DEFAULT_BIND,
+    DEFAULT_PORT,
+    DEFAULT_REDIS_TIMEOUT,
+    DEFAULT_TOP_DOMAINS,
+    parse_args,
+)
+
+__all__ = [
+    "DEFAULT_BIND",
+    "DEFAULT_PORT",
+    "DEFAULT_REDIS_TIMEOUT",
+    "DEFAULT_TOP_DOMAINS",
+    "ClusterCollector",
+    "ScrapydNodes",
+    "build_registry",
+    "main",
+    "parse_args",
+    "redis_client",
+]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_PORT = 9410
-DEFAULT_BIND = "127.0.0.1"
-DEFAULT_REDIS_TIMEOUT = 2.0
-DEFAULT_TOP_DOMAINS = inspection.TOP_DOMAINS
 
 
 class _Outages:
@@ -349,97 +359,6 @@ def redis_client(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.Redi
 def _warm_up(collector: ClusterCollector) -> None:
     for _ in collector.collect():
         pass
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else default
-
-
-def parse_args(
-    argv: Sequence[str] | None = None,
-) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
-    """Flags over environment over defaults; errors exit with status 2."""
-    parser = argparse.ArgumentParser(
-        prog="bloomcrawl-exporter",
-        description="Prometheus exporter for a bloomcrawl cluster: Bloom filters, queues,"
-        " leases and crawl stats from Redis, and the scrapyd nodes' jobs.",
-        epilog="Each flag defaults to the environment variable named in its help.",
-    )
-
-    def env_float(name: str, default: float) -> float:
-        raw = _env(name)
-        try:
-            return float(raw) if raw is not None else default
-        except ValueError:
-            parser.error(f"{name}={raw!r} is not a number")
-
-    def env_int(name: str, default: int) -> int:
-        raw = _env(name)
-        try:
-            return int(raw) if raw is not None else default
-        except ValueError:
-            parser.error(f"{name}={raw!r} is not an integer")
-
-    parser.add_argument("--redis-url", default=_env("REDIS_URL", defaults.REDIS_URL),
-                        help="Redis holding the frontier (REDIS_URL; default %(default)s)")
-    parser.add_argument("--port", type=int,
-                        default=env_int("BLOOMCRAWL_EXPORTER_PORT", DEFAULT_PORT),
-                        help="port to serve /metrics on (BLOOMCRAWL_EXPORTER_PORT;"
-                        " default %(default)s)")
-    parser.add_argument("--bind", default=_env("BLOOMCRAWL_EXPORTER_BIND", DEFAULT_BIND),
-                        help="address to listen on; 0.0.0.0 in a container"
-                        " (BLOOMCRAWL_EXPORTER_BIND; default %(default)s)")
-    parser.add_argument("--scrapyd-nodes", default=_env("SCRAPYD_NODES", ""),
-                        help="comma-separated scrapyd URLs, e.g. http://127.0.0.1:6800"
-                        " (SCRAPYD_NODES)")
-    parser.add_argument("--scrapyd-service", default=_env("SCRAPYD_SERVICE"),
-                        help="DNS name whose every address is a scrapyd node, e.g. the"
-                        " compose service 'worker' (SCRAPYD_SERVICE)")
-    parser.add_argument("--scrapyd-port", type=int,
-                        default=env_int("SCRAPYD_HTTP_PORT", scrapyd.DEFAULT_PORT),
-                        help="scrapyd port on the addresses of --scrapyd-service"
-                        " (SCRAPYD_HTTP_PORT; default %(default)s)")
-    parser.add_argument("--scrapyd-username", default=_env("SCRAPYD_USERNAME"),
-                        help="scrapyd basic-auth user (SCRAPYD_USERNAME)")
-    parser.add_argument("--scrapyd-password", default=_env("SCRAPYD_PASSWORD"),
-                        help="scrapyd basic-auth password; prefer the environment"
-                        " (SCRAPYD_PASSWORD)")
-    parser.add_argument("--scrapyd-timeout", type=float,
-                        default=env_float("BLOOMCRAWL_SCRAPYD_TIMEOUT",
-                                          scrapyd.STATUS_TIMEOUT),
-                        help="seconds to wait for a node (BLOOMCRAWL_SCRAPYD_TIMEOUT;"
-                        " default %(default)s)")
-    parser.add_argument("--redis-timeout", type=float,
-                        default=env_float("BLOOMCRAWL_REDIS_TIMEOUT", DEFAULT_REDIS_TIMEOUT),
-                        help="seconds to wait for Redis (BLOOMCRAWL_REDIS_TIMEOUT;"
-                        " default %(default)s)")
-    parser.add_argument("--top-domains", type=int,
-                        default=env_int("BLOOMCRAWL_TOP_DOMAINS", DEFAULT_TOP_DOMAINS),
-                        help="hosts per spider whose queue, delay and concurrency are"
-                        " reported, the busiest first; bounds the domain labels"
-                        " (BLOOMCRAWL_TOP_DOMAINS; default %(default)s)")
-    parser.add_argument("--log-level", default=_env("BLOOMCRAWL_LOG_LEVEL", "INFO"),
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help="(BLOOMCRAWL_LOG_LEVEL; default %(default)s)")
-    parser.add_argument("--once", action="store_true",
-                        help="write the metrics to standard output once and exit")
-    args = parser.parse_args(argv)
-    if not 0 < args.port < 65536:
-        parser.error(f"--port must be in 1..65535, got {args.port}")
-    if not 0 < args.scrapyd_port < 65536:
-        parser.error(f"--scrapyd-port must be in 1..65535, got {args.scrapyd_port}")
-    if args.scrapyd_timeout <= 0 or args.redis_timeout <= 0:
-        parser.error("timeouts must be > 0")
-    if args.top_domains < 0:
-        parser.error(f"--top-domains must be >= 0, got {args.top_domains}")
-    args.scrapyd_nodes = [u.strip() for u in args.scrapyd_nodes.split(",") if u.strip()]
-    for url in args.scrapyd_nodes:
-        try:
-            scrapyd.check_node_url(url)
-        except OpsError as exc:
-            parser.error(str(exc))
-    return parser, args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,47 +11,81 @@ spiders do not import (:class:`ProjectLoadError`), :func:`schedule` starts
 one job per node, :func:`job_states` and :func:`node_statuses` ask how they
 are doing.
 
-The CLI, the exporter and ``bloomcrawl status`` all go through this module;
-node URLs and their metric labels (``host:port``) come from here too.
+The CLI, the exporter and ``bloomcrawl status`` all go through this module,
+which is what they import: building and checking an egg lives in
+:mod:`~bloomcrawl.ops.scrapyd_eggs`, node URLs and their metric labels
+(``host:port``) in :mod:`~bloomcrawl.ops.scrapyd_urls`, and both are
+offered here too.
 """
 
 from __future__ import annotations
 
 import base64
-import configparser
 import http.client
-import io
 import json
-import re
-import shutil
-import socket
 import ssl
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-import zipfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
-from bloomcrawl.core.connection import check_plaintext
-from bloomcrawl.core.errors import SettingError
 from bloomcrawl.ops.console import OpsError
 from bloomcrawl.ops.noproxy import OPENER, opener_for
+from bloomcrawl.ops.scrapyd_eggs import (
+    BUILD_EGG_TIMEOUT,
+    build_egg,
+    check_egg,
+    egg_packages,
+    load_failure,
+)
+from bloomcrawl.ops.scrapyd_urls import (
+    DEFAULT_PORT,
+    check_node_url,
+    node_label,
+    node_labels_by_host,
+    normalise_node_url,
+    resolve_service,
+)
 
-DEFAULT_PORT = 6800
+__all__ = [
+    "BUILD_EGG_TIMEOUT",
+    "DEFAULT_PORT",
+    "HTTP_TIMEOUT",
+    "JOB_STATES",
+    "MAX_PARALLEL",
+    "STATUS_TIMEOUT",
+    "Node",
+    "NodeStatus",
+    "ProjectLoadError",
+    "ScrapydError",
+    "build_egg",
+    "check_egg",
+    "check_node_url",
+    "deploy",
+    "egg_packages",
+    "for_each_node",
+    "job_entries",
+    "job_states",
+    "load_failure",
+    "multipart",
+    "node_label",
+    "node_labels_by_host",
+    "node_statuses",
+    "normalise_node_url",
+    "resolve_service",
+    "schedule",
+    "schedule_each",
+]
+
 #: seconds for an endpoint that does work (addversion, schedule)
 HTTP_TIMEOUT = 30.0
 #: seconds for ``daemonstatus.json``: a node slower than this is reported down
 STATUS_TIMEOUT = 2.0
-BUILD_EGG_TIMEOUT = 300.0
 #: nodes asked at once
 MAX_PARALLEL = 32
 JOB_STATES = ("pending", "running", "finished")
@@ -89,52 +123,6 @@ class ProjectLoadError(ScrapydError):
         super().__init__(url, reason)
         self.traceback = traceback
 
-
-#: the last line of an ImportError's traceback
-_IMPORT_ERROR = re.compile(r"^(?P<kind>ModuleNotFoundError|ImportError): (?P<message>.*)$")
-_NO_MODULE = re.compile(r"No module named '(?P<module>[^']+)'")
-#: a traceback's frame in a file of the egg: ``File ".../eggs/p/1.egg/p/spiders/x.py", line 2``
-_EGG_FRAME = re.compile(r'^File "[^"]*\.egg/(?P<path>[^"]+)", line (?P<line>\d+)')
-
-
-def load_failure(traceback: str, own_packages: Iterable[str] = ()) -> str:
-    """One line out of the traceback of a failed ``scrapy list``: what does not import.
-
-    ``own_packages``: the egg's top-level packages. A module missing from those
-    is the project's own, which no requirements.txt brings.
-    """
-    lines = [line.strip() for line in traceback.strip().splitlines() if line.strip()]
-    for line in reversed(lines):
-        found = _IMPORT_ERROR.match(line)
-        if found is None:
-            continue
-        hint = ""
-        missing = _NO_MODULE.search(found["message"])
-        if found["kind"] == "ModuleNotFoundError" and missing is not None:
-            if missing["module"].split(".")[0] in set(own_packages):
-                hint = " (a module of the project that is not in the egg: a package needs an" \
-                       " __init__.py)"
-            else:
-                hint = " (add it to requirements.txt)"
-        return "the project's spiders do not import on this node: %s%s" % (
-            found["message"], hint)
-    # where in the project it went wrong: the last frame in the egg (a SyntaxError's file)
-    where = ""
-    for line in reversed(lines):
-        frame = _EGG_FRAME.match(line)
-        if frame is not None:
-            where = " (%s, line %s)" % (frame["path"], frame["line"])
-            break
-    return "the project's spiders fail to load on this node: %s%s" % (
-        lines[-1] if lines else "scrapy list failed", where)
-
-
-def egg_packages(egg: bytes) -> set[str]:
-    """The top-level packages and modules of an egg."""
-    with zipfile.ZipFile(io.BytesIO(egg)) as archive:
-        names = archive.namelist()
-    return {name.split("/")[0].removesuffix(".py") for name in names
-            if not name.startswith("EGG-INFO/")}
 
 
 @dataclass
@@ -438,125 +426,3 @@ def job_states(nodes: Sequence[Node], project: str, jobs: dict[str, str]) -> dic
     """{job id: pending | running | finished | unknown}; ``jobs`` is {node url: job id}."""
     return {job: state if state in JOB_STATES else "unknown"
             for job, (state, _) in job_entries(nodes, project, jobs).items()}
-
-
-def _not_in_egg(directory: str, names: list[str]) -> set[str]:
-    """What a copy of a project for its egg leaves out: hidden entries (.git, .scrapy's cache),
-    virtualenvs, bytecode, and earlier builds at the top."""
-    top = (Path(directory) / "scrapy.cfg").is_file()
-    return {name for name in names
-            if name.startswith(".") or name == "__pycache__"
-            or (Path(directory, name) / "pyvenv.cfg").is_file()
-            or (top and (name in ("build", "dist") or name.endswith((".egg-info", ".egg"))))}
-
-
-def build_egg(project_dir: Path, out: Path) -> None:
-    """``scrapyd-deploy --build-egg``: the same egg ``scrapyd-deploy`` would upload.
-
-    It is built in a copy of the project: scrapyd-deploy writes a ``setup.py``
-    there when the project has none (``find_packages()``, the settings module
-    of scrapy.cfg as its entry point), and setuptools ``build/`` and an
-    ``.egg-info``; the project's own directory is left as it is. The egg must
-    hold the settings module its entry point names.
-    """
-    with tempfile.TemporaryDirectory(prefix="bloomcrawl-build-") as tmp:
-        copy = Path(tmp) / project_dir.name
-        shutil.copytree(project_dir, copy, ignore=_not_in_egg, symlinks=True)
-        try:
-            result = subprocess.run(
-                [sys.executable, "-m", "scrapyd_client.deploy", "--build-egg", str(out)],
-                cwd=copy, capture_output=True, text=True, timeout=BUILD_EGG_TIMEOUT)
-        except subprocess.TimeoutExpired as exc:
-            raise OpsError(f"building the egg of {project_dir} timed out after"
-                           f" {BUILD_EGG_TIMEOUT:g}s") from exc
-    if result.returncode != 0 or not out.is_file():
-        raise OpsError(f"building the egg of {project_dir} failed:\n"
-                       f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
-    check_egg(out, project_dir)
-
-
-def check_egg(egg: Path, project_dir: Path) -> None:
-    """:class:`OpsError` unless ``egg`` holds the settings module of its ``scrapy`` entry point."""
-    with zipfile.ZipFile(egg) as archive:
-        names = set(archive.namelist())
-        entry_points = (archive.read("EGG-INFO/entry_points.txt").decode(errors="replace")
-                        if "EGG-INFO/entry_points.txt" in names else "")
-    parser = configparser.ConfigParser(interpolation=None)
-    try:
-        parser.read_string(entry_points)
-    except configparser.Error:
-        parser.clear()
-    settings = parser.get("scrapy", "settings", fallback="").strip()
-    if not settings:
-        raise OpsError(f"the egg of {project_dir} has no scrapy settings entry point: its"
-                       " setup.py must declare entry_points={'scrapy': ['settings = ...']}")
-    module = settings.replace(".", "/")
-    if not names & {module + ".py", module + ".pyc", module + "/__init__.py"}:
-        raise OpsError(f"the egg of {project_dir} lacks its settings module {settings}: the"
-                       f" packages of its setup.py must include {settings.rsplit('.', 1)[0]}")
-
-
-# --- node URLs and labels -----------------------------------------------------------
-
-
-def check_node_url(url: str, insecure: bool | None = None) -> str:
-    """``url`` normalised; :class:`OpsError` when it is not http(s), or plain http to a host
-    off this machine unless ``insecure`` (None: BLOOMCRAWL_INSECURE) allows it."""
-    url = normalise_node_url(url)
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise OpsError(f"scrapyd node {url!r}: must be http(s)://host:port")
-    if parts.scheme == "http":
-        try:
-            check_plaintext("scrapyd node", url, "https://", insecure)
-        except SettingError as exc:
-            raise OpsError(str(exc)) from exc
-    return url
-
-
-def normalise_node_url(url: str) -> str:
-    """``host:port`` or ``http://host:port/`` -> ``http://host:port`` (no trailing slash)."""
-    url = url.strip()
-    if "://" not in url:
-        url = "http://" + url
-    return url.rstrip("/")
-
-
-def node_label(url: str) -> str:
-    """``host:port`` of a node URL: a bounded label value (never a path or a job id)."""
-    parts = urllib.parse.urlsplit(normalise_node_url(url))
-    host = parts.hostname or "unknown"
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if port is None:
-        port = 443 if parts.scheme == "https" else 80
-    return f"{host}:{port}"
-
-
-def node_labels_by_host(nodes: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """Worker host name -> node label, from ``(node label, node_name)`` pairs.
-
-    scrapyd's ``node_name`` defaults to the host name the scheduler records in
-    ``<spider>:pages_by_node``. A name that several nodes report (several
-    scrapyd on one machine) maps to none of them: their pages cannot be told
-    apart.
-    """
-    nodes_of: dict[str, set[str]] = {}
-    for node, node_name in nodes:
-        nodes_of.setdefault(node_name, set()).add(node)
-    return {name: next(iter(found)) for name, found in nodes_of.items() if len(found) == 1}
-
-
-def resolve_service(name: str, port: int = DEFAULT_PORT) -> list[str]:
-    """``http://IP:port`` for every IPv4 address of ``name`` (each replica of a compose service).
-
-    Raises :class:`OSError` when the name does not resolve.
-    """
-    infos = socket.getaddrinfo(name, port, family=socket.AF_INET, type=socket.SOCK_STREAM)
-    addresses = sorted({str(info[4][0]) for info in infos},
-                       key=lambda a: tuple(int(x) for x in a.split(".")))
-    return [f"http://{address}:{port}" for address in addresses]

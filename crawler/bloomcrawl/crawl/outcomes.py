@@ -1,0 +1,47 @@
+"""Outcomes: what the engine's signals say of the crawl, owed to Redis.
+
+A request's outcome (:data:`~bloomcrawl.crawl.lease.request_finished`, which
+the middlewares' PageTracker sends once its page is done) counts a page or
+an error in the shared stats and acks the request's lease; ``item_scraped``
+counts an item and ``spider_error`` an error. All of it rides with the next
+exchange.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from bloomcrawl.crawl.lease import LEASE_META_KEY, Outcome
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+
+    from bloomcrawl.crawl.exchanges import ExchangeLoop
+
+
+class Outcomes:
+    """The handlers of request_finished, item_scraped and spider_error (the scheduler
+    connects them and keeps this object: signals hold their receivers weakly)."""
+
+    def __init__(self, loop: ExchangeLoop) -> None:
+        self.loop = loop
+        self.outbox = loop.outbox
+
+    def finished(self, request: Request, outcome: Outcome) -> None:
+        lease = request.meta.pop(LEASE_META_KEY, None)
+        if outcome == Outcome.RESPONSE:
+            self.outbox.count("pages")
+        elif outcome == Outcome.DOWNLOAD_ERROR:
+            # a raising callback is counted once, by the spider_error signal
+            self.outbox.count("errors")
+        if lease is not None:
+            # sent with the next lease (next_request), or within ACK_DELAY anyway:
+            # a worker killed now must not leave finished pages to be crawled again
+            self.loop.ack(lease)
+            self.loop.flush_soon()
+
+    def item_scraped(self, item: Any, response: Any, spider: Spider) -> None:
+        self.outbox.count("items")
+
+    def spider_error(self, failure: Any, response: Any, spider: Spider) -> None:
+        self.outbox.count("errors")
