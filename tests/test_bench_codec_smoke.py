@@ -8,7 +8,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from kit import ROOT
+
+pytestmark = pytest.mark.slow
 
 
 def test_codec_bench_prints_every_case_with_both_paths() -> None:

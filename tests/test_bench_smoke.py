@@ -19,8 +19,11 @@ from kit import ROOT
 
 BENCH = ROOT / "bench" / "dedup.py"
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
-                                reason="redis-server is not installed")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("redis-server") is None,
+                       reason="redis-server is not installed"),
+]
 
 PLAIN_ROWS = [
     "scrapy-redis set (SADD)",

@@ -237,10 +237,6 @@ class Scheduler:
                              partition_by=frontier.bloom.params.partition_by,
                              strict=self.config.strict,
                              windows=RevisitWindows(frontier.bloom.params, spider))
-        moved = frontier.migrate()
-        if moved:
-            logger.info("moved %d queued requests into per-host queues", moved, extra=extra)
-        frontier.apply_slots()
         s = self.crawler.signals
         s.connect(self.feedback.reached_downloader, signal=signals.request_reached_downloader)
         # response_downloaded, not response_received: a 429 that RetryMiddleware turns
@@ -321,7 +317,7 @@ class Scheduler:
         leases the next request in the same round trip; the lease reaches the
         engine through ``engine.crawl()``. (Before :meth:`open` started the
         I/O thread the exchange runs inline and its lease is returned here.)
-        Requests this worker keeps (:meth:`_keep`) come after its leases.
+        Requests this worker keeps (:meth:`Intake._keep`) come after its leases.
         """
         if self.tool is not None:
             request: Request | None = self.tool.next_request()
