@@ -193,6 +193,19 @@ def test_a_request_that_went_out_late_moves_its_hosts_next_lease(
     assert wait is not None and wait > 0.9  # a second from when it left, not from its lease
 
 
+def test_a_lease_says_whether_its_host_has_a_delay(redis_client: redis.Redis) -> None:
+    """A request of a host without a delay is not reported when it leaves late."""
+    a = worker(redis_client, "a", Politeness(delay=0.0, concurrency=4))
+    a.exchange(outgoing(a, "http://x.test/1"), {})
+    [free] = a.exchange((), {}, lease_from=home("x.test"), want=1).leases
+    b = worker(redis_client, "b", Politeness(delay=0.5, concurrency=4))
+    b.exchange(outgoing(b, "http://y.test/1"), {})
+    [paced] = b.exchange((), {}, lease_from=home("y.test"), want=1).leases
+    assert (free.paced, paced.paced) == (False, True)
+    assert [json.loads(x.payload)["url"] for x in (free, paced)] == ["http://x.test/1",
+                                                                     "http://y.test/1"]
+
+
 def test_one_slot_hosts_wait_from_the_response_of_their_last_request(
         redis_client: redis.Redis) -> None:
     polite = Politeness(delay=1.0, concurrency=1)

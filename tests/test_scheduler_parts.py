@@ -31,8 +31,8 @@ from bloomcrawl.crawl.seen import SeenCache
 from kit.redis import RedisServer
 
 
-def lease(partition: int, token: str, at: float = 1.0) -> Lease:
-    return Lease(partition, token, b"{}", at)
+def lease(partition: int, token: str, at: float = 1.0, *, paced: bool = True) -> Lease:
+    return Lease(partition, token, b"{}", at, paced)
 
 
 # -- LeaseBook -----------------------------------------------------------------------
@@ -80,6 +80,15 @@ def test_a_late_request_is_reported_from_when_it_went_out() -> None:
     assert book.leased_at("a") == 9.0
     book.finish((0, "a"))
     assert book.leased_at("a") is None
+
+
+def test_a_request_of_a_host_without_a_delay_is_never_reported_late() -> None:
+    """Its lateness moves nothing in Redis: no exchange is spent on it."""
+    book = LeaseBook()
+    book.take(lease(0, "a", at=5.0, paced=False), Request("http://a.test/a"))
+    assert book.leased_at("a") is None
+    assert book.held() == {"a": 0}  # held, renewed and acked as any other
+    assert book.finish((0, "a")) == "a"
 
 
 def test_a_request_handed_to_the_engine_and_back_keeps_its_lease() -> None:

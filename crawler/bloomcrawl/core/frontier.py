@@ -95,6 +95,9 @@ class Lease:
     payload: bytes
     #: time.monotonic() when the lease call was sent: the lease is no older
     at: float = 0.0
+    #: the host had a delay when leased: when the request left matters to the host's next
+    #: lease, so a request that leaves late is reported (a host without one: nothing to move)
+    paced: bool = True
 
 
 @dataclass
@@ -408,8 +411,8 @@ class Frontier:
 
     @staticmethod
     def _leases(partition: int, reply: list[bytes], sent: float) -> list[Lease]:
-        return [Lease(partition, reply[i].decode(), reply[i + 1], sent)
-                for i in range(0, len(reply), 2)]
+        return [Lease(partition, reply[i].decode(), reply[i + 1], sent, reply[i + 2] == b"1")
+                for i in range(0, len(reply), 3)]
 
     def renew(self, held: Mapping[str, int]) -> list[str]:
         """Extend the deadlines of the leases ``held`` (token -> partition).

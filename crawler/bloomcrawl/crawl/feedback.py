@@ -5,8 +5,9 @@ the frontier leases a request only when its host may be fetched, so a leased
 request goes out at once. What this worker then sees goes to Redis with its
 next exchange (:meth:`Outbox.feedback_for`):
 
-* a leased request that left late (a busy reactor): the host's delay counts
-  from when it really left;
+* a leased request of a host with a delay that left late (a busy reactor): the
+  host's delay counts from when it really left (for a host without a delay there
+  is nothing to move, and no exchange is spent on it);
 * a 429 or 503, with its Retry-After: the host waits that long;
 * robots.txt's Crawl-delay for our user agent: the host's delay;
 * latencies, for AutoThrottle's cluster-wide delay.

@@ -37,7 +37,8 @@ class LeaseBook:
     def __init__(self) -> None:
         # token -> partition: every lease held (renewed, acked or released)
         self._held: dict[str, int] = {}
-        # token -> time.monotonic() the lease was asked for: leases not sent out yet
+        # token -> time.monotonic() the lease was asked for: leases of hosts with a delay
+        # (Lease.paced) not sent out yet
         self._leased_at: dict[str, float] = {}
         # token -> when its response came (sent with the ack)
         self._responded_at: dict[str, float] = {}
@@ -50,7 +51,8 @@ class LeaseBook:
     def take(self, lease: Lease, request: Request | None) -> None:
         """A lease came; ``request`` is made of it (None: its entry was unreadable)."""
         self._held[lease.token] = lease.partition
-        self._leased_at[lease.token] = lease.at
+        if lease.paced:
+            self._leased_at[lease.token] = lease.at
         if request is not None:
             self._ready.append((LeaseRef(lease.partition, lease.token), request))
 
@@ -82,7 +84,8 @@ class LeaseBook:
         return token if responded is None else "%s|%r" % (token, responded)
 
     def leased_at(self, token: str) -> float | None:
-        """When the lease was asked for, while its request has not been reported sent."""
+        """When the lease was asked for, while its request has not been reported sent
+        (None for a host without a delay: when its request leaves moves nothing)."""
         return self._leased_at.get(token)
 
     def went_out(self, token: str, when: float) -> None:

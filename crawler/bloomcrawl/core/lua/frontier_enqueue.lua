@@ -8,7 +8,7 @@
 --   the fingerprints (20 bytes each), the flags, one per request: '0' filter it,
 --   '1' dont_filter (queued without touching the filter), then score, host and
 --   payload of each request
--- returns {decisions, wait, token1, payload1, ...}: decisions has one '1' (queued), '2'
+-- returns {decisions, wait, token1, payload1, paced1, ...}: decisions has one '1' (queued), '2'
 -- (queued again after its revisit window) or '0' (duplicate) per request; wait as
 -- frontier_lease.lua's
 return exchange(function(first)

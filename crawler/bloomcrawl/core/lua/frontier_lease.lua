@@ -7,7 +7,8 @@
 -- ARGV[5] how many to lease (0: none), ARGV[6] lease ms, ARGV[7] token prefix (the
 -- worker), ARGV[8] a random number in [0, 1) (the delay jitter), then the feedback
 -- triples (kind, host, value) and the tokens to ack
--- returns {'', wait, token1, payload1, token2, payload2, ...}: wait is the ms until the
+-- returns {'', wait, token1, payload1, paced1, token2, ...} (paced: '1' when the host
+-- has a delay, see lease_ready): wait is the ms until the
 -- partition's next host is ready (-1: nothing queued; -2: requests queued, but every
 -- host that has some is at its concurrency: ready again when a slot frees; '': no lease
 -- asked)

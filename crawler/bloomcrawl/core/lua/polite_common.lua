@@ -271,7 +271,9 @@ end
 -- the queue. Nothing is lost either way.
 -- A host without a delay that is the only one ready gives all it may at once (up to
 -- its free slots) in one command each; with several ready, each gives one in turn.
--- u: a random number in [0, 1) for the delay jitter. Appends token, payload, ... to out.
+-- u: a random number in [0, 1) for the delay jitter. Appends token, payload, paced, ...
+-- to out; paced is '1' when the host has a delay (when its request left matters to its
+-- next lease: a worker reports it if late), '0' when it has none.
 local function lease_ready(leases, deadlines, counter, want, lease_ms, prefix, u, out)
   local n = 0
   while n < want do
@@ -289,6 +291,7 @@ local function lease_ready(leases, deadlines, counter, want, lease_ms, prefix, u
     if count == 0 then
       redis.call('ZREM', PR.ready, host)
     else
+      local paced = delay > 0 and '1' or '0'
       if PR.jitter > 0 and delay > 0 then
         u = (u + 0.6180339887) % 1
         delay = delay * (1 + PR.jitter * (2 * u - 1))
@@ -312,6 +315,7 @@ local function lease_ready(leases, deadlines, counter, want, lease_ms, prefix, u
         deadline[2 * i] = token
         out[#out + 1] = token
         out[#out + 1] = payload
+        out[#out + 1] = paced
       end
       redis.call('HSET', leases, unpack(values))
       redis.call('ZADD', deadlines, unpack(deadline))
@@ -340,7 +344,7 @@ end
 -- ARGV[1] cfg, ARGV[2] queue type, ARGV[3] feedback triples, ARGV[4] acks, ARGV[5] want,
 -- ARGV[6] lease ms, ARGV[7] token prefix (the worker), ARGV[8] a random number in [0, 1),
 -- then the feedback triples, the acks, and what enqueue reads.
--- Returns {decisions, wait, token1, payload1, ...}; wait as ready_wait() ('' when
+-- Returns {decisions, wait, token1, payload1, paced1, ...}; wait as ready_wait() ('' when
 -- want is 0).
 local function exchange(enqueue)
   polite_init(5, ARGV[1])
