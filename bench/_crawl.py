@@ -41,6 +41,8 @@ POLL_S = 0.1
 SETTLE_S = 0.5
 #: the "steady" Redis CPU is measured from this fraction of the pages on
 STEADY_FROM = 0.1
+#: the crawl's phases: Redis CPU is sampled when each quarter of the pages is fetched
+PHASES = 4
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,10 @@ class CrawlRun:
     item_pages: dict[int, int] = field(default_factory=dict)
     #: Redis CPU during the crawl, the whole process (used_cpu_sys + used_cpu_user)
     redis_process_cpu_s: float = 0.0
+    #: at the start and as each of the PHASES quarters of the pages is fetched: (seconds
+    #: from the start, distinct pages, Redis main-thread CPU s, requests queued so far
+    #: by the shared stats, None for a contender that keeps none)
+    phases: list[tuple[float, int, float, int | None]] = field(default_factory=list)
 
     @property
     def items_missing(self) -> int:
@@ -270,6 +276,14 @@ def run_crawl(
     killed_at: int | None = None
     killed_responses: int | None = None
     mid: tuple[int, RedisSample] | None = None
+    started = time.monotonic()
+
+    def phase(distinct: int, cpu: CpuSample) -> tuple[float, int, float, int | None]:
+        queued = client.hget("site:stats", "queued")
+        return (time.monotonic() - started, distinct, cpu.main_thread_s,
+                None if queued is None else int(queued))
+
+    phases = [phase(0, before.cpu)]
     try:
         deadline = time.monotonic() + timeout
         brief = site.brief()
@@ -280,6 +294,9 @@ def run_crawl(
             brief = site.brief()
             if mid is None and brief["distinct"] >= STEADY_FROM * pages:
                 mid = (brief["distinct"], read())
+            if len(phases) < PHASES and brief["distinct"] >= len(phases) / PHASES * pages:
+                phases.append(phase(int(brief["distinct"]), cpu_sample(client)
+                                    if sample is None else read().cpu))
             if kill_at is not None and not killed and brief["distinct"] >= kill_at * pages:
                 # the busiest worker: one that is surely crawling, holding requests
                 victim = max(procs, key=Worker.responses_so_far)
@@ -297,6 +314,7 @@ def run_crawl(
                 logs(procs))) from None
         time.sleep(SETTLE_S)
         after = read()
+        phases.append(phase(int(site.brief()["distinct"]), after.cpu))
         for w in procs:
             if w.wait(deadline - time.monotonic()) is None:
                 raise CrawlFailed("%s: worker %s did not close by itself\n%s" % (
@@ -332,6 +350,7 @@ def run_crawl(
         killed_at=killed_at,
         killed_responses=killed_responses,
         shared_stats=shared_stats,
+        phases=phases,
         item_pages=item_pages,
         redis_process_cpu_s=(after.cpu - before.cpu).process_s,
     )

@@ -46,6 +46,7 @@ one run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -203,6 +204,7 @@ def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
     print()
     print_targets(runs, ceiling, floor)
     print()
+    print_phases(runs, floor)
     print(ORIENTATION)
 
 
@@ -262,6 +264,49 @@ def print_profiles(directory: Path, runs: list[CrawlRun]) -> None:
     profile.report([p for _, p in loaded], baseline)
 
 
+def print_phases(runs: list[CrawlRun], floor: Floor | None) -> None:
+    """bloomcrawl's Redis CPU quarter by quarter of the pages, beside the requests queued
+    in each: the demo site's links are new early on and duplicates later, so the
+    quarters part a page's own cost (leases, acks, duplicates) from a new request's."""
+    shown = [r for r in runs if r.contender is BLOOMCRAWL and len(r.phases) > 2
+             and r.phases[-1][3] is not None]
+    if not shown:
+        return
+    print("bloomcrawl's Redis CPU by quarter of the pages (main thread; queued: new requests"
+          " the filter let into the queues, from the shared stats)")
+    for run in shown:
+        cells, points = [], []
+        for (t0, p0, c0, q0), (t1, p1, c1, q1) in itertools.pairwise(run.phases):
+            pages, queued = p1 - p0, (q1 or 0) - (q0 or 0)
+            if pages <= 0:
+                continue
+            idle = floor.idle_us_per_s * (t1 - t0) if floor is not None else 0.0
+            points.append((pages, queued, (c1 - c0) * 1e6 - idle))
+            cells.append("pages %d-%d: %.0f us a page, %.1f queued a page" % (
+                p0, p1, (c1 - c0) * 1e6 / pages, queued / pages))
+        print("  %d process%s: %s" % (run.workers, "" if run.workers == 1 else "es",
+                                      "; ".join(cells)))
+        fit = page_and_request_cost(points) if floor is not None else None
+        if fit is not None:
+            print("    fitted, Redis's idle CPU (%.0f us/s) taken out: %.0f us a page + %.0f us"
+                  " a request queued" % (floor.idle_us_per_s, *fit))
+    print()
+
+
+def page_and_request_cost(points: list[tuple[int, int, float]]) -> tuple[float, float] | None:
+    """Least squares of us = a x pages + b x queued over the quarters: (a, b), or None
+    when the quarters cannot tell them apart."""
+    spp = sum(p * p for p, _, _ in points)
+    sqq = sum(q * q for _, q, _ in points)
+    spq = sum(p * q for p, q, _ in points)
+    spu = sum(p * u for p, _, u in points)
+    squ = sum(q * u for _, q, u in points)
+    det = spp * sqq - spq * spq
+    if len(points) < 2 or det <= 1e-9 * spp * sqq:
+        return None
+    return (spu * sqq - squ * spq) / det, (spp * squ - spq * spu) / det
+
+
 def print_floor(floor: Floor, run: CrawlRun) -> None:
     """The least Redis can spend on this crawl's pages, measured on this machine, and why."""
     fixed, per_page = floor.per_exchange_us()
@@ -307,6 +352,8 @@ def as_json(plan: Plan, runs: list[CrawlRun], failures: list[str],
             "commands_per_page": r.per_page(r.command_count),
             "round_trips_per_page": r.per_page(r.round_trips),
             "redis_cpu_us_per_page": r.per_page(r.redis_cpu_s) * 1e6,
+            "phases": [{"s": t, "pages": p, "redis_cpu_s": c, "queued": q}
+                       for t, p, c, q in r.phases],
             "steady_redis_cpu_us_per_page": None if r.steady_redis_cpu_per_page_s is None
             else r.steady_redis_cpu_per_page_s * 1e6,
             "worker_cpu_ms_per_page": r.per_page(r.worker_cpu_s) * 1e3,

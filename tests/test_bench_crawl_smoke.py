@@ -79,3 +79,14 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
         assert run["pages_per_second"] > 0, run
         if run["contender"] != "memory":
             assert run["round_trips_per_page"] > 0, run
+        if run["contender"] == "bloomcrawl":
+            # sampled at the start, at each quarter of the pages, and at the end
+            phases = run["phases"]
+            assert len(phases) == 5, phases
+            assert [p["pages"] for p in phases] == sorted(p["pages"] for p in phases), phases
+            assert phases[0]["pages"] == 0 and phases[-1]["pages"] == 150, phases
+            assert phases[-1]["redis_cpu_s"] > phases[0]["redis_cpu_s"], phases
+            # every page but the first was queued through the filter by some page's links
+            assert phases[-1]["queued"] >= 149, phases
+    quarters = [x for x in lines if x.startswith("  1 process: pages 0-")]
+    assert len(quarters) == 1 and quarters[0].count("us a page") == 4, proc.stdout
