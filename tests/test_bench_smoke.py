@@ -34,6 +34,8 @@ PLAIN_ROWS = [
     "bloomcrawl request_seen, bitmap",
     "requests_seen, batches of",
     "scrapy-redis RFPDupeFilter (SADD)",
+    "rate floor: fingerprint + the probe",
+    "scrapy-redis SADD, in turns with it",
     "seeds' recipe RFPDupeFilter",
     "bloomcrawl's filter bits/item",
     "m/n = 10 (DESIGN.md)",
@@ -81,7 +83,15 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
     keys = {row["key"] for row in numbers["contenders"]}
     assert {"set", "recipe", "add", "add_many", "add_many_dup"} <= keys
     seen_keys = {row["key"] for row in numbers["request_seen"]}
-    assert {"bloomcrawl", "bloomcrawl_batched", "set", "recipe"} <= seen_keys
+    assert {"bloomcrawl", "bloomcrawl_batched", "set", "recipe", "floor", "set_turns"} <= seen_keys
+    # the rate floor of a one-at-a-time script dupefilter, beside SADD's: every request new
+    by_key = {row["key"]: row for row in numbers["request_seen"]}
+    assert by_key["floor"]["requests_per_second"] > 0
+    assert by_key["set_turns"]["seen"] == 0, by_key["set_turns"]
+    rate = next(t for t in numbers["targets_cpu"]
+                if t["name"] == "request_seen, bitmap: rate / scrapy-redis SADD's")
+    assert rate["floor"] == pytest.approx(by_key["floor"]["requests_per_second"]
+                                          / by_key["set_turns"]["requests_per_second"])
     if redisbloom_module()[0]:
         assert {"bf_add", "bf_madd", "bf_madd_dup", "add_rb", "add_many_rb",
                 "add_many_rb_dup"} <= keys
