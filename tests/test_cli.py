@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from bloomcrawl.core import keys
 from bloomcrawl.ops.cli import jobs
 from bloomcrawl.ops.cluster import envfile, processes
 from bloomcrawl.ops.cluster.processes import ProcessRecord, free_port, group_alive
@@ -71,6 +72,16 @@ def test_seed_rejects_what_is_not_an_http_url(redis_client: redis.Redis) -> None
     assert jobs.seed(redis_client, "site", ["http://a.invalid/", "https://b.invalid/x"]) == 2
     assert redis_client.lrange("site:start_urls", 0, -1) == [
         b"http://a.invalid/", b"https://b.invalid/x"]
+
+
+def test_seed_pushes_to_the_list_the_spiders_workers_read(redis_client: redis.Redis) -> None:
+    """A scrapy-redis spider's own redis_key, as its workers recorded it."""
+    redis_client.hset(keys.FrontierKeys("shop").meta, "start_urls", "myshop:seeds")
+    assert jobs.start_key(redis_client, "shop") == "myshop:seeds"
+    assert jobs.seed(redis_client, "shop", ["http://a.invalid/"]) == 1
+    assert redis_client.lrange("myshop:seeds", 0, -1) == [b"http://a.invalid/"]
+    assert not redis_client.exists("shop:start_urls")
+    assert jobs.start_key(redis_client, "other") == "other:start_urls"
 
 
 def test_a_recycled_pid_is_never_signalled() -> None:

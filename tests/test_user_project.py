@@ -18,7 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from shopsite import RunningShop, serve_shop
+from shopsite import CATEGORIES, RunningShop, serve_shop
+
+from bloomcrawl.core import keys
 
 from kit import CRAWLER, TESTS
 from kit.checks import assert_each_once, frontier_left, shared_stats, stored_items
@@ -41,7 +43,7 @@ def shop() -> Iterator[RunningShop]:
 def workers(pool: WorkerPool, n: int, spider: str, redis_url: str, shop: RunningShop,
             settings: dict[str, str] | None = None, first: int = 0) -> list[Worker]:
     """``n`` workers of the user's project, its dependency on their PYTHONPATH."""
-    args = {} if spider == "redis_catalog" else {"shop_url": shop.url}
+    args = {} if spider.startswith("redis_") else {"shop_url": shop.url}
     return pool.start_many(n, redis_url, settings, first=first, spider=spider, args=args,
                            project=USERPROJECT, pythonpath=(PRICEFMT,))
 
@@ -102,6 +104,55 @@ def test_redis_crawl_spider_from_scrapy_redis_with_form_requests(
     assert len(products) == len(reviews) == len(results) == PRODUCTS, Counter(
         tuple(sorted(i)) for i in items)
     assert shared_stats(redis_client, "redis_catalog").get("errors", 0) == 0
+
+
+def test_a_scrapy_redis_spider_with_its_own_key_and_make_request_from_data(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """``redis_key`` of its own, ``make_request_from_data`` overridden (one entry, two
+    requests) and scrapy-redis's JSON format: each entry leased once across two workers,
+    every request it made crawled once."""
+    entries = [json.dumps({"shop": shop.url, "category": c}) for c in CATEGORIES]
+    entries.append(json.dumps({"url": shop.url + "/search", "method": "POST", "q": "games"}))
+    redis_client.rpush("shopcrawl:seeds", *entries)
+    ws = workers(worker_pool, 2, "redis_seeds", redis_server.url, shop)
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    expected = Counter({"POST /search": 1})
+    for c in CATEGORIES:
+        expected += Counter({"GET /category/%s" % c: 1, "GET /category/%s?page=2" % c: 1})
+    assert_each_once(shop.hits(), expected)
+    items = stored_items(redis_client, "redis_seeds")
+    assert sorted((i["category"], i["page"], i["products"]) for i in items if "category" in i) \
+        == sorted((c, page, 5) for c in CATEGORIES for page in ("1", "2")), items
+    assert [i for i in items if "posted" in i] == [{"posted": shop.url + "/search",
+                                                    "results": PRODUCTS // 3}]
+    # every entry leased by the scheduler (scrapy-redis's own reader is off), none left
+    assert int(redis_client.get("{shopcrawl:seeds}:seq")) == len(entries)
+    assert redis_client.llen("shopcrawl:seeds") == 0
+    assert redis_client.zcard("{shopcrawl:seeds}:deadlines") == 0
+    # where the CLI and the exporter look for this spider's start URLs
+    assert redis_client.hget(keys.FrontierKeys("redis_seeds").meta, "start_urls") \
+        == b"shopcrawl:seeds"
+    assert shared_stats(redis_client, "redis_seeds").get("bad_start_urls", 0) == 0
+
+
+def test_a_bad_entry_of_a_scrapy_redis_spider_is_counted_and_the_others_crawled(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """An entry its make_request_from_data cannot read, or that makes a request bloomcrawl
+    cannot queue (not http(s)), is logged, counted and acked; the rest are crawled."""
+    redis_client.rpush("shopcrawl:seeds", "not json",
+                       json.dumps({"url": "ftp://127.0.0.1/x"}),
+                       json.dumps({"shop": shop.url, "category": "books"}))
+    ws = workers(worker_pool, 1, "redis_seeds", redis_server.url, shop)
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    assert_each_once(shop.hits(), Counter({"GET /category/books": 1,
+                                           "GET /category/books?page=2": 1}))
+    assert shared_stats(redis_client, "redis_seeds")["bad_start_urls"] == 2
+    log = ws[0].text()
+    assert "bad start URL entry b'not json' in shopcrawl:seeds" in log, log[-3000:]
+    assert "not an http(s) URL: 'ftp://127.0.0.1/x'" in log, log[-3000:]
+    assert redis_client.llen("shopcrawl:seeds") == 0
 
 
 def test_start_urls_once_per_crawl_and_a_request_that_cannot_be_shared_is_crawled(

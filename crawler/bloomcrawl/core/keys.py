@@ -223,16 +223,21 @@ class FrontierKeys:
         # (``S:stats`` hashes as a whole, ``{S:stats}:...`` by its tag: the same slot)
         self.stats_applied = "{%s}:applied" % self.stats
         self.pages_by_node = "{%s}:pages_by_node" % self.stats
-        self.start_urls = spider_key(defaults.START_URLS_KEY, spider)
-        tag = "{%s}" % self.start_urls
-        self.start_leases = tag + ":leases"
-        self.start_deadlines = tag + ":deadlines"
-        self.start_counter = tag + ":seq"
+        self.use_start_urls(spider_key(defaults.START_URLS_KEY, spider))
         self.items = spider_key(defaults.ITEMS_KEY, spider)
         self.item_ids = item_ids_key(self.items)
         self.recent_item_ids = recent_item_ids_key(self.items)
         self.meta = meta_key(self.filter)
         self.partitions = partitions
+
+    def use_start_urls(self, name: str) -> None:
+        """Read start URLs from the list ``name`` (a scrapy-redis spider's ``redis_key``);
+        its leases' keys take its name as their hash tag (the list's slot)."""
+        self.start_urls = name
+        tag = "{%s}" % name
+        self.start_leases = tag + ":leases"
+        self.start_deadlines = tag + ":deadlines"
+        self.start_counter = tag + ":seq"
 
     def queue_part(self, partition: int) -> str:
         """The partition's single queue of before per-host queues (moved on open)."""

@@ -7,6 +7,16 @@ spider has one) is enqueued, and the lease acked once the exchange carrying
 that request went through. A worker that dies in between leaves the lease to
 expire: the entry goes back to the list. A bad entry is logged, counted and
 acked; the others of its batch are queued.
+
+A spider written for scrapy-redis (``RedisSpider``, ``RedisCrawlSpider``: it has
+``redis_key`` and ``make_request_from_data``) keeps its own list and its own
+format: its ``redis_key`` is the list leased, each entry goes to its
+``make_request_from_data`` as scrapy-redis gives it (the raw bytes: a URL, or
+scrapy-redis's JSON ``{"url", "meta", "method", ...}``, or whatever an override
+reads), and every request that returns is queued. scrapy-redis's own reader of
+that list is switched off (:func:`take_over_reader`), so each entry is leased
+once, whichever worker reads it. A start key kept as a set or a sorted set
+(``REDIS_START_URLS_AS_SET``/``AS_ZSET``) is left to scrapy-redis's reader.
 """
 
 from __future__ import annotations
@@ -17,10 +27,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
+from twisted.internet.defer import succeed
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.connection import REDIS_ERRORS
-from bloomcrawl.core.frontier import parse_start_entry
+from bloomcrawl.core.frontier import INTERNAL_META_PREFIX, parse_start_entry
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 
 if TYPE_CHECKING:
@@ -41,15 +52,53 @@ BATCH = 100
 _CRAWL_ID = Script("crawl_id.lua")
 
 
+def is_scrapy_redis_spider(spider: Spider) -> bool:
+    """A spider of scrapy-redis's RedisMixin: it reads its start URLs from ``redis_key``."""
+    return hasattr(spider, "redis_key") and callable(getattr(spider, "make_request_from_data",
+                                                             None))
+
+
+def scrapy_redis_start_key(spider: Spider, settings: Any) -> str | None:
+    """The list a scrapy-redis spider reads its start URLs from; None when its start key
+    is a set or a sorted set (scrapy-redis's reader keeps it) or it is no such spider."""
+    if not is_scrapy_redis_spider(spider):
+        return None
+    if (settings.getbool("REDIS_START_URLS_AS_SET")
+            or settings.getbool("REDIS_START_URLS_AS_ZSET")):
+        return None
+    key = (getattr(spider, "redis_key", None) or settings.get("REDIS_START_URLS_KEY")
+           or "%(name)s:start_urls")
+    key = str(key) % {"name": spider.name}  # setup_redis has done it, unless not run yet
+    keys.check_key(key)
+    return key
+
+
+def take_over_reader(spider: Spider) -> None:
+    """Switch off scrapy-redis's own reader of the spider's start list: its
+    ``start_requests`` and ``spider_idle`` then pop nothing, and the scheduler's
+    leased reader is the only one (scrapy-redis's idle handling, ``MAX_IDLE_TIME_BEFORE_CLOSE``,
+    stays as it was)."""
+    spider.fetch_data = _nothing  # type: ignore[attr-defined]
+
+
+def _nothing(key: Any, batch_size: Any) -> list[bytes]:
+    return []
+
+
 class StartUrls:
     def __init__(self, io: RedisIO, frontier: Frontier, outbox: Outbox, spider: Spider,
-                 stats: StatsCollector, enqueue: Callable[[Request], bool]) -> None:
+                 stats: StatsCollector, enqueue: Callable[[Request], bool], *,
+                 enabled: bool = True) -> None:
         self.io = io
         self.frontier = frontier
         self.outbox = outbox
         self.spider = spider
         self.stats = stats
         self.enqueue = enqueue
+        #: False: another reader has the start key (a scrapy-redis set or sorted set)
+        self.enabled = enabled
+        #: entries go to the spider's make_request_from_data (scrapy-redis's format)
+        self.from_data = is_scrapy_redis_spider(spider)
 
     def read(self) -> Deferred[int]:
         """Lease the next batch of entries (and ack those whose requests were sent).
@@ -57,6 +106,8 @@ class StartUrls:
         Fires with how many entries were read; on a Redis failure the acks go
         back to the outbox and the failure is passed on.
         """
+        if not self.enabled:
+            return succeed(0)
         acks = self.outbox.take_start_acks()
         d = self.io.run(self.frontier.take_start_entries, BATCH, acks)
         d.addCallbacks(self._got, self._failed, errbackArgs=(acks,))
@@ -72,9 +123,12 @@ class StartUrls:
         return failure
 
     def _queue(self, token: str, raw: bytes) -> None:
-        """Queue the request an entry makes; its lease is acked once that is sent."""
+        """Queue the requests an entry makes; its lease is acked once they are sent."""
         try:
-            request = self.make_request(parse_start_entry(raw))
+            if self.from_data:
+                requests = self.requests_from_data(raw)
+            else:
+                requests = [self.make_request(parse_start_entry(raw))]
         except Exception as exc:  # one poisoned seed must not stop the others
             logger.warning("bad start URL entry %r in %s: %s", raw[:200],
                            self.frontier.keys.start_urls, exc, extra={"spider": self.spider})
@@ -82,10 +136,32 @@ class StartUrls:
             self.outbox.count("bad_start_urls")
             self.outbox.start_done(token)
             return
-        # waiting before the request is enqueued: the exchange that carries it acks it
-        self.outbox.start_waiting(token)
-        if not self.enqueue(request):
+        queued = sum(bool(self.enqueue(request)) for request in requests)
+        if queued:
+            # the exchange that carries the last of them acks the entry (one that an
+            # earlier exchange already carried is safe in Redis by then)
+            self.outbox.start_waiting(token)
+        else:
             self.outbox.start_done(token)
+
+    def requests_from_data(self, raw: bytes) -> list[Request]:
+        """What a scrapy-redis spider's ``make_request_from_data`` makes of an entry: a
+        request, several, or none (scrapy-redis skips such an entry too)."""
+        made = getattr(self.spider, "make_request_from_data")(raw)  # noqa: B009
+        if made is None:
+            made = []
+        elif isinstance(made, Request):
+            made = [made]
+        requests = list(made)
+        for request in requests:
+            if not isinstance(request, Request):
+                raise ValueError("make_request_from_data returned %r, not a Request" % (request,))
+            if request.url.partition(":")[0] not in ("http", "https"):
+                raise ValueError("not an http(s) URL: %r" % request.url)
+            internal = sorted(k for k in request.meta if str(k).startswith(INTERNAL_META_PREFIX))
+            if internal:
+                raise ValueError("meta keys %s are bloomcrawl's own" % internal)
+        return requests
 
     def make_request(self, data: dict[str, Any]) -> Request:
         make = getattr(self.spider, "make_request_from_start_entry", None)

@@ -206,7 +206,7 @@ def frontier_keys(filter_name: str, meta: dict[str, str], spider: str,
         partitions=partitions,
     )
     frontier.stats = meta.get("stats") or frontier.stats
-    frontier.start_urls = meta.get("start_urls") or frontier.start_urls
+    frontier.use_start_urls(meta.get("start_urls") or frontier.start_urls)
     frontier.items = meta.get("items") or frontier.items
     frontier.pages_by_node = meta.get("pages_by_node") or frontier.pages_by_node
     for name in (frontier.stats, frontier.start_urls, frontier.items):

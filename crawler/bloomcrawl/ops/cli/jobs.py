@@ -201,11 +201,22 @@ def check_start_urls(urls: Sequence[str]) -> None:
             raise OpsError(f"not an http(s) URL: {url!r}")
 
 
+def start_key(client: redis.Redis, spider: str) -> str:
+    """The list the spider's workers read start URLs from: the one a worker of it recorded
+    (a scrapy-redis spider's ``redis_key``), else ``<spider>:start_urls``."""
+    with redis_errors(client):
+        recorded = client.hget(keys.FrontierKeys(spider).meta, "start_urls")
+    if isinstance(recorded, bytes) and recorded:
+        return recorded.decode()
+    return keys.spider_key(defaults.START_URLS_KEY, spider)
+
+
 def seed(client: redis.Redis, spider: str, urls: Sequence[str]) -> int:
-    """Push ``urls`` to the spider's start URLs; every one must be an http(s) URL."""
-    key = keys.spider_key(defaults.START_URLS_KEY, spider)
+    """Push ``urls`` to the spider's start URLs (:func:`start_key`); every one must be an
+    http(s) URL."""
     check_start_urls(urls)
     if urls:
+        key = start_key(client, spider)
         with redis_errors(client):
             client.rpush(key, *urls)
     return len(urls)
@@ -318,9 +329,9 @@ def cmd_schedule(args: argparse.Namespace, paths: Paths) -> int:
 def cmd_seed(args: argparse.Namespace, paths: Paths) -> int:
     target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=False,
                             need_redis=True)
-    count = seed(target.redis(), args.spider, args.urls)
-    say("pushed %d start URL(s) to %s" % (count, keys.spider_key(
-        defaults.START_URLS_KEY, args.spider)))
+    client = target.redis()
+    count = seed(client, args.spider, args.urls)
+    say("pushed %d start URL(s) to %s" % (count, start_key(client, args.spider)))
     return 0
 
 
