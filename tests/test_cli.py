@@ -84,6 +84,23 @@ def test_seed_pushes_to_the_list_the_spiders_workers_read(redis_client: redis.Re
     assert jobs.start_key(redis_client, "other") == "other:start_urls"
 
 
+def test_max_idle_reaches_a_scrapy_redis_spider_as_whole_seconds() -> None:
+    """``--max-idle 10`` (a float on the command line) must not kill a RedisSpider's job:
+    scrapy-redis reads MAX_IDLE_TIME_BEFORE_CLOSE with int()."""
+    from scrapy.utils.test import get_crawler
+    from scrapy_redis.spiders import RedisSpider
+
+    class Shop(RedisSpider):
+        name = "shop"
+
+    settings = dict(jobs.CrawlOptions(spider="shop", max_idle=10.0).scrapy_settings())
+    assert settings == {"MAX_IDLE_TIME_BEFORE_CLOSE": "10"}
+    spider = Shop.from_crawler(get_crawler(Shop, settings_dict=settings))
+    assert spider.max_idle_time == 10
+    half = dict(jobs.CrawlOptions(spider="shop", max_idle=0.5).scrapy_settings())
+    assert half == {"MAX_IDLE_TIME_BEFORE_CLOSE": "0.5"}  # bloomcrawl's own spiders take it
+
+
 def test_a_recycled_pid_is_never_signalled() -> None:
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:

@@ -169,7 +169,8 @@ class CrawlOptions:
     def scrapy_settings(self) -> list[tuple[str, str]]:
         settings = parse_pairs(self.settings, "setting")
         if self.max_idle is not None and "MAX_IDLE_TIME_BEFORE_CLOSE" not in dict(settings):
-            settings.append(("MAX_IDLE_TIME_BEFORE_CLOSE", str(self.max_idle)))
+            # "10", not "10.0": scrapy-redis's spiders read it with int()
+            settings.append(("MAX_IDLE_TIME_BEFORE_CLOSE", "%g" % self.max_idle))
         return settings
 
     def spider_arguments(self, urls: Sequence[str]) -> list[tuple[str, str]]:
