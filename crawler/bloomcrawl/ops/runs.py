@@ -43,7 +43,7 @@ RUNNING, FINISHED = "running", "finished"
 #: queued (a revisit is a URL queued again after its revisit window), the others are
 #: the spider's shared stats of the same name
 COUNTERS = ("pages", "new", "revisited", "items", "errors", "filtered", "requeued")
-_CLOSED_RE = re.compile(r"Spider closed \(([^)]*)\)")
+CLOSED_RE = re.compile(r"Spider closed \(([^)]*)\)")
 #: the fields of a :class:`Run` its hash holds as JSON
 _DICT_FIELDS = ("jobs", "refused", "stats_start", "stats_end", "reasons", "unreachable")
 #: how long a run waits for a job whose node does not answer (a node gone for good)
@@ -189,7 +189,7 @@ def finish_reason(node: scrapyd.Node, log_url: str | None) -> str:
         tail = node.log_tail(log_url)
     except scrapyd.ScrapydError:
         return "unknown"
-    found = _CLOSED_RE.findall(tail)
+    found = CLOSED_RE.findall(tail)
     return found[-1] if found else "unknown"
 
 

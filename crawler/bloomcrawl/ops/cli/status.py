@@ -12,7 +12,9 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import time
+import urllib.parse
 from collections.abc import Sequence
 
 import redis
@@ -24,6 +26,7 @@ from bloomcrawl.ops.cli.target import Target, TargetOptions, resolve_target
 from bloomcrawl.ops.cluster.state import Paths
 from bloomcrawl.ops.cluster.swarm import IN_STACK_ENV
 from bloomcrawl.ops.console import OpsError, say, warn
+from bloomcrawl.ops.runs import CLOSED_RE
 
 WATCH_INTERVAL = 2.0
 
@@ -60,7 +63,8 @@ def frontier_line(client: redis.Redis, spider: str
 
 def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
           timeout: float) -> int:
-    """Print progress every 2 s until every job finished; 1 on timeout."""
+    """Print progress every 2 s until every job finished; 1 on timeout, or when a job
+    ended without its spider closing (:func:`ended_badly`)."""
     client = target.redis()
     started = time.monotonic()
     deadline = started + timeout
@@ -73,11 +77,43 @@ def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
             time.monotonic() - started, line, counts["running"], counts["pending"],
             counts["finished"]))
         if counts["finished"] + counts["unknown"] == len(states) and counts["finished"]:
-            return 0
+            return 1 if ended_badly(target.nodes, project, jobs) else 0
         if time.monotonic() > deadline:
             warn(f"jobs still running after {timeout:g}s")
             return 1
         time.sleep(WATCH_INTERVAL)
+
+
+#: a log line naming an exception: ``ValueError: ...``, ``bloomcrawl.core.errors.X: ...``
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): .*$", re.M)
+
+
+def ended_badly(nodes: Sequence[scrapyd.Node], project: str, jobs: dict[str, str]) -> list[str]:
+    """The finished jobs whose spider never closed (it failed to start: a bad setting, an
+    import error, an exception in its constructor), each warned about with the last
+    exception its log names and where the log is."""
+    found = scrapyd.job_entries(nodes, project, jobs)
+    by_url = {node.url: node for node in nodes}
+    bad = []
+    for url, job in jobs.items():
+        state, entry = found.get(job, ("unknown", {}))
+        node = by_url.get(url)
+        log_url = entry.get("log_url")
+        if state != "finished" or node is None or not log_url:
+            continue
+        try:
+            tail = node.log_tail(log_url)
+        except scrapyd.ScrapydError as exc:
+            warn(f"{url}: job {job}: its log could not be read: {exc}")
+            continue
+        if CLOSED_RE.search(tail):
+            continue
+        errors = _ERROR_LINE.findall(tail)
+        why = errors[-1].strip() if errors else "no exception in the log's tail"
+        warn(f"{url}: job {job} ended without its spider closing: {why}"
+             f" (log: {urllib.parse.urljoin(url + '/', log_url)})")
+        bad.append(job)
+    return bad
 
 
 def report_nodes(nodes: Sequence[scrapyd.NodeStatus], command: str) -> int:

@@ -1,0 +1,50 @@
+"""``bloomcrawl crawl --wait``: a job that never started its spider is a failure.
+
+A real scrapyd node runs the probe project's ``sleeper``, whose constructor
+raises on a bad argument: scrapyd lists that job as finished like any other,
+and only its log says the spider never opened.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bloomcrawl.ops.cli import status
+from bloomcrawl.ops.cli.target import Target
+
+from kit.redis import RedisServer
+from kit.scrapyd import ScrapydNode
+
+
+def target_of(node: ScrapydNode, redis_server: RedisServer) -> Target:
+    return Target(redis_server.url, [node.node], None, None)
+
+
+def schedule(node: ScrapydNode, seconds: str) -> str:
+    answer = node.post("schedule.json", project="probe", spider="sleeper", seconds=seconds)
+    assert answer["status"] == "ok", answer
+    return str(answer["jobid"])
+
+
+def test_a_job_whose_spider_never_opened_fails_the_wait_naming_its_error(
+        scrapyd_node: ScrapydNode, redis_server: RedisServer,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    job = schedule(scrapyd_node, "abc")  # float("abc") raises in the spider's constructor
+    rc = status.watch(target_of(scrapyd_node, redis_server), "sleeper", "probe",
+                      {scrapyd_node.url: job}, timeout=90)
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert f"job {job} ended without its spider closing" in err, err
+    assert "ValueError: could not convert string to float: 'abc'" in err, err
+    assert f"/logs/probe/sleeper/{job}.log" in err, err
+
+
+def test_a_job_that_closed_its_spider_passes_the_wait(
+        scrapyd_node: ScrapydNode, redis_server: RedisServer,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    job = schedule(scrapyd_node, "0")
+    rc = status.watch(target_of(scrapyd_node, redis_server), "sleeper", "probe",
+                      {scrapyd_node.url: job}, timeout=90)
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "ended without" not in err, err
