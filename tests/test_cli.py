@@ -101,6 +101,17 @@ def test_max_idle_reaches_a_scrapy_redis_spider_as_whole_seconds() -> None:
     assert half == {"MAX_IDLE_TIME_BEFORE_CLOSE": "0.5"}  # bloomcrawl's own spiders take it
 
 
+def test_worker_ports_of_the_local_cluster() -> None:
+    from bloomcrawl.ops.cluster.local import worker_ports
+
+    assert worker_ports({}) == (6800, 6819)
+    assert worker_ports({"WORKER_PORTS": "7100-7103"}) == (7100, 7103)
+    assert worker_ports({"WORKER_PORTS": "7100"}) == (7100, 7100)
+    for bad in ("7103-7100", "68OO", "0-5", "7000-70000"):
+        with pytest.raises(OpsError, match="WORKER_PORTS=%r in .env" % bad):
+            worker_ports({"WORKER_PORTS": bad})
+
+
 def test_a_recycled_pid_is_never_signalled() -> None:
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
@@ -148,13 +159,16 @@ def test_local_cluster_up_scale_deploy_demo_status_down(tmp_path: Path) -> None:
                HOME=str(tmp_path / "home"))
     env.pop("PYTHONPATH", None)
     # free ports rather than the defaults, which a developer's cluster may hold
+    worker_port = free_port()
     (tmp_path / ".env").write_text("".join("%s=%d\n" % (name, free_port()) for name in (
-        "REDIS_PORT", "EXPORTER_PORT", "PROMETHEUS_PORT", "DEMO_PORT")))
+        "REDIS_PORT", "EXPORTER_PORT", "PROMETHEUS_PORT", "DEMO_PORT"))
+        + "WORKER_PORTS=%d-%d\n" % (worker_port, worker_port + 1))
     out = bloomcrawl(env, "up", "--local", "--workers", "1")
     state_file = tmp_path / "run" / "cluster.json"
     pids: list[int] = []
     try:
         assert "1 scrapyd node(s)" in out, out
+        assert "http://127.0.0.1:%d" % worker_port in out, out  # WORKER_PORTS, not 6800
         out = bloomcrawl(env, "scale", "2")
         assert "2 scrapyd node(s)" in out, out
         state = json.loads(state_file.read_text())
@@ -191,6 +205,14 @@ def test_local_cluster_up_scale_deploy_demo_status_down(tmp_path: Path) -> None:
                          timeout=10) as response:
             metrics = response.read().decode()
         assert 'bloomcrawl_pages_total{spider="site"} 300.0' in metrics
+        # each node's pages under its own label: the nodes share one host name, their jobs
+        # count under the node_name each reports
+        by_node = {line.split('node="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+                   for line in metrics.splitlines()
+                   if line.startswith("bloomcrawl_node_pages_total{")}
+        nodes = {"127.0.0.1:%d" % p["port"] for p in json.loads(state_file.read_text())[
+            "processes"] if p["name"].startswith("scrapyd-")}
+        assert set(by_node) <= nodes and sum(by_node.values()) == 300, (by_node, nodes)
         pids = [p["pid"] for p in json.loads(state_file.read_text())["processes"]]
     finally:
         out = bloomcrawl(env, "down")

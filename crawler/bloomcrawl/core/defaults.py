@@ -8,6 +8,10 @@ REDIS_SOCKET_TIMEOUT = 30.0
 REDIS_HEALTH_CHECK_INTERVAL = 30
 # a Redis whose maxmemory-policy evicts keys is refused unless this says the loss is accepted
 REDIS_ALLOW_EVICTION = False
+#: the environment variable naming a worker's node in ``<spider>:pages_by_node`` (default:
+#: its host name, which is also scrapyd's default node_name); the local cluster sets it
+#: per scrapyd node, all of which share one host
+NODE_ENV = "BLOOMCRAWL_NODE"
 
 # the Bloom filter (BLOOMFILTER_*)
 FILTER_KEY = "%(spider)s:bloomfilter"

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 
-from bloomcrawl.core import keys
+from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.connection import (
     REDIS_ERRORS,
     RedisErrorPolicy,
@@ -140,7 +140,7 @@ class Scheduler:
         self.fingerprinter = crawler.request_fingerprinter
         self.config = config
         self.filter_config = filter_config
-        self.node = socket.gethostname()
+        self.node = os.environ.get(defaults.NODE_ENV) or socket.gethostname()
         self.worker_id = "%s-%d-%s" % (self.node[:24], os.getpid(), uuid.uuid4().hex[:6])
         self.engine = EngineInterface(crawler)
         self.io = RedisIO()

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
+import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bloomcrawl.core import defaults
 from bloomcrawl.ops import acl, scrapyd
 from bloomcrawl.ops.cluster.processes import (
     ManagedProcess,
@@ -187,16 +190,23 @@ class LocalCluster:
 
     def _start_scrapyd(self, cluster: Cluster, index: int, taken: set[int]) -> None:
         name = "scrapyd-%d" % index
-        port = pick_port(scrapyd.DEFAULT_PORT + index - 1, taken)
+        first, last = worker_ports(self.env)
+        preferred = first + index - 1
+        port = pick_port(preferred if preferred <= last else 0, taken)
         node_dir = self.dir / name
         env = self._child_env(cluster.redis_url)
         env["HOME"] = str(node_dir)  # Scrapy keeps job state under ~/.local/state
+        # the nodes share this host: each gets a name of its own, which its jobs count
+        # their pages under and it reports as node_name (the exporter labels by it)
+        node_name = "%s-%s" % (socket.gethostname(), name)
+        env[defaults.NODE_ENV] = node_name
         # the projects' requirements: `deploy` installs them there, any time later
         self.paths.project_packages.mkdir(parents=True, exist_ok=True)
         env["PYTHONPATH"] = str(self.paths.project_packages)
         process = start_scrapyd(node_dir, port=port, username=cluster.username,
                                 password=cluster.password, env=env,
                                 log=self.dir / f"{name}.log", name=name, settings={
+                                    "node_name": node_name,
                                     "max_proc": int(self.env.get("SCRAPYD_MAX_PROC") or 2),
                                     "poll_interval": 1.0,
                                     "eggs_dir": node_dir / "eggs",
@@ -316,3 +326,19 @@ def remote_workers_hint(address: str, port: int, tls: bool, paths: Paths) -> str
             " `make worker-host` (docs/deploy.md)" % (
                 acl.user_name("worker"), acl.password_variable("worker"), paths.env_file,
                 address, port, paths.certs_dir))
+
+
+def worker_ports(env: dict[str, str]) -> tuple[int, int]:
+    """``WORKER_PORTS`` of ``.env`` (``FIRST-LAST`` or one port; default 6800-6819): node N
+    prefers port FIRST + N - 1 within the range, and takes any free port when that is
+    taken or past LAST."""
+    raw = (env.get("WORKER_PORTS") or "").strip()
+    if not raw:
+        return scrapyd.DEFAULT_PORT, scrapyd.DEFAULT_PORT + 19
+    found = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", raw)
+    first = int(found[1]) if found else 0
+    last = int(found[2] or found[1]) if found else 0
+    if not found or not 0 < first <= last < 65536:
+        raise OpsError(f"WORKER_PORTS={raw!r} in .env: give a port or a range FIRST-LAST of"
+                       " ports, e.g. 6800-6819")
+    return first, last
