@@ -14,6 +14,7 @@ from bloomcrawl.ops.cli.target import Target
 
 from kit.redis import RedisServer
 from kit.scrapyd import ScrapydNode
+from kit.workers import WorkerPool
 
 
 def target_of(node: ScrapydNode, redis_server: RedisServer) -> Target:
@@ -48,3 +49,15 @@ def test_a_job_that_closed_its_spider_passes_the_wait(
     err = capsys.readouterr().err
     assert rc == 0, err
     assert "ended without" not in err, err
+
+
+def test_the_error_named_is_the_setting_bloomcrawl_refused(
+        worker_pool: WorkerPool, redis_server: RedisServer) -> None:
+    """A worker given a bad setting: its log ends with Scrapy's "Engine slot not
+    assigned", but what to fix is bloomcrawl's SettingError further up."""
+    worker = worker_pool.start("w0", redis_server.url, {"BLOOMFILTER_ERROR_RATE": "abc"})
+    assert worker.wait(60) not in (None, 0)
+    log = worker.text()
+    assert "Engine slot not assigned" in log  # what a plain "last exception" would give
+    assert status.job_error(log) == ("bloomcrawl.core.errors.SettingError:"
+                                     " BLOOMFILTER_ERROR_RATE must be a number, got 'abc'")

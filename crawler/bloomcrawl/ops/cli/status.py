@@ -88,6 +88,17 @@ def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): .*$", re.M)
 
 
+def job_error(log: str) -> str | None:
+    """The exception a failed job's log names: bloomcrawl's own error when there is one
+    (a setting it refused says what to fix), else the last, leaving out Scrapy's
+    "Engine slot not assigned" that follows any failure to open the spider."""
+    errors = [line.strip() for line in _ERROR_LINE.findall(log)]
+    ours = [line for line in errors if line.startswith("bloomcrawl.")]
+    others = [line for line in errors if "Engine slot not assigned" not in line]
+    found = ours or others or errors
+    return found[-1] if found else None
+
+
 def ended_badly(nodes: Sequence[scrapyd.Node], project: str, jobs: dict[str, str]) -> list[str]:
     """The finished jobs whose spider never closed (it failed to start: a bad setting, an
     import error, an exception in its constructor), each warned about with the last
@@ -108,8 +119,7 @@ def ended_badly(nodes: Sequence[scrapyd.Node], project: str, jobs: dict[str, str
             continue
         if CLOSED_RE.search(tail):
             continue
-        errors = _ERROR_LINE.findall(tail)
-        why = errors[-1].strip() if errors else "no exception in the log's tail"
+        why = job_error(tail) or "no exception in the log's tail"
         warn(f"{url}: job {job} ended without its spider closing: {why}"
              f" (log: {urllib.parse.urljoin(url + '/', log_url)})")
         bad.append(job)
