@@ -35,7 +35,8 @@ STATS_METRICS: dict[str, tuple[str, str]] = {
               "Pages crawled (responses whose outcome is final), from the shared crawl stats."),
     "items": ("bloomcrawl_items_total", "Items scraped, from the shared crawl stats."),
     "filtered": ("bloomcrawl_requests_filtered_total",
-                 "Requests the scheduler dropped as already seen, from the shared crawl stats."),
+                 "Requests the scheduler dropped as already seen, by the filter or by a"
+                 " worker's own memory of what it sent, from the shared crawl stats."),
     "requeued": ("bloomcrawl_leases_requeued_total",
                  "Expired leases put back into the queue (their worker died or stalled)."),
     "errors": ("bloomcrawl_errors_total",
@@ -81,7 +82,8 @@ _FILTER_COUNTERS: tuple[tuple[str, str, Callable[[BloomInfo], float]], ...] = (
     ("bloomcrawl_filter_checked_total", "Fingerprints checked against the filter.",
      lambda f: f.checked),
     ("bloomcrawl_filter_duplicates_total",
-     "Fingerprints the filter answered as already seen (duplicates filtered).",
+     "Fingerprints the filter answered as already seen; a duplicate a worker knew it"
+     " had sent never reaches the filter (see bloomcrawl_requests_filtered_total).",
      lambda f: f.filtered),
 )
 # name, help, value of one filter's partitions on one master; labelled by spider and node
