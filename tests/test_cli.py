@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -74,6 +75,19 @@ def test_seed_rejects_what_is_not_an_http_url(redis_client: redis.Redis) -> None
         b"http://a.invalid/", b"https://b.invalid/x"]
 
 
+def test_seed_takes_json_entries_with_an_http_url_and_checks_all_first(
+        redis_client: redis.Redis) -> None:
+    post = '{"url": "http://a.invalid/form", "method": "POST", "q": "shoes"}'
+    assert jobs.seed(redis_client, "site", [post, "http://b.invalid/"]) == 2
+    assert redis_client.lrange("site:start_urls", 0, -1) == [post.encode(), b"http://b.invalid/"]
+    for bad, why in (('{"url": "ftp://a.invalid/"}', "not an http(s) URL"),
+                     ('{"shop": "x"}', 'a JSON entry needs an http(s) "url"'),
+                     ("{not json", "not a JSON object")):
+        with pytest.raises(OpsError, match=re.escape(why)):
+            jobs.seed(redis_client, "site", ["http://c.invalid/", bad])
+    assert redis_client.llen("site:start_urls") == 2  # nothing of a refused batch pushed
+
+
 def test_seed_pushes_to_the_list_the_spiders_workers_read(redis_client: redis.Redis) -> None:
     """A scrapy-redis spider's own redis_key, as its workers recorded it."""
     redis_client.hset(keys.FrontierKeys("shop").meta, "start_urls", "myshop:seeds")
@@ -99,6 +113,19 @@ def test_max_idle_reaches_a_scrapy_redis_spider_as_whole_seconds() -> None:
     assert spider.max_idle_time == 10
     half = dict(jobs.CrawlOptions(spider="shop", max_idle=0.5).scrapy_settings())
     assert half == {"MAX_IDLE_TIME_BEFORE_CLOSE": "0.5"}  # bloomcrawl's own spiders take it
+
+
+def test_max_idle_is_whole_seconds_on_the_command_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from bloomcrawl.ops.cli.parser import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["crawl", "--max-idle", "10", "http://a.invalid/"]).max_idle == 10
+    for bad in ("2.5", "-1", "ten"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["crawl", "--max-idle", bad, "http://a.invalid/"])
+        assert "give whole seconds (scrapy-redis spiders read it as an integer)" in \
+            capsys.readouterr().err
 
 
 def test_worker_ports_of_the_local_cluster() -> None:

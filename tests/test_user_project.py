@@ -113,7 +113,9 @@ def test_a_scrapy_redis_spider_with_its_own_key_and_make_request_from_data(
     every request it made crawled once."""
     entries = [json.dumps({"shop": shop.url, "category": c}) for c in CATEGORIES]
     entries.append(json.dumps({"url": shop.url + "/search", "method": "POST", "q": "games"}))
-    redis_client.rpush("shopcrawl:seeds", *entries)
+    redis_client.rpush("shopcrawl:seeds", *entries[1:])
+    # pushed where `bloomcrawl crawl` pushes before any worker recorded the spider's list
+    redis_client.rpush("redis_seeds:start_urls", entries[0])
     ws = workers(worker_pool, 2, "redis_seeds", redis_server.url, shop)
     run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
@@ -130,6 +132,10 @@ def test_a_scrapy_redis_spider_with_its_own_key_and_make_request_from_data(
     assert int(redis_client.get("{shopcrawl:seeds}:seq")) == len(entries)
     assert redis_client.llen("shopcrawl:seeds") == 0
     assert redis_client.zcard("{shopcrawl:seeds}:deadlines") == 0
+    assert redis_client.llen("redis_seeds:start_urls") == 0
+    assert redis_client.zcard("{redis_seeds:start_urls}:deadlines") == 0
+    log = "".join(w.text() for w in ws)
+    assert "moved 1 start URL entry from redis_seeds:start_urls to shopcrawl:seeds" in log
     # where the CLI and the exporter look for this spider's start URLs
     assert redis_client.hget(keys.FrontierKeys("redis_seeds").meta, "start_urls") \
         == b"shopcrawl:seeds"

@@ -476,15 +476,17 @@ class Frontier:
                 return 1
             raise
 
-    def take_start_entries(self, most: int, acks: Sequence[str] = ()) -> list[tuple[str, bytes]]:
-        """Lease up to ``most`` entries of ``<spider>:start_urls``: ``(token, entry)``.
+    def take_start_entries(self, most: int, acks: Sequence[str] = (),
+                           source: keys.FrontierKeys | None = None) -> list[tuple[str, bytes]]:
+        """Lease up to ``most`` entries of ``<spider>:start_urls`` (``source``'s list when
+        given): ``(token, entry)``.
 
         ``acks`` are tokens of entries whose requests are queued: they are
         done. An entry not acked within the lease goes back to the list (its
         worker died before queueing it); its requests, if they were queued
         after all, are then filtered as duplicates.
         """
-        f = self.keys
+        f = source or self.keys
         call = ScriptCall(_START_LEASE, [f.start_urls, f.start_leases, f.start_deadlines,
                                          f.start_counter],
                           [self.worker_id + ":", self.lease_ms, most, *acks])

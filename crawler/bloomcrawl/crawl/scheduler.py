@@ -212,6 +212,7 @@ class Scheduler:
                                                  self.filter_config, politeness,
                                                  worker_id=self.worker_id, node=self.node)
         start_key = scrapy_redis_start_key(spider, self.crawler.settings)
+        default_start = keys.FrontierKeys(spider.name)
         if start_key is not None:
             frontier.keys.use_start_urls(start_key)
             take_over_reader(spider)
@@ -237,7 +238,9 @@ class Scheduler:
             start_urls=StartUrls(self.io, frontier, outbox, spider, self.stats,
                                  self.enqueue_request,
                                  enabled=start_key is not None or not is_scrapy_redis_spider(
-                                     spider)))
+                                     spider),
+                                 forward_from=default_start if start_key not in (
+                                     None, default_start.start_urls) else None))
         self.upkeep = LeaseUpkeep(self.io, frontier, self.book, readiness, self.watch,
                                   self.stats, self.errors,
                                   lease_timeout=self.config.lease_timeout,

@@ -88,7 +88,7 @@ def _nothing(key: Any, batch_size: Any) -> list[bytes]:
 class StartUrls:
     def __init__(self, io: RedisIO, frontier: Frontier, outbox: Outbox, spider: Spider,
                  stats: StatsCollector, enqueue: Callable[[Request], bool], *,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, forward_from: keys.FrontierKeys | None = None) -> None:
         self.io = io
         self.frontier = frontier
         self.outbox = outbox
@@ -99,6 +99,10 @@ class StartUrls:
         self.enabled = enabled
         #: entries go to the spider's make_request_from_data (scrapy-redis's format)
         self.from_data = is_scrapy_redis_spider(spider)
+        #: the keys of ``<spider>:start_urls`` when the spider reads another list: what
+        #: ``bloomcrawl seed`` or ``crawl`` pushed there before any worker of the spider
+        #: recorded its list is moved to it (:meth:`_forward`)
+        self.forward_from = forward_from
 
     def read(self) -> Deferred[int]:
         """Lease the next batch of entries (and ack those whose requests were sent).
@@ -109,9 +113,29 @@ class StartUrls:
         if not self.enabled:
             return succeed(0)
         acks = self.outbox.take_start_acks()
-        d = self.io.run(self.frontier.take_start_entries, BATCH, acks)
+        d = self.io.run(self._take, acks)
         d.addCallbacks(self._got, self._failed, errbackArgs=(acks,))
         return d
+
+    def _take(self, acks: list[str]) -> list[tuple[str, bytes]]:
+        if self.forward_from is not None:
+            self._forward(self.forward_from)
+        return self.frontier.take_start_entries(BATCH, acks)
+
+    def _forward(self, source: keys.FrontierKeys) -> None:
+        """Move ``source``'s entries to the spider's list: leased there, pushed here, then
+        acked. A worker that dies in between leaves them to go back to ``source`` (or,
+        pushed already, to be read twice: their requests are then filtered, or queued
+        twice if the spider made them ``dont_filter``)."""
+        frontier = self.frontier
+        taken = frontier.take_start_entries(BATCH, (), source=source)
+        if not taken:
+            return
+        frontier.server.rpush(frontier.keys.start_urls, *[entry for _, entry in taken])
+        frontier.take_start_entries(0, [token for token, _ in taken], source=source)
+        logger.info("moved %d start URL entr%s from %s to %s, the list this spider reads",
+                    len(taken), "y" if len(taken) == 1 else "ies", source.start_urls,
+                    frontier.keys.start_urls, extra={"spider": self.spider})
 
     def _got(self, entries: list[tuple[str, bytes]]) -> int:
         for token, raw in entries:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import json
 import os
 import re
 import tempfile
@@ -212,10 +213,28 @@ def start_key(client: redis.Redis, spider: str) -> str:
     return keys.spider_key(defaults.START_URLS_KEY, spider)
 
 
+def check_start_entries(entries: Sequence[str]) -> None:
+    """:class:`OpsError` unless every entry is an http(s) URL or a JSON object whose
+    ``url`` is one (bloomcrawl's ``{"url", "meta", "priority", "dont_filter"}``, or
+    scrapy-redis's ``{"url", "meta", "method", ...}``). Nothing is pushed then."""
+    for entry in entries:
+        if not entry.lstrip().startswith("{"):
+            check_start_urls([entry])
+            continue
+        try:
+            data = json.loads(entry)
+        except ValueError as exc:
+            raise OpsError(f"not a JSON object: {entry!r}: {exc}") from exc
+        url = data.get("url") if isinstance(data, dict) else None
+        if not isinstance(url, str):
+            raise OpsError(f'a JSON entry needs an http(s) "url": {entry!r}')
+        check_start_urls([url])
+
+
 def seed(client: redis.Redis, spider: str, urls: Sequence[str]) -> int:
-    """Push ``urls`` to the spider's start URLs (:func:`start_key`); every one must be an
-    http(s) URL."""
-    check_start_urls(urls)
+    """Push ``urls`` to the spider's start URLs (:func:`start_key`): http(s) URLs or JSON
+    entries (:func:`check_start_entries`), all checked before any is pushed."""
+    check_start_entries(urls)
     if urls:
         key = start_key(client, spider)
         with redis_errors(client):

@@ -21,6 +21,19 @@ def spider_name(name: str) -> str:
     return name
 
 
+def whole_seconds(text: str) -> int:
+    """``--max-idle``: whole seconds, 0 or more (scrapy-redis's spiders read
+    MAX_IDLE_TIME_BEFORE_CLOSE with int(): 2.5 would stop their jobs at startup)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0 or value != int(value):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give whole seconds (scrapy-redis spiders read it as an integer)")
+    return int(value)
+
+
 def _add_nodes(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", help="comma-separated scrapyd URLs (SCRAPYD_NODES);"
                    " default: the cluster `up` started")
@@ -46,8 +59,8 @@ def _add_crawl_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--project", default=jobs.DEFAULT_PROJECT)
     p.add_argument("--allowed-domains", help="comma list; default: the start URLs' hosts")
     p.add_argument("--depth-limit", type=int)
-    p.add_argument("--max-idle", type=float, default=None,
-                   help="MAX_IDLE_TIME_BEFORE_CLOSE: seconds of empty frontier before"
+    p.add_argument("--max-idle", type=whole_seconds, default=None,
+                   help="MAX_IDLE_TIME_BEFORE_CLOSE: whole seconds of empty frontier before"
                    " the jobs close")
     p.add_argument("-s", "--setting", action="append", metavar="NAME=VALUE")
     p.add_argument("-a", "--arg", action="append", metavar="NAME=VALUE",
@@ -119,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     recurring.add_schedule_options(p)
     p.set_defaults(func=jobs.cmd_schedule)
 
-    p = sub.add_parser("seed", help="push start URLs to <spider>:start_urls")
+    p = sub.add_parser("seed", help="push start URLs (or JSON entries) to the spider's start list:"
+                       " <spider>:start_urls, or the redis_key its workers recorded")
     _add_redis(p)
     p.add_argument("--spider", default=jobs.DEFAULT_SPIDER, type=spider_name)
     p.add_argument("urls", nargs="+")
@@ -169,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--project", default=jobs.DEFAULT_PROJECT)
     p.add_argument("--pages", type=int, help="local mode: pages of the demo site")
     p.add_argument("--delay-ms", type=float, help="local mode: response delay")
-    p.add_argument("--max-idle", type=float, default=10.0)
+    p.add_argument("--max-idle", type=whole_seconds, default=10)
     p.add_argument("--timeout", type=float, default=1800.0)
     _add_redis_kind(p)
     p.set_defaults(func=demo.cmd_demo)
