@@ -159,6 +159,16 @@ def stats_call(f: keys.FrontierKeys, worker: str, node: str,
     return ScriptCall(_STATS, [f.stats, f.pages_by_node, f.stats_applied], args)
 
 
+def check_seed(url: str, meta: Mapping[Any, Any]) -> None:
+    """A start entry's request: an http(s) URL with a host, no meta key of bloomcrawl's."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL: %r" % url)
+    internal = sorted(k for k in meta if str(k).startswith(INTERNAL_META_PREFIX))
+    if internal:
+        raise ValueError("meta keys %s are bloomcrawl's own" % internal)
+
+
 def parse_start_entry(raw: bytes | str) -> dict[str, Any]:
     """One ``<spider>:start_urls`` entry: a URL, or JSON ``{"url", "meta", "priority"}``."""
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
@@ -175,15 +185,10 @@ def parse_start_entry(raw: bytes | str) -> dict[str, Any]:
     url = data.get("url")
     if not isinstance(url, str):
         raise ValueError("no url")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("not an http(s) URL: %r" % url)
     meta = data.get("meta", {})
     if not isinstance(meta, dict):
         raise ValueError("meta must be an object")
-    internal = sorted(k for k in meta if k.startswith(INTERNAL_META_PREFIX))
-    if internal:
-        raise ValueError("meta keys %s are bloomcrawl's own" % internal)
+    check_seed(url, meta)
     priority = data.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ValueError("priority must be an integer")

@@ -79,14 +79,7 @@ from bloomcrawl.crawl.pages import PageTracker
 from bloomcrawl.crawl.readiness import PartitionReadiness
 from bloomcrawl.crawl.recovery import Recovery
 from bloomcrawl.crawl.redis_io import RedisIO
-from bloomcrawl.crawl.seeds import (
-    StartUrls,
-    end_crawl,
-    is_scrapy_redis_spider,
-    join_crawl,
-    scrapy_redis_start_key,
-    take_over_reader,
-)
+from bloomcrawl.crawl.seeds import StartUrls, claim_start_list, end_crawl, join_crawl
 from bloomcrawl.crawl.seen import SeenCache
 from bloomcrawl.crawl.serialization import (
     ClassAllowList,
@@ -211,16 +204,8 @@ class Scheduler:
         self.frontier = frontier = open_frontier(self.server, spider, self.config,
                                                  self.filter_config, politeness,
                                                  worker_id=self.worker_id, node=self.node)
-        start_key = scrapy_redis_start_key(spider, self.crawler.settings)
-        default_start = keys.FrontierKeys(spider.name)
-        if start_key is not None:
-            frontier.keys.use_start_urls(start_key)
-            take_over_reader(spider)
-            logger.info("start URLs of %s are leased by the scheduler and made by the spider's"
-                        " make_request_from_data", start_key, extra=extra)
-        elif is_scrapy_redis_spider(spider):
-            logger.info("start URLs of a set or sorted set (REDIS_START_URLS_AS_SET/AS_ZSET)"
-                        " are read by scrapy-redis, not leased", extra=extra)
+        reads_start_list, forward_from = claim_start_list(frontier, spider,
+                                                          self.crawler.settings)
         cluster = self.watch.cluster
         outbox = Outbox(self.io, frontier, self.watch,
                         stats_interval=CLUSTER_STATS_INTERVAL if cluster else 0.0,
@@ -236,11 +221,8 @@ class Scheduler:
             recovery=Recovery(self.io, self.server, frontier, outbox, self.book, self.seen,
                               readiness, self.watch, self.stats, self.errors, extra),
             start_urls=StartUrls(self.io, frontier, outbox, spider, self.stats,
-                                 self.enqueue_request,
-                                 enabled=start_key is not None or not is_scrapy_redis_spider(
-                                     spider),
-                                 forward_from=default_start if start_key not in (
-                                     None, default_start.start_urls) else None))
+                                 self.enqueue_request, enabled=reads_start_list,
+                                 forward_from=forward_from))
         self.upkeep = LeaseUpkeep(self.io, frontier, self.book, readiness, self.watch,
                                   self.stats, self.errors,
                                   lease_timeout=self.config.lease_timeout,

@@ -31,7 +31,7 @@ from twisted.internet.defer import succeed
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.connection import REDIS_ERRORS
-from bloomcrawl.core.frontier import INTERNAL_META_PREFIX, parse_start_entry
+from bloomcrawl.core.frontier import check_seed, parse_start_entry
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 
 if TYPE_CHECKING:
@@ -71,6 +71,28 @@ def scrapy_redis_start_key(spider: Spider, settings: Any) -> str | None:
     key = str(key) % {"name": spider.name}  # setup_redis has done it, unless not run yet
     keys.check_key(key)
     return key
+
+
+def claim_start_list(frontier: Frontier, spider: Spider,
+                     settings: Any) -> tuple[bool, keys.FrontierKeys | None]:
+    """Point ``frontier`` at the list the spider's start URLs come from; returns what
+    :class:`StartUrls` takes: whether it reads that list (not when scrapy-redis keeps a
+    start set or sorted set), and the keys of ``<spider>:start_urls`` when that is
+    another list, whose entries are then moved to it."""
+    extra = {"spider": spider}
+    start_key = scrapy_redis_start_key(spider, settings)
+    if start_key is None:
+        if is_scrapy_redis_spider(spider):
+            logger.info("start URLs of a set or sorted set (REDIS_START_URLS_AS_SET/AS_ZSET)"
+                        " are read by scrapy-redis, not leased", extra=extra)
+            return False, None
+        return True, None
+    default = frontier.keys.start_urls
+    frontier.keys.use_start_urls(start_key)
+    take_over_reader(spider)
+    logger.info("start URLs of %s are leased by the scheduler and made by the spider's"
+                " make_request_from_data", start_key, extra=extra)
+    return True, None if start_key == default else keys.FrontierKeys(spider.name)
 
 
 def take_over_reader(spider: Spider) -> None:
@@ -180,11 +202,7 @@ class StartUrls:
         for request in requests:
             if not isinstance(request, Request):
                 raise ValueError("make_request_from_data returned %r, not a Request" % (request,))
-            if request.url.partition(":")[0] not in ("http", "https"):
-                raise ValueError("not an http(s) URL: %r" % request.url)
-            internal = sorted(k for k in request.meta if str(k).startswith(INTERNAL_META_PREFIX))
-            if internal:
-                raise ValueError("meta keys %s are bloomcrawl's own" % internal)
+            check_seed(request.url, request.meta)
         return requests
 
     def make_request(self, data: dict[str, Any]) -> Request:
