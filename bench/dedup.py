@@ -503,6 +503,16 @@ PROBE_SCRIPTS = {
 }
 
 
+def probe_partition(client: redis.Redis) -> tuple[str, str]:
+    """The probes' stand-in partition, written: its state hash and its one chunk."""
+    state, chunk = PROBE_KEY + ":state", PROBE_KEY + ":s0:c0"
+    client.hset(state, mapping={"slices": 1, "block_bytes": 256, "chunk_blocks": 4096,
+                                "max_slices": 24, "plan:0": "1000 14 4096", "items:0": 0,
+                                "hashing": 2})
+    client.set(chunk, bytes(PROBE_CHUNK_BYTES))
+    return state, chunk
+
+
 @dataclass
 class Probes:
     """Redis CPU of the floor probes and of the module's commands, measured together."""
@@ -524,14 +534,10 @@ def bench_probes(client: redis.Redis, sizes: Sizes, module: bool,
     probe it meets (one round's costs can differ by 2x here).
     """
     out = Probes(single_slices=single_slices)
-    state, chunk = PROBE_KEY + ":state", PROBE_KEY + ":s0:c0"
+    state, chunk = probe_partition(client)
     n = max(1, sizes.probe_calls // PROBE_ROUNDS)  # calls per probe and round
     calls = max(1, n // 10)  # batched calls per probe and round
     fps = fingerprints(PROBE_ROUNDS * (n + calls * PROBE_BATCH), "probe:")
-    client.hset(state, mapping={"slices": 1, "block_bytes": 256, "chunk_blocks": 4096,
-                                "max_slices": 24, "plan:0": "1000 14 4096", "items:0": 0,
-                                "hashing": 2})
-    client.set(chunk, bytes(PROBE_CHUNK_BYTES))
     shas = {name: client.script_load(body) for name, body in PROBE_SCRIPTS.items()}
     evalsha, command, sadd = client.evalsha, client.execute_command, client.sadd
     if module:
@@ -683,12 +689,8 @@ def rate_floor(client: redis.Redis, n: int, slices: int) -> list[SeenRow]:
     from scrapy.utils.request import RequestFingerprinter
     from scrapy_redis.dupefilter import RFPDupeFilter as SetDupeFilter
 
-    state, chunk = PROBE_KEY + ":state", PROBE_KEY + ":s0:c0"
     client.flushall()
-    client.hset(state, mapping={"slices": 1, "block_bytes": 256, "chunk_blocks": 4096,
-                                "max_slices": 24, "plan:0": "1000 14 4096", "items:0": 0,
-                                "hashing": 2})
-    client.set(chunk, bytes(PROBE_CHUNK_BYTES))
+    state, chunk = probe_partition(client)
     sha = client.script_load(PROBE_SCRIPTS["single_new"])
     fingerprint = RequestFingerprinter().fingerprint
     evalsha = client.evalsha

@@ -231,12 +231,12 @@ def check_start_entries(entries: Sequence[str]) -> None:
         check_start_urls([url])
 
 
-def seed(client: redis.Redis, spider: str, urls: Sequence[str]) -> int:
-    """Push ``urls`` to the spider's start URLs (:func:`start_key`): http(s) URLs or JSON
-    entries (:func:`check_start_entries`), all checked before any is pushed."""
+def seed(client: redis.Redis, spider: str, urls: Sequence[str], key: str | None = None) -> int:
+    """Push ``urls`` to the spider's start URLs (``key``, else :func:`start_key`): http(s)
+    URLs or JSON entries (:func:`check_start_entries`), all checked before any is pushed."""
     check_start_entries(urls)
     if urls:
-        key = start_key(client, spider)
+        key = key or start_key(client, spider)
         with redis_errors(client):
             client.rpush(key, *urls)
     return len(urls)
@@ -350,8 +350,9 @@ def cmd_seed(args: argparse.Namespace, paths: Paths) -> int:
     target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=False,
                             need_redis=True)
     client = target.redis()
-    count = seed(client, args.spider, args.urls)
-    say("pushed %d start URL(s) to %s" % (count, start_key(client, args.spider)))
+    key = start_key(client, args.spider)
+    count = seed(client, args.spider, args.urls, key)
+    say("pushed %d start URL(s) to %s" % (count, key))
     return 0
 
 
