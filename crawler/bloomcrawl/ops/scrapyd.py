@@ -80,6 +80,7 @@ __all__ = [
     "resolve_service",
     "schedule",
     "schedule_each",
+    "states_of",
 ]
 
 #: seconds for an endpoint that does work (addversion, schedule)
@@ -424,5 +425,10 @@ def job_entries(nodes: Sequence[Node], project: str, jobs: dict[str, str]
 
 def job_states(nodes: Sequence[Node], project: str, jobs: dict[str, str]) -> dict[str, str]:
     """{job id: pending | running | finished | unknown}; ``jobs`` is {node url: job id}."""
+    return states_of(job_entries(nodes, project, jobs))
+
+
+def states_of(entries: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, str]:
+    """:func:`job_states` of what :func:`job_entries` found."""
     return {job: state if state in JOB_STATES else "unknown"
-            for job, (state, _) in job_entries(nodes, project, jobs).items()}
+            for job, (state, _) in entries.items()}

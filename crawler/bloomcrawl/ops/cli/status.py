@@ -16,6 +16,7 @@ import re
 import time
 import urllib.parse
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 
@@ -69,7 +70,8 @@ def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
     started = time.monotonic()
     deadline = started + timeout
     while True:
-        states = scrapyd.job_states(target.nodes, project, jobs)
+        found = scrapyd.job_entries(target.nodes, project, jobs)
+        states = scrapyd.states_of(found)
         line, _ = frontier_line(client, spider)
         counts = {s: sum(1 for v in states.values() if v == s)
                   for s in (*scrapyd.JOB_STATES, "unknown")}
@@ -77,7 +79,7 @@ def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
             time.monotonic() - started, line, counts["running"], counts["pending"],
             counts["finished"]))
         if counts["finished"] + counts["unknown"] == len(states) and counts["finished"]:
-            return 1 if ended_badly(target.nodes, project, jobs) else 0
+            return 1 if ended_badly(target.nodes, jobs, found) else 0
         if time.monotonic() > deadline:
             warn(f"jobs still running after {timeout:g}s")
             return 1
@@ -99,11 +101,12 @@ def job_error(log: str) -> str | None:
     return found[-1] if found else None
 
 
-def ended_badly(nodes: Sequence[scrapyd.Node], project: str, jobs: dict[str, str]) -> list[str]:
-    """The finished jobs whose spider never closed (it failed to start: a bad setting, an
-    import error, an exception in its constructor), each warned about with the last
-    exception its log names and where the log is."""
-    found = scrapyd.job_entries(nodes, project, jobs)
+def ended_badly(nodes: Sequence[scrapyd.Node], jobs: dict[str, str],
+                found: dict[str, tuple[str, dict[str, Any]]]) -> list[str]:
+    """The finished jobs (``found``: :func:`~bloomcrawl.ops.scrapyd.job_entries`) whose
+    spider never closed (it failed to start: a bad setting, an import error, an exception
+    in its constructor), each warned about with the exception its log names and where the
+    log is."""
     by_url = {node.url: node for node in nodes}
     bad = []
     for url, job in jobs.items():
