@@ -53,6 +53,9 @@ MAX_BATCH = 500
 MAX_LEASE = 32
 MAX_POLL_DELAY = 1.0
 FIRST_POLL_DELAY = 0.05
+#: a worker that got leases this recently has work: it reads start URLs once a
+#: MAX_POLL_DELAY, not at every poll
+FLOWING_S = 0.25
 #: acks wait at most this long for an exchange to ride with
 ACK_DELAY = 0.05
 
@@ -356,6 +359,7 @@ class Poller:
         self._call: Any = None
         self._stopped = False
         self._read_at = float("-inf")
+        self._found_at = float("-inf")
 
     def start(self) -> None:
         self._schedule(0)
@@ -369,6 +373,7 @@ class Poller:
     def found(self) -> None:
         """Work was found: poll often again."""
         self._delay = FIRST_POLL_DELAY
+        self._found_at = time.monotonic()
 
     def look_soon(self) -> None:
         """Others are crawling and may queue more: poll now, and often for a while."""
@@ -387,9 +392,12 @@ class Poller:
         loop = self.loop
         loop.readiness.may_have_work(loop.readiness.waiting_for_others())
         # a worker with work reads new start URLs once a MAX_POLL_DELAY (a round trip
-        # each); a starved one, or one with start URLs to ack, at every poll
+        # each); one with start URLs to ack, or starved with no lease for FLOWING_S, at
+        # every poll. While leases flow the engine is "starved" for a moment after each
+        # page, which is not a reason to read the start list again.
         now = time.monotonic()
-        if loop.starved or loop.outbox.has_start_acks() or now - self._read_at >= MAX_POLL_DELAY:
+        dry = loop.starved and now - self._found_at >= FLOWING_S
+        if dry or loop.outbox.has_start_acks() or now - self._read_at >= MAX_POLL_DELAY:
             self._read_at = now
             d = self.start_urls.read()
             d.addCallbacks(self._read, loop.redis_failed)
