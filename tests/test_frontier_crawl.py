@@ -39,6 +39,31 @@ def test_three_workers_crawl_every_page_exactly_once(redis_server, redis_client,
         assert len(idle) == 1 and int(idle[0]) <= max_idle + 1, (w.name, idle)
 
 
+@pytest.mark.parametrize("demo_site", [{"pages": 30}], indirect=True)
+def test_a_start_url_seen_before_is_said_in_the_log_and_crawled_again_with_dont_filter(
+    redis_server, redis_client, demo_site, worker_pool: WorkerPool
+) -> None:
+    root = demo_site.url
+    filtered = "start URL %s from site:start_urls not queued: the Bloom filter has seen it" % root
+    # the same start URL twice in one push: the second is filtered within the worker
+    redis_client.rpush("site:start_urls", root, root)
+    first = worker_pool.start("first", redis_server.url)
+    run_workers([first], timeout=120)
+    assert demo_site.hits() == [1] * len(demo_site.hits())
+    assert first.text().count(filtered) == 1
+    assert first.stats()["bloomcrawl/start_urls_filtered"] == 1
+    # a new worker (nothing in its own cache): the filter in Redis says it, and the same
+    # URL pushed with dont_filter is crawled again
+    redis_client.rpush("site:start_urls", root, json.dumps({"url": root, "dont_filter": True}))
+    second = worker_pool.start("second", redis_server.url)
+    run_workers([second], timeout=120)
+    hits = demo_site.hits()
+    assert hits[0] == 2 and hits[1:] == [1] * (len(hits) - 1), hits
+    assert second.text().count(filtered) == 1, second.tail()
+    assert second.stats()["bloomcrawl/start_urls_filtered"] == 1
+    check_exits([first, second])
+
+
 def leases_held(client, pid: int) -> int:
     """Leases of the worker process ``pid`` (its tokens begin with its id: host-pid-...)."""
     mark = ("-%d-" % pid).encode()

@@ -220,6 +220,8 @@ class ExchangeLoop:
             self.stats.inc_value("dupefilter/filtered", done.filtered)
             self.stats.inc_value("bloomfilter/filtered", done.filtered)
             self.outbox.count("filtered", done.filtered)
+        for url in self.outbox.filtered_seeds(batch, done.queued_fingerprints):
+            self.poller.start_urls.filtered(url)
         if batch.duplicates:  # counted shared by the outbox
             self.stats.inc_value("dupefilter/filtered", batch.duplicates)
             self.stats.inc_value("bloomcrawl/filtered_locally", batch.duplicates)

@@ -62,6 +62,8 @@ class Batch:
     #: requests left out of ``outgoing``: their fingerprint came earlier in it or in the
     #: last exchange, whose reply the worker's seen cache had not yet when they were made
     duplicates: int = 0
+    #: (fingerprint, URL) of the start URLs' requests among them (see Outbox.watch_seeds)
+    seeds: list[tuple[bytes, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -101,6 +103,9 @@ class Outbox:
         self._feedback: dict[int, Feedback] = {}
         # start URL leases: requests made, not sent yet / sent, to be acked
         self._start_waiting: list[str] = []
+        # the start URLs' requests buffered: (fingerprint, URL), told apart when their
+        # exchange returns (filtered_seeds)
+        self._seeds: list[tuple[bytes, str]] = []
         self._start_acks: list[str] = []
         # requests dropped against the seen cache since the last exchange
         self._dropped: list[Any] = []
@@ -176,6 +181,26 @@ class Outbox:
         self._recent = set()
         return dropped
 
+    def watch_seeds(self, since: int, url: str) -> None:
+        """The requests buffered from position ``since`` on are a start URL's (``url``):
+        :meth:`filtered_seeds` says whether the filter queued them."""
+        self._seeds += [(e.fingerprint, url) for e in self._outgoing[since:]
+                        if not e.dont_filter]
+
+    @staticmethod
+    def filtered_seeds(batch: Batch, queued: list[bytes]) -> list[str]:
+        """The URLs of ``batch``'s start requests the filter did not queue (seen before)."""
+        if not batch.seeds:
+            return []
+        left = set(queued)
+        filtered = []
+        for fp, url in batch.seeds:
+            if fp in left:
+                left.discard(fp)  # the same fingerprint twice: one of them was queued
+            else:
+                filtered.append(url)
+        return filtered
+
     def start_waiting(self, token: str) -> None:
         """A start URL lease whose request is buffered: acked once that is sent."""
         self._start_waiting.append(token)
@@ -223,9 +248,9 @@ class Outbox:
                                        at_once=not self.io.threaded)
         batch = Batch(outgoing, self._acks, stats, self._start_waiting, self._dropped,
                       lease_from, want, check_idle, self.watch.epoch, probe or [],
-                      self._feedback, duplicates)
+                      self._feedback, duplicates, self._seeds)
         self._outgoing, self._acks, self._feedback = [], defaultdict(list), {}
-        self._start_waiting, self._dropped = [], []
+        self._start_waiting, self._dropped, self._seeds = [], [], []
         self.exchanging = True
         d = self.io.run(self._in_thread, self.frontier, batch)
         d.addCallbacks(self._done, self._failed, callbackArgs=(batch,), errbackArgs=(batch,))
@@ -337,6 +362,7 @@ class Outbox:
         self.shared_stats.failed(batch.stats)
         self._start_waiting[:0] = batch.start_tokens
         self._dropped[:0] = batch.dropped
+        self._seeds[:0] = batch.seeds
         if not isinstance(failure.value, FilterFullError | ServerChangedError):
             # after a failure on a cluster, the masters are asked first (see _in_thread)
             self._verify_masters = self.watch.cluster

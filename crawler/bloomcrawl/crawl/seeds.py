@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BATCH = 100
+#: start URLs found filtered that are logged one by one; the rest are counted only
+FILTERED_LOGGED = 20
 
 _CRAWL_ID = Script("crawl_id.lua")
 
@@ -125,6 +127,8 @@ class StartUrls:
         #: ``bloomcrawl seed`` or ``crawl`` pushed there before any worker of the spider
         #: recorded its list is moved to it (:meth:`_forward`)
         self.forward_from = forward_from
+        # start URLs found filtered so far (the first FILTERED_LOGGED are logged)
+        self._filtered = 0
 
     def read(self) -> Deferred[int]:
         """Lease the next batch of entries (and ack those whose requests were sent).
@@ -182,13 +186,35 @@ class StartUrls:
             self.outbox.count("bad_start_urls")
             self.outbox.start_done(token)
             return
-        queued = sum(bool(self.enqueue(request)) for request in requests)
+        queued = 0
+        for request in requests:
+            since = self.outbox.requests()
+            if self.enqueue(request):
+                queued += 1
+                self.outbox.watch_seeds(since, request.url)
+            else:
+                self.filtered(request.url)  # this worker sent its fingerprint before
         if queued:
             # the exchange that carries the last of them acks the entry (one that an
             # earlier exchange already carried is safe in Redis by then)
             self.outbox.start_waiting(token)
         else:
             self.outbox.start_done(token)
+
+    def filtered(self, url: str) -> None:
+        """A start URL's request was not queued: the filter has its fingerprint (crawled
+        or queued before). Said in the log, since nothing else happens: the first
+        FILTERED_LOGGED each, then counted only."""
+        self.stats.inc_value("bloomcrawl/start_urls_filtered")
+        self._filtered += 1
+        if self._filtered <= FILTERED_LOGGED:
+            logger.info("start URL %s from %s not queued: the Bloom filter has seen it"
+                        " (crawled or queued before). To crawl it again, push"
+                        ' {"url": "%s", "dont_filter": true}%s', url,
+                        self.frontier.keys.start_urls, url,
+                        "; further ones are counted in bloomcrawl/start_urls_filtered"
+                        if self._filtered == FILTERED_LOGGED else "",
+                        extra={"spider": self.spider})
 
     def requests_from_data(self, raw: bytes) -> list[Request]:
         """What a scrapy-redis spider's ``make_request_from_data`` makes of an entry: a
