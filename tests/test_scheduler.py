@@ -15,7 +15,7 @@ from scrapy.utils.test import get_crawler
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.errors import SettingError
-from bloomcrawl.core.frontier import parse_start_entry
+from bloomcrawl.core.start_entries import parse_start_entry
 from bloomcrawl.crawl.lease import LEASE_META_KEY, request_finished
 from bloomcrawl.crawl.scheduler import Scheduler
 from bloomcrawl.crawl.serialization import (

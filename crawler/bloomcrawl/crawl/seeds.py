@@ -1,7 +1,7 @@
 """Start URLs from ``<spider>:start_urls``, leased like requests, acked once queued.
 
 Each entry (a URL, or JSON ``{"url", "meta", "priority", "dont_filter"}``,
-checked by :func:`bloomcrawl.core.frontier.parse_start_entry`) is leased; the
+checked by :func:`bloomcrawl.core.start_entries.parse_start_entry`) is leased; the
 request the spider makes of it (``make_request_from_start_entry`` when the
 spider has one) is enqueued, and the lease acked once the exchange carrying
 that request went through. A worker that dies in between leaves the lease to
@@ -31,8 +31,8 @@ from twisted.internet.defer import succeed
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.connection import REDIS_ERRORS
-from bloomcrawl.core.frontier import check_seed, parse_start_entry
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
+from bloomcrawl.core.start_entries import check_seed, parse_start_entry
 
 if TYPE_CHECKING:
     import redis
