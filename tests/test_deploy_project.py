@@ -30,7 +30,7 @@ from kit.redis import RedisServer
 from kit.scrapyd import PASSWORD, USERNAME, ScrapydNode
 
 USERPROJECT = ROOT / "tests" / "userproject"
-SPIDERS = ["catalog", "deals", "news", "redis_catalog", "redis_seeds", "sitemap"]
+SPIDERS = ["catalog", "deals", "news", "redis_catalog", "redis_seeds", "sitemap", "starter"]
 NO_PRICEFMT = ("the project's spiders do not import on this node: No module named 'pricefmt'"
                " (add it to requirements.txt)")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -41,6 +42,19 @@ def test_a_lease_call_sent_twice_loses_nothing(frontier: Frontier,
     time.sleep(0.4)  # both leases expire: their requests go back
     assert frontier.reap() == 2
     assert queued(redis_client, frontier) == 2
+
+
+def test_a_recorded_fingerprint_is_never_queued_and_filters_what_comes_after(
+        frontier: Frontier) -> None:
+    """What a start request's own fingerprint gets beside the entry that queues it."""
+    new, again = outgoing("http://a.test/start"), outgoing("http://a.test/start")
+    record = [dataclasses.replace(new[0], payload="", record_only=True)]
+    done = frontier.exchange([*record, *outgoing("http://a.test/other")], {})
+    assert (done.queued, done.filtered, frontier.size()) == (1, 0, 1)
+    assert done.queued_fingerprints == [outgoing("http://a.test/other")[0].fingerprint]
+    done = frontier.exchange(again, {})  # the same URL as a link: a duplicate now
+    assert (done.queued, done.filtered, frontier.size()) == (0, 1, 1)
+    assert [lease.payload for lease in frontier.lease(0, 5)] == [b'{"url": "http://a.test/other"}']
 
 
 def test_stats_of_one_exchange_count_once_however_often_sent(frontier: Frontier,

@@ -89,6 +89,48 @@ def test_sitemap_spider_crawls_every_product_once(redis_server, redis_client, sh
     assert shared_stats(redis_client, "sitemap").get("errors", 0) == 0
 
 
+def test_a_sitemap_spider_reads_its_sitemap_in_every_crawl_and_takes_sitemaps_as_seeds(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """A URL pushed to a SitemapSpider's list is a sitemap, as its ``sitemap_urls`` are; its
+    start requests (not dont_filter) are fetched once per crawl, not once for good."""
+    redis_client.rpush("sitemap:start_urls", shop.url + "/sitemap.xml?from=seed")
+    ws = workers(worker_pool, 2, "sitemap", redis_server.url, shop)
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    expected = Counter({"GET /sitemap.xml": 1, "GET /sitemap.xml?from=seed": 1})
+    for p in range(PRODUCTS):
+        expected.update({"GET /product/%d" % p: 1, "GET /product/%d/reviews" % p: 1})
+    assert_each_once(shop.hits(), expected)
+    assert shared_stats(redis_client, "sitemap").get("errors", 0) == 0
+    # the next crawl reads the sitemap again (a product added since would be found);
+    # the products it lists are in the filter
+    ws = workers(worker_pool, 2, "sitemap", redis_server.url, shop, first=2)
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    assert_each_once(shop.hits(), expected + Counter({"GET /sitemap.xml": 1}))
+
+
+def test_a_spider_that_starts_itself_refuses_pushed_urls_and_starts_in_every_crawl(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """``async start()`` and no ``parse()``: its start requests once per crawl across the
+    workers; a URL pushed to its list has no callback to go to: refused, said, counted."""
+    redis_client.rpush("starter:start_urls", shop.url + "/category/books")
+    ws = workers(worker_pool, 2, "starter", redis_server.url, shop)
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    once = Counter({"GET /category/%s" % c: 1 for c in ("books", "games", "tools")})
+    assert_each_once(shop.hits(), once)
+    stats = shared_stats(redis_client, "starter")
+    assert stats["bad_start_urls"] == 1 and stats.get("errors", 0) == 0, stats
+    assert "spider 'starter' has no parse() callback" in "".join(w.text() for w in ws)
+    assert sorted(i["category"] for i in stored_items(redis_client, "starter")) == [
+        "books", "games", "tools"]
+    ws = workers(worker_pool, 2, "starter", redis_server.url, shop, first=2)
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    assert_each_once(shop.hits(), once + once)
+
+
 def test_redis_crawl_spider_from_scrapy_redis_with_form_requests(
         redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
     redis_client.rpush("redis_catalog:start_urls", shop.url + "/")

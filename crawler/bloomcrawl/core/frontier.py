@@ -78,6 +78,9 @@ class Outgoing:
     #: the revisit window's flag (:meth:`~bloomcrawl.core.sizing.FilterParams.window_flag`):
     #: "0" the default window
     window: str = "0"
+    #: only recorded in the filter (its default window), never queued: a start request's
+    #: own fingerprint, beside the entry that queues it once per crawl
+    record_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -316,7 +319,9 @@ class Frontier:
         replies = [r for r in results if isinstance(r, list)]
         revisited = sum(reply[0].count(b"2") for reply in replies)
         queued = sum(reply[0].count(b"1") for reply in replies) + revisited
-        done = Exchanged(queued=queued, filtered=len(outgoing) - queued, revisited=revisited)
+        recorded = sum(1 for e in outgoing if e.record_only)
+        done = Exchanged(queued=queued, filtered=len(outgoing) - recorded - queued,
+                         revisited=revisited)
         # the filter's fingerprints each partition queued (its decisions, in the order sent)
         call_of = {p: i for i, p in enumerate(partitions[:len(partitions) - (lease_from
                                                                            is not None)])}
@@ -353,7 +358,8 @@ class Frontier:
         if outgoing:
             script = _ENQUEUE[self.bloom.params.backend, self.bloom.params.windowed]
             args += [b"".join(e.fingerprint for e in outgoing),
-                     "".join("1" if e.dont_filter else e.window for e in outgoing)]
+                     "".join("-" if e.record_only else "1" if e.dont_filter else e.window
+                             for e in outgoing)]
             for e in outgoing:
                 args += [repr(e.score), e.host, e.payload]
         return ScriptCall(script, [f.state(partition), f.leases(partition), f.deadlines(partition),

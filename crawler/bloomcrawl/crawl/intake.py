@@ -112,7 +112,14 @@ class Intake:
         outbox = self.outbox
         fp = normalise_fingerprint(self.fingerprinter.fingerprint(request))
         dont_filter = request.dont_filter
-        if dont_filter and meta.get("is_start_request") and self.crawl_id:
+        # a start request (start_urls, start(), a SitemapSpider's sitemap_urls): once per
+        # crawl, under the crawl's id; one that is not dont_filter is also recorded under
+        # its own fingerprint, as Scrapy's dupefilter records it (a link back to it is a
+        # duplicate), but never queued by that
+        record = None
+        if meta.get("is_start_request") and self.crawl_id:
+            if not dont_filter:
+                record = fp
             fp = hashlib.sha1(b"start:" + self.crawl_id + fp).digest()
             dont_filter = False
         window = "0"
@@ -132,8 +139,11 @@ class Intake:
             payload = request_to_json(request, self.spider, self.allowed)
         except UnserializableRequest as exc:
             return self._keep(request, lease, fp, dont_filter, exc)
-        buffered = outbox.add(Outgoing(fp, dont_filter, priority_score(request), payload, host,
-                                       window))
+        score = priority_score(request)
+        buffered = outbox.add(Outgoing(fp, dont_filter, score, payload, host, window))
+        if record is not None:
+            outbox.add(Outgoing(filter_fingerprint(record, host, self.partition_by), False,
+                                score, "", host, record_only=True))
         if lease is not None:
             # a retry or redirect of a leased request: ack the original once this is queued
             self.loop.ack(lease)

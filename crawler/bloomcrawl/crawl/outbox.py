@@ -266,13 +266,15 @@ class Outbox:
         always goes.
         """
         recent, kept, seen = self._recent, [], set()
+        duplicates = 0
         for entry in self._outgoing:
             if not entry.dont_filter:
                 if entry.fingerprint in recent or entry.fingerprint in seen:
+                    duplicates += not entry.record_only  # a record only queues nothing
                     continue
                 seen.add(entry.fingerprint)
             kept.append(entry)
-        return kept, len(self._outgoing) - len(kept)
+        return kept, duplicates
 
     def restate(self, applied: int) -> int:
         """Redis lost state: send again the counts it confirmed beyond number ``applied``."""

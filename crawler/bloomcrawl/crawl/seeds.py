@@ -26,7 +26,8 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from scrapy import Request
+from scrapy import Request, Spider
+from scrapy.spiders import SitemapSpider
 from twisted.internet.defer import succeed
 
 from bloomcrawl.core import keys
@@ -232,13 +233,37 @@ class StartUrls:
         return requests
 
     def make_request(self, data: dict[str, Any]) -> Request:
+        """The request of a start entry: the spider's ``make_request_from_start_entry(data)``
+        when it has one, else a request to its default callback (:func:`seed_callback`)."""
         make = getattr(self.spider, "make_request_from_start_entry", None)
         if callable(make):
             request: Request = make(data)
             return request
-        return Request(data["url"], meta=data.get("meta") or {},
-                       priority=data.get("priority", 0),
+        return Request(data["url"], callback=seed_callback(self.spider),
+                       meta=data.get("meta") or {}, priority=data.get("priority", 0),
                        dont_filter=data.get("dont_filter", False))
+
+
+def seed_callback(spider: Spider) -> Callable[..., Any] | None:
+    """Where a URL pushed to a spider's start list goes, as Scrapy would send it.
+
+    A ``SitemapSpider``'s are sitemaps (or robots.txt), like its ``sitemap_urls``: its
+    sitemap parser. Else the default callback (None): ``parse``, or a ``CrawlSpider``'s
+    rules. A spider with neither takes no start URLs: ValueError, so the entry is
+    refused and counted (``bad_start_urls``), not sent to a ``parse`` that raises on
+    every page.
+    """
+    if isinstance(spider, SitemapSpider):
+        parse_sitemap: Callable[..., Any] = spider._parse_sitemap
+        return parse_sitemap
+    cls = type(spider)
+    if cls.parse is Spider.parse and cls._parse is Spider._parse:
+        raise ValueError(
+            "spider %r has no parse() callback, so a start URL pushed to its list has"
+            " nowhere to go: crawl it without start URLs (its own start requests:"
+            " bloomcrawl crawl --spider %s), or give it a parse() or a"
+            " make_request_from_start_entry(data)" % (spider.name, spider.name))
+    return None
 
 
 def join_crawl(server: redis.Redis, spider: str, configured: str) -> bytes:

@@ -6,17 +6,23 @@
 -- KEYS and ARGV[1..8] as frontier_lease.lua's (KEYS[1] is read: the filter's state),
 -- then the feedback triples, the tokens to ack, and:
 --   the fingerprints (20 bytes each), the flags, one per request: '0' filter it,
---   '1' dont_filter (queued without touching the filter), then score, host and
---   payload of each request
+--   '1' dont_filter (queued without touching the filter), '-' record it in the filter
+--   (the default window) but never queue it, a letter: filter it in that revisit
+--   window; then score, host and payload of each request
 -- returns {decisions, wait, token1, payload1, paced1, ...}: decisions has one '1' (queued), '2'
--- (queued again after its revisit window) or '0' (duplicate) per request; wait as
--- frontier_lease.lua's
+-- (queued again after its revisit window), '0' (duplicate) or '-' (recorded only) per
+-- request; wait as frontier_lease.lua's
 return exchange(function(first)
-  local keep = decide(ARGV[first], ARGV[first + 1])
+  local flags = ARGV[first + 1]
+  local record = string.find(flags, '-', 1, true) and flags or nil
+  if record then flags = (string.gsub(flags, '%-', '0')) end
+  local keep = decide(ARGV[first], flags)
   local out, by_host, hosts = {}, {}, {}
   local base = first + 2
   for j = 0, #keep - 1 do
-    if keep[j + 1] then
+    if record and string.byte(record, j + 1) == 45 then
+      out[j + 1] = '-'
+    elseif keep[j + 1] then
       out[j + 1] = REVISITED and REVISITED[j + 1] and '2' or '1'
       local at = base + 3 * j
       local host = ARGV[at + 1]
