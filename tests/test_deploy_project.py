@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from shopsite import serve_shop
 
 from bloomcrawl.ops import cli, requirements, scrapyd
 from bloomcrawl.ops.cluster.compose import PROJECT_PACKAGES
@@ -159,6 +160,36 @@ def test_deploy_installs_the_requirements_for_a_local_cluster_then_a_job_runs(
     for node in local_cluster:
         log = node.wait_finished("shopcrawl", "catalog", jobs[node.url])
         assert "No module named" not in log and "Spider closed (finished)" in log, log[-3000:]
+
+
+def test_crawl_wait_of_a_spider_that_starts_itself_without_and_with_a_start_url(
+        project: Path, paths: Paths, local_cluster: list[ScrapydNode], redis_server: RedisServer,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``crawl`` with no URL runs the spider's own start requests; the progress counts this
+    crawl's pages; a URL the spider cannot take is refused, and the wait says so."""
+    assert deploy(capsys, "--project-dir", str(project), "--version", "1")[0] == 0
+    with serve_shop(12) as shop:
+        args = ["crawl", "--project", "shopcrawl", "--spider", "starter", "-a",
+                f"shop_url={shop.url}", "-s", f"REDIS_URL={redis_server.url}", "--wait",
+                "--timeout", "120"]
+        assert cli.main([*args, "--max-idle", "1"]) == 0
+        out, err = capsys.readouterr()
+        assert "starter running on 2 node(s), from its own start requests" in out, out
+        assert out.splitlines()[-1].startswith("[") and " pages 3  items 3 " in out, out
+        # again, with a start URL: the same 3 pages (this crawl's), the URL refused
+        assert cli.main([*args, "--max-idle", "1", shop.url + "/category/books"]) == 0
+        out, err = capsys.readouterr()
+        assert "seeded 1 URL(s)" in out and " pages 3 " in out.splitlines()[-1], out
+        assert ("this crawl counted 0 error(s) (callbacks that raised, downloads that failed"
+                " for good) and 1 refused start URL entry") in err, err
+        assert sum(shop.hits().values()) == 6
+        # without --max-idle the wait warns that nothing may end the jobs
+        code = cli.main([*args, "--timeout", "1"])
+        out, err = capsys.readouterr()
+        assert code == 1 and "--wait without --max-idle" in err, err
+        for node in local_cluster:  # the jobs left running: cancelled
+            for job in node.node.request("listjobs.json?project=shopcrawl")["running"]:
+                node.post("cancel.json", project="shopcrawl", job=job["id"])
 
 
 def version(name: str) -> str:

@@ -61,3 +61,22 @@ def test_the_error_named_is_the_setting_bloomcrawl_refused(
     assert "Engine slot not assigned" in log  # what a plain "last exception" would give
     assert status.job_error(log) == ("bloomcrawl.core.errors.SettingError:"
                                      " BLOOMFILTER_ERROR_RATE must be a number, got 'abc'")
+
+
+def test_a_filter_that_does_not_match_fails_the_job_though_scrapy_logs_it_closed(
+        worker_pool: WorkerPool, redis_server: RedisServer) -> None:
+    """A worker asking for a revisit window the stored filter does not have: the opening
+    fails, and Scrapy still logs "Spider closed (shutdown)"; the wait must see the failure,
+    and the scheduler's close must not add an error of its own."""
+    first = worker_pool.start("w0", redis_server.url)  # makes the filter, no window
+    assert first.wait(60) == 0
+    worker = worker_pool.start("w1", redis_server.url, {"BLOOMFILTER_REVISIT_AFTER": "3600"})
+    assert worker.wait(60) not in (None, 0)
+    log = worker.text()
+    assert "Spider closed (shutdown)" in log  # what the "never closed" rule alone passes
+    failure = status.job_failure(log)
+    assert failure is not None and failure.startswith(
+        "failed: bloomcrawl.core.errors.FilterMismatchError: "), failure
+    assert "revisit_after: stored 0, asked for 3600" in failure
+    assert "Scheduler close failure" not in log and "AttributeError" not in log
+    assert status.job_failure(first.text()) is None

@@ -262,6 +262,10 @@ class Scheduler:
         if self.tool is not None:
             self.tool.close(reason)
             return
+        if getattr(self, "intake", None) is None:
+            # open() failed before the frontier was ready (its error is in the log): nothing
+            # was leased, queued or counted
+            return
         self.intake.flush_counts()
         self.upkeep.stop()
         self.idle.stop()

@@ -33,7 +33,7 @@ from bloomcrawl.ops.cli.target import Target, TargetOptions, resolve_target
 from bloomcrawl.ops.cluster.envfile import read_env_file
 from bloomcrawl.ops.cluster.local import LocalCluster
 from bloomcrawl.ops.cluster.state import Paths
-from bloomcrawl.ops.console import OpsError, say
+from bloomcrawl.ops.console import OpsError, say, warn
 from bloomcrawl.ops.requirements import REQUIREMENTS_FILE
 
 DEFAULT_PROJECT = "bloomcrawl"
@@ -166,6 +166,12 @@ class CrawlOptions:
         return cls(spider=args.spider, project=args.project, settings=args.setting or (),
                    arguments=args.arg or (), allowed_domains=args.allowed_domains,
                    depth_limit=args.depth_limit, max_idle=args.max_idle)
+
+    def closes_when_idle(self) -> bool:
+        """Whether the jobs are told to close once the frontier stays empty."""
+        return self.max_idle is not None or any(
+            name == "MAX_IDLE_TIME_BEFORE_CLOSE" for name, _ in parse_pairs(self.settings,
+                                                                             "setting"))
 
     def scrapy_settings(self) -> list[tuple[str, str]]:
         settings = parse_pairs(self.settings, "setting")
@@ -357,16 +363,21 @@ def cmd_seed(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_crawl(args: argparse.Namespace, paths: Paths) -> int:
-    if not args.urls:
-        raise OpsError("give at least one start URL (make crawl URL=https://...)")
     check_start_urls(args.urls)
     target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=True,
                             need_redis=True)
     client = target.redis()  # before any job starts: jobs without their seeds would idle
     options = CrawlOptions.from_args(args)
+    if args.wait and not options.closes_when_idle():
+        warn("--wait without --max-idle: the jobs end only if the project sets"
+             " MAX_IDLE_TIME_BEFORE_CLOSE (bloomcrawl's default, 0, never closes a job)")
     jobs = options.schedule(target.nodes, args.urls)
-    count = seed(client, options.spider, args.urls)
-    say("seeded %d URL(s); %s running on %d node(s)" % (count, options.spider, len(jobs)))
+    if args.urls:
+        count = seed(client, options.spider, args.urls)
+        say("seeded %d URL(s); %s running on %d node(s)" % (count, options.spider, len(jobs)))
+    else:
+        say("%s running on %d node(s), from its own start requests" % (options.spider,
+                                                                        len(jobs)))
     if args.wait:
         return watch(target, options.spider, options.project, jobs, args.timeout)
     return 0

@@ -43,51 +43,109 @@ def table(rows: Sequence[Sequence[object]]) -> str:
                      for row in cells)
 
 
-def frontier_line(client: redis.Redis, spider: str
+def shared_stats(client: redis.Redis, spider: str) -> dict[str, int]:
+    """The spider's shared stats (``<spider>:stats``); {} when they cannot be read."""
+    with contextlib.suppress(*REDIS_ERRORS, ValueError):
+        raw = client.hgetall(keys.spider_key(defaults.STATS_KEY, spider))
+        return {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
+    return {}
+
+
+def frontier_line(client: redis.Redis, spider: str, since: dict[str, int] | None = None
                   ) -> tuple[str, inspection.SpiderState | None]:
-    """One line of a spider's counters, and its state (``None`` before its filter exists)."""
+    """One line of a spider's counters, and its state (``None`` before its filter exists).
+
+    ``since``: shared stats taken earlier; the counts are then those since.
+    """
     state = None
     with contextlib.suppress(*REDIS_ERRORS):
         meta = keys.meta_key(keys.spider_key(defaults.FILTER_KEY, spider))
         state = inspection.spider_state(client, meta)
+    stats = shared_stats(client, spider) if state is None else state.stats
+    if since:
+        stats = {name: value - since.get(name, 0) for name, value in stats.items()}
     if state is None:  # no filter yet: the stats alone
-        stats: dict[str, int] = {}
-        with contextlib.suppress(*REDIS_ERRORS, ValueError):
-            raw = client.hgetall(keys.spider_key(defaults.STATS_KEY, spider))
-            stats = {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
         return ("pages %d  items %d" % (stats.get("pages", 0), stats.get("items", 0)), None)
-    stats = state.stats
     return ("pages %d  items %d  queue %s  leased %s  filtered %d  requeued %d" % (
         stats.get("pages", 0), stats.get("items", 0), state.queue_length, state.leased,
         stats.get("filtered", 0), stats.get("requeued", 0)), state)
 
 
+#: seconds of an empty frontier with jobs still running before ``crawl --wait`` says why
+IDLE_HINT_S = 30.0
+
+
 def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
           timeout: float) -> int:
-    """Print progress every 2 s until every job finished; 1 on timeout, or when a job
-    ended without its spider closing (:func:`ended_badly`)."""
+    """Print this crawl's progress every 2 s until every job finished; 1 on timeout, when
+    a job ended without its spider closing (:func:`ended_badly`), or when no page was
+    crawled and errors or refused start URLs were counted (:func:`crawl_errors`)."""
     client = target.redis()
     started = time.monotonic()
     deadline = started + timeout
+    before = shared_stats(client, spider)
+    idle_since: float | None = None
+    hinted = False
     while True:
         found = scrapyd.job_entries(target.nodes, project, jobs)
         states = scrapyd.states_of(found)
-        line, _ = frontier_line(client, spider)
+        line, state = frontier_line(client, spider, before)
         counts = {s: sum(1 for v in states.values() if v == s)
                   for s in (*scrapyd.JOB_STATES, "unknown")}
+        now = time.monotonic()
         say("[%4.0fs] %s  jobs: %d running, %d pending, %d finished" % (
-            time.monotonic() - started, line, counts["running"], counts["pending"],
-            counts["finished"]))
+            now - started, line, counts["running"], counts["pending"], counts["finished"]))
         if counts["finished"] + counts["unknown"] == len(states) and counts["finished"]:
-            return 1 if ended_badly(target.nodes, jobs, found) else 0
-        if time.monotonic() > deadline:
+            bad = ended_badly(target.nodes, jobs, found)
+            errors = crawl_errors(before, shared_stats(client, spider))
+            return 1 if bad or errors else 0
+        if now > deadline:
             warn(f"jobs still running after {timeout:g}s")
             return 1
+        empty = (state is not None and not state.queue_length and not state.leased
+                 and not state.start_urls and not state.start_urls_leased)
+        if not empty or counts["running"] == 0:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = now
+        elif now - idle_since >= IDLE_HINT_S and not hinted:
+            hinted = True
+            warn(f"the frontier has been empty for {IDLE_HINT_S:g} s and the jobs still run:"
+                 " a job ends MAX_IDLE_TIME_BEFORE_CLOSE seconds after its frontier emptied"
+                 " (0: never); give crawl --max-idle S")
         time.sleep(WATCH_INTERVAL)
 
 
+def crawl_errors(before: dict[str, int], after: dict[str, int]) -> bool:
+    """Say what went wrong during a crawl; True when it crawled no page and errors or
+    refused start URL entries were counted (a spider whose callbacks all failed, or whose
+    start URLs had nowhere to go, must not pass the wait)."""
+    def grew(name: str) -> int:
+        return after.get(name, 0) - before.get(name, 0)
+
+    errors, refused, pages = grew("errors"), grew("bad_start_urls"), grew("pages")
+    if errors or refused:
+        warn("this crawl counted %d error(s) (callbacks that raised, downloads that failed"
+             " for good) and %d refused start URL entr%s: the job logs say which" % (
+                 errors, refused, "y" if refused == 1 else "ies"))
+    return pages == 0 and bool(errors or refused)
+
+
+#: how the exceptions bloomcrawl raises on purpose are named in a traceback
+OWN_ERRORS = "bloomcrawl."
 #: a log line naming an exception: ``ValueError: ...``, ``bloomcrawl.core.errors.X: ...``
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): .*$", re.M)
+
+
+def job_failure(tail: str) -> str | None:
+    """What a finished job's log (its tail) says went wrong: "failed: <bloomcrawl's error>",
+    "ended without its spider closing: <the error>", or None (it closed its spider)."""
+    why = job_error(tail)
+    if why is not None and why.startswith(OWN_ERRORS):
+        return "failed: " + why
+    if CLOSED_RE.search(tail):
+        return None
+    return "ended without its spider closing: " + (why or "no exception in the log's tail")
 
 
 def job_error(log: str) -> str | None:
@@ -95,7 +153,7 @@ def job_error(log: str) -> str | None:
     (a setting it refused says what to fix), else the last, leaving out Scrapy's
     "Engine slot not assigned" that follows any failure to open the spider."""
     errors = [line.strip() for line in _ERROR_LINE.findall(log)]
-    ours = [line for line in errors if line.startswith("bloomcrawl.")]
+    ours = [line for line in errors if line.startswith(OWN_ERRORS)]
     others = [line for line in errors if "Engine slot not assigned" not in line]
     found = ours or others or errors
     return found[-1] if found else None
@@ -105,7 +163,9 @@ def ended_badly(nodes: Sequence[scrapyd.Node], jobs: dict[str, str],
                 found: dict[str, tuple[str, dict[str, Any]]]) -> list[str]:
     """The finished jobs (``found``: :func:`~bloomcrawl.ops.scrapyd.job_entries`) whose
     spider never closed (it failed to start: a bad setting, an import error, an exception
-    in its constructor), each warned about with the exception its log names and where the
+    in its constructor) or whose log ends on one of bloomcrawl's errors (a filter that does
+    not match the settings fails the spider's opening, and Scrapy then still logs "Spider
+    closed (shutdown)"), each warned about with the exception its log names and where the
     log is."""
     by_url = {node.url: node for node in nodes}
     bad = []
@@ -120,11 +180,10 @@ def ended_badly(nodes: Sequence[scrapyd.Node], jobs: dict[str, str],
         except scrapyd.ScrapydError as exc:
             warn(f"{url}: job {job}: its log could not be read: {exc}")
             continue
-        if CLOSED_RE.search(tail):
+        failure = job_failure(tail)
+        if failure is None:
             continue
-        why = job_error(tail) or "no exception in the log's tail"
-        warn(f"{url}: job {job} ended without its spider closing: {why}"
-             f" (log: {urllib.parse.urljoin(url + '/', log_url)})")
+        warn(f"{url}: job {job} {failure} (log: {urllib.parse.urljoin(url + '/', log_url)})")
         bad.append(job)
     return bad
 
