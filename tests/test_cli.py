@@ -9,6 +9,7 @@ import os
 import re
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from bloomcrawl.ops.scrapyd import Node, ScrapydError
 
 from kit import ROOT
 from kit.cli import run_cli, run_cli_process
+from kit.redis import RedisServer
 from kit.wait import wait_until
 
 
@@ -113,6 +115,34 @@ def test_max_idle_reaches_a_scrapy_redis_spider_as_whole_seconds() -> None:
     assert spider.max_idle_time == 10
     half = dict(jobs.CrawlOptions(spider="shop", max_idle=0.5).scrapy_settings())
     assert half == {"MAX_IDLE_TIME_BEFORE_CLOSE": "0.5"}  # bloomcrawl's own spiders take it
+
+
+def test_crawl_takes_a_project_by_the_directory_deploy_took(tmp_path: Path) -> None:
+    from bloomcrawl.ops.cli.parser import build_parser
+
+    parser = build_parser()
+    project = ROOT / "tests" / "userproject"  # scrapy.cfg: [deploy] project = shopcrawl
+    assert parser.parse_args(["crawl", "--project", str(project)]).project == "shopcrawl"
+    assert parser.parse_args(["crawl", "--project", "shop"]).project == "shop"
+    with pytest.raises(SystemExit):  # a directory, but no project's
+        parser.parse_args(["crawl", "--project", str(tmp_path)])
+
+
+def test_a_command_whose_reader_went_away_ends_without_a_traceback(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """``bloomcrawl status | head``: the pipe closes before the command's last line."""
+    env = {**os.environ, "BLOOMCRAWL_STATE_DIR": str(tmp_path / "state"),
+           "BLOOMCRAWL_ENV_FILE": str(tmp_path / ".env")}
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    proc = subprocess.Popen([sys.executable, "-m", "bloomcrawl.ops.cli", "status",
+                             "--redis-url", redis_server.url, "--nodes",
+                             f"http://127.0.0.1:{free_port()}"],
+                            stdout=write, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    os.close(write)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
 def test_max_idle_is_whole_seconds_on_the_command_line(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from bloomcrawl import __version__
@@ -10,6 +11,7 @@ from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.connection import INSECURE_ENV
 from bloomcrawl.ops.cli import cluster, demo, jobs, recurring, status, throttle, worker_host
 from bloomcrawl.ops.cluster.state import REDIS_KINDS
+from bloomcrawl.ops.console import OpsError
 
 
 def spider_name(name: str) -> str:
@@ -54,9 +56,25 @@ def _add_redis_kind(p: argparse.ArgumentParser) -> None:
                    " already up keeps its own")
 
 
+def project_arg(value: str) -> str:
+    """``--project``: a scrapyd project name, or the directory of a project's scrapy.cfg
+    (what ``make deploy PROJECT=`` takes): its name, as ``deploy`` uploaded it."""
+    path = Path(value).expanduser()
+    if os.sep not in value and not path.is_dir():
+        return value
+    if not (path / "scrapy.cfg").is_file():
+        raise argparse.ArgumentTypeError(
+            f"{value}: neither a project name nor the directory of a scrapy.cfg")
+    try:
+        return jobs.project_name(path)
+    except OpsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _add_crawl_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spider", default=jobs.DEFAULT_SPIDER, type=spider_name)
-    p.add_argument("--project", default=jobs.DEFAULT_PROJECT)
+    p.add_argument("--project", default=jobs.DEFAULT_PROJECT, type=project_arg,
+                   help="the scrapyd project, by name or by the directory of its scrapy.cfg")
     p.add_argument("--allowed-domains", help="comma list; default: the start URLs' hosts")
     p.add_argument("--depth-limit", type=int)
     p.add_argument("--max-idle", type=whole_seconds, default=None,
