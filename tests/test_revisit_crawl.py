@@ -17,6 +17,7 @@ from collections import Counter
 import redis
 
 from kit.changing_site import ChangingSite
+from kit.checks import stored_items
 from kit.redis import redis_now
 from kit.wait import wait_until
 from kit.workers import WorkerPool, check_exits, run_workers
@@ -73,6 +74,11 @@ def test_runs_fetch_the_pages_past_the_bound_and_the_new_ones(
         late = site.publish(2)
         run2, times2 = crawl_run(worker_pool, redis_server.url, redis_client, site, "run2")
         assert run2 == Counter({site.url: 2, **{url: 1 for url in first + late}})
+        # a revisit stores its page's item again (the first visit's is kept): within
+        # REDIS_ITEMS_DEDUP_WINDOW only a page crawled twice for one queue entry stores once
+        items = Counter(item["url"] for item in stored_items(redis_client))
+        assert [items[url] for url in first] == [2] * len(first), items
+        assert [items[url] for url in middle + late] == [1] * len(middle + late), items
         # run 1.5's pages were queued after its index was fetched: within W of run 2
         assert max(times2) + PARSE_S - min(times15) < WINDOW
 

@@ -21,9 +21,9 @@ from bloomcrawl.core.bloom import partition_of
 from bloomcrawl.core.connection import ServerChangedError
 from bloomcrawl.core.errors import FilterFullError
 from bloomcrawl.crawl.idle import IDLE_RECHECK_S
-from bloomcrawl.crawl.lease import LOCAL_META_KEY
+from bloomcrawl.crawl.lease import ENTRY_META_KEY, LOCAL_META_KEY
 from bloomcrawl.crawl.redis_io import call_later, log_unexpected, redis_failed
-from bloomcrawl.crawl.serialization import request_from_json
+from bloomcrawl.crawl.serialization import entry_id, request_from_json
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -94,6 +94,9 @@ class ExchangeLoop:
         self.started = False
         self.closing = False
         self.poller = Poller(self, start_urls)
+        #: under revisit windows a leased request carries its queue entry's id: its items
+        #: are stored once per visit, not once per page (ENTRY_META_KEY)
+        self.by_visit = frontier.bloom.params.windowed
         self._ack_call: Any = None
         self._wake_call: Any = None
         self._wake_at = 0.0
@@ -272,6 +275,8 @@ class ExchangeLoop:
                 self.book.take(lease, None)
                 self.ack((lease.partition, lease.token))
                 continue
+            if self.by_visit:
+                request.meta[ENTRY_META_KEY] = entry_id(lease.payload)
             self.book.take(lease, request)
             got += 1
         return got

@@ -48,6 +48,9 @@ PARENT_META_KEY = "_bloomcrawl_parent"
 #: meta key of a request this worker keeps (the frontier cannot share it): the number of
 #: the page that waits for it (0: none)
 HOLD_META_KEY = "_bloomcrawl_hold"
+#: meta key of a leased request: its queue entry's id (one visit of its URL; a page
+#: crawled twice for one entry, its first worker having died, is the same visit)
+ENTRY_META_KEY = "_bloomcrawl_entry"
 #: meta keys bloomcrawl uses internally; never written to Redis, never copied to children
 INTERNAL_META_KEYS = frozenset({LEASE_META_KEY, LOCAL_META_KEY, PARENT_META_KEY,
-                                HOLD_META_KEY})
+                                HOLD_META_KEY, ENTRY_META_KEY})

@@ -20,7 +20,7 @@ from scrapy import Request, signals
 from scrapy.exceptions import IgnoreRequest
 
 from bloomcrawl.crawl import origins
-from bloomcrawl.crawl.lease import INTERNAL_META_KEYS, Outcome
+from bloomcrawl.crawl.lease import ENTRY_META_KEY, INTERNAL_META_KEYS, Outcome
 from bloomcrawl.crawl.pages import Page, PageTracker, tracked
 
 if TYPE_CHECKING:
@@ -56,6 +56,11 @@ class FrontierSpiderMiddleware(_Reporter):
         request = response.request
         fingerprint = (uuid.uuid4().hex if request is None
                        else self.crawler.request_fingerprinter.fingerprint(request).hex())
+        if request is not None and ENTRY_META_KEY in request.meta:
+            # under revisit windows a page fetched again on purpose is a new visit, whose
+            # items are stored again; one crawled twice for one queue entry (its first
+            # worker died) is the same visit, stored once
+            fingerprint += "@" + request.meta[ENTRY_META_KEY]
         page = self.pages.open(response) if tracked(request) else None
         position = 0
 

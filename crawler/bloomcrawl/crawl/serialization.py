@@ -389,6 +389,14 @@ def request_from_json(data: str | bytes, spider: Spider,
                                 ) from exc
 
 
+def entry_id(payload: bytes | str) -> str:
+    """The id of a queue entry (``_id``: random, one per entry written), read without
+    parsing it: the last ``"_id"`` key, written after every field; "" when it has none."""
+    raw = payload.encode() if isinstance(payload, str) else payload
+    at = raw.rfind(b'"_id":"')
+    return raw[at + 7:raw.find(b'"', at + 7)].decode("ascii", "replace") if at >= 0 else ""
+
+
 def priority_score(request: Request) -> float:
     """Sort key for the priority queue: highest priority pops first (ZPOPMIN)."""
     try:
