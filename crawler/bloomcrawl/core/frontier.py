@@ -319,9 +319,7 @@ class Frontier:
         replies = [r for r in results if isinstance(r, list)]
         revisited = sum(reply[0].count(b"2") for reply in replies)
         queued = sum(reply[0].count(b"1") for reply in replies) + revisited
-        recorded = sum(1 for e in outgoing if e.record_only)
-        done = Exchanged(queued=queued, filtered=len(outgoing) - recorded - queued,
-                         revisited=revisited)
+        done = Exchanged(queued, sum(not e.record_only for e in outgoing) - queued, revisited)
         # the filter's fingerprints each partition queued (its decisions, in the order sent)
         call_of = {p: i for i, p in enumerate(partitions[:len(partitions) - (lease_from
                                                                            is not None)])}

@@ -161,9 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_nodes(p)
     _add_redis(p)
     _add_crawl_options(p)
-    p.add_argument("--wait", action="store_true", help="print progress until the jobs end")
+    p.add_argument("--wait", action="store_true",
+                   help="print this crawl's progress until the jobs end (give --max-idle)")
     p.add_argument("--timeout", type=float, default=3600.0)
-    p.add_argument("urls", nargs="*")
+    p.add_argument("urls", nargs="*",
+                   help="start URLs to seed; none: the spider's own start requests")
     p.set_defaults(func=jobs.cmd_crawl)
 
     p = sub.add_parser("clear", help="delete every key of a spider: filter, queue, leases,"
