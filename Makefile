@@ -106,7 +106,7 @@ deploy: venv ## deploy the Scrapy project (PROJECT=path: yours, with its require
 	$(BLOOMCRAWL) deploy $(if $(PROJECT),--project-dir "$(PROJECT)")
 
 crawl: venv ## crawl URL=... with SPIDER=site on every worker (PROJECT=dir or name: your own project)
-	$(BLOOMCRAWL) crawl --spider $(SPIDER) $(if $(PROJECT),--project "$(PROJECT)") $(URL)
+	$(BLOOMCRAWL) crawl --spider $(SPIDER) $(if $(PROJECT),--project "$(PROJECT)") $(if $(MAX_IDLE),--max-idle $(MAX_IDLE)) $(URL)
 
 demo: venv ## up, deploy, crawl the demo site, print progress until done, then a summary
 	$(BLOOMCRAWL) demo --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS)) $(CLUSTER_KIND)

@@ -29,6 +29,7 @@ from bloomcrawl.ops.console import OpsError
 from kit import ROOT
 from kit.redis import RedisServer
 from kit.scrapyd import PASSWORD, USERNAME, ScrapydNode
+from kit.wait import wait_until
 
 USERPROJECT = ROOT / "tests" / "userproject"
 SPIDERS = ["catalog", "deals", "news", "redis_catalog", "redis_seeds", "sitemap", "starter"]
@@ -186,10 +187,25 @@ def test_crawl_wait_of_a_spider_that_starts_itself_without_and_with_a_start_url(
         # without --max-idle the wait warns that nothing may end the jobs
         code = cli.main([*args, "--timeout", "1"])
         out, err = capsys.readouterr()
-        assert code == 1 and "--wait without --max-idle" in err, err
-        for node in local_cluster:  # the jobs left running: cancelled
-            for job in node.node.request("listjobs.json?project=shopcrawl")["running"]:
-                node.post("cancel.json", project="shopcrawl", job=job["id"])
+        assert code == 1 and "without --max-idle the jobs end only if" in err, err
+        wait_until(lambda: sum(shop.hits().values()) == 9, 60, what="the third crawl's pages")
+
+        def cancelled() -> bool:
+            """Cancel what still runs or waits; True once nothing does."""
+            left = False
+            for node in local_cluster:
+                jobs = node.node.request("listjobs.json?project=shopcrawl")
+                for job in jobs["running"] + jobs["pending"]:
+                    node.post("cancel.json", project="shopcrawl", job=job["id"])
+                    left = True
+            return not left
+
+        wait_until(cancelled, 60, what="the third crawl's jobs cancelled")
+        # a crawl after a cancelled one is a crawl of its own: its start requests again
+        assert cli.main([*args, "--max-idle", "1"]) == 0
+        out, err = capsys.readouterr()
+        assert " pages 3 " in out.splitlines()[-1], out
+        assert sum(shop.hits().values()) == 12
 
 
 def version(name: str) -> str:

@@ -19,6 +19,7 @@ import re
 import tempfile
 import time
 import urllib.parse
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,8 +197,16 @@ class CrawlOptions:
         return spider_args
 
     def schedule(self, nodes: Sequence[scrapyd.Node], urls: Sequence[str]) -> dict[str, str]:
-        """One job on every node; {node url: job id}."""
-        return scrapyd.schedule(nodes, self.project, self.spider, self.scrapy_settings(),
+        """One job on every node, all of one new crawl; {node url: job id}.
+
+        The jobs get a crawl id of their own (``FRONTIER_CRAWL_ID``, unless a setting
+        gives one), as recurring runs do: each crawl fetches its start requests once, also
+        after a crawl whose jobs were cancelled left its id in Redis.
+        """
+        settings = self.scrapy_settings()
+        if "FRONTIER_CRAWL_ID" not in dict(settings):
+            settings.append(("FRONTIER_CRAWL_ID", "crawl-" + uuid.uuid4().hex))
+        return scrapyd.schedule(nodes, self.project, self.spider, settings,
                                 self.spider_arguments(urls))
 
 
@@ -368,9 +377,10 @@ def cmd_crawl(args: argparse.Namespace, paths: Paths) -> int:
                             need_redis=True)
     client = target.redis()  # before any job starts: jobs without their seeds would idle
     options = CrawlOptions.from_args(args)
-    if args.wait and not options.closes_when_idle():
-        warn("--wait without --max-idle: the jobs end only if the project sets"
-             " MAX_IDLE_TIME_BEFORE_CLOSE (bloomcrawl's default, 0, never closes a job)")
+    if not options.closes_when_idle():
+        warn("without --max-idle the jobs end only if the project (or the workers'"
+             " environment) sets MAX_IDLE_TIME_BEFORE_CLOSE: bloomcrawl's default, 0, never"
+             " closes a job")
     jobs = options.schedule(target.nodes, args.urls)
     if args.urls:
         count = seed(client, options.spider, args.urls)
