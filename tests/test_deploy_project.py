@@ -189,18 +189,16 @@ def test_crawl_wait_of_a_spider_that_starts_itself_without_and_with_a_start_url(
         out, err = capsys.readouterr()
         assert code == 1 and "without --max-idle the jobs end only if" in err, err
         wait_until(lambda: sum(shop.hits().values()) == 9, 60, what="the third crawl's pages")
+        assert "stop them with bloomcrawl cancel --project shopcrawl --spider starter" in err
+        assert cli.main(["cancel", "--project", "shopcrawl", "--spider", "starter"]) == 0
+        out = capsys.readouterr().out
+        assert out.splitlines()[-1] == "cancelled 2 job(s) of starter on 2 of 2 node(s)", out
 
-        def cancelled() -> bool:
-            """Cancel what still runs or waits; True once nothing does."""
-            left = False
-            for node in local_cluster:
-                jobs = node.node.request("listjobs.json?project=shopcrawl")
-                for job in jobs["running"] + jobs["pending"]:
-                    node.post("cancel.json", project="shopcrawl", job=job["id"])
-                    left = True
-            return not left
+        def ended() -> bool:
+            return not any(node.node.request("listjobs.json?project=shopcrawl")[state]
+                           for node in local_cluster for state in ("pending", "running"))
 
-        wait_until(cancelled, 60, what="the third crawl's jobs cancelled")
+        wait_until(ended, 60, what="the cancelled jobs' end")
         # a crawl after a cancelled one is a crawl of its own: its start requests again
         assert cli.main([*args, "--max-idle", "1"]) == 0
         out, err = capsys.readouterr()

@@ -400,6 +400,21 @@ def schedule(nodes: Sequence[Node], project: str, spider: str,
     return {node.url: str(answer["jobid"]) for node, answer, _ in results if answer}
 
 
+def cancel_spider(nodes: Sequence[Node], project: str, spider: str
+                  ) -> list[tuple[Node, list[str] | None, str | None]]:
+    """Cancel every pending or running job of ``spider`` on every node: (node, the jobs
+    cancelled, error) for each."""
+    def cancel(node: Node) -> list[str]:
+        listed = node.list_jobs(project)
+        jobs = [str(job["id"]) for state in ("pending", "running")
+                for job in listed.get(state, []) if job.get("spider") == spider]
+        for job in jobs:
+            node.request("cancel.json", [("project", project), ("job", job)])
+        return jobs
+
+    return for_each_node(nodes, cancel)
+
+
 def job_entries(nodes: Sequence[Node], project: str, jobs: dict[str, str]
                 ) -> dict[str, tuple[str, dict[str, Any]]]:
     """{job id: (state, its listjobs.json entry)}; ``jobs`` is {node url: job id}.

@@ -393,6 +393,21 @@ def cmd_crawl(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
+def cmd_cancel(args: argparse.Namespace, paths: Paths) -> int:
+    target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=True)
+    results = scrapyd.cancel_spider(target.nodes, args.project, args.spider)
+    for node, jobs, error in results:
+        if error:
+            warn(f"{node.url}: {error}")
+        elif jobs:
+            say(f"{node.url}: cancelled {' '.join(jobs)}")
+    cancelled = sum(len(jobs or ()) for _, jobs, _ in results)
+    answered = sum(1 for _, _, error in results if not error)
+    say(f"cancelled {cancelled} job(s) of {args.spider} on {answered} of {len(results)}"
+        " node(s)")
+    return 0 if answered == len(results) else 1
+
+
 def cmd_clear(args: argparse.Namespace, paths: Paths) -> int:
     if not args.yes:
         raise OpsError(f"this deletes {args.spider}'s filter, queue and stats: add --yes")

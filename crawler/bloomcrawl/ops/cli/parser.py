@@ -168,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start URLs to seed; none: the spider's own start requests")
     p.set_defaults(func=jobs.cmd_crawl)
 
+    p = sub.add_parser("cancel", help="cancel every pending or running job of SPIDER on"
+                       " every node (each closes its spider: its leases go back to the queue)")
+    _add_nodes(p)
+    p.add_argument("--spider", default=jobs.DEFAULT_SPIDER, type=spider_name)
+    p.add_argument("--project", default=jobs.DEFAULT_PROJECT, type=project_arg)
+    p.set_defaults(func=jobs.cmd_cancel)
+
     p = sub.add_parser("clear", help="delete every key of a spider: filter, queue, leases,"
                        " start URLs, stats, items")
     _add_redis(p)

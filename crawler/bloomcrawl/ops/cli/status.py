@@ -100,7 +100,8 @@ def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
             errors = crawl_errors(before, shared_stats(client, spider))
             return 1 if bad or errors else 0
         if now > deadline:
-            warn(f"jobs still running after {timeout:g}s")
+            warn(f"jobs still running after {timeout:g}s: they go on; stop them with"
+                 f" bloomcrawl cancel --project {project} --spider {spider}")
             return 1
         empty = (state is not None and not state.queue_length and not state.leased
                  and not state.start_urls and not state.start_urls_leased)
