@@ -49,6 +49,7 @@ NO_CLUSTER_LINES = {
     ("seed", "http://a.invalid/"): NO_CLUSTER + NO_REDIS,
     ("crawl", "http://a.invalid/"): NO_CLUSTER + NO_REDIS,
     ("clear", "--yes"): NO_CLUSTER + NO_REDIS,
+    ("cancel",): NO_CLUSTER + NO_NODES,
     ("filter-info",): NO_CLUSTER + NO_REDIS,
     ("logs",): ("no cluster is running (none recorded in {state}): no logs to show; start one"
                 " with `make up` or `make demo`"),
