@@ -22,7 +22,7 @@ import redis
 
 from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.connection import REDIS_ERRORS, describe_redis, is_cluster
-from bloomcrawl.ops import inspection, scrapyd
+from bloomcrawl.ops import inspection, runs, scrapyd
 from bloomcrawl.ops.cli.target import Target, TargetOptions, resolve_target
 from bloomcrawl.ops.cluster.state import Paths
 from bloomcrawl.ops.cluster.swarm import IN_STACK_ENV
@@ -44,10 +44,10 @@ def table(rows: Sequence[Sequence[object]]) -> str:
 
 
 def shared_stats(client: redis.Redis, spider: str) -> dict[str, int]:
-    """The spider's shared stats (``<spider>:stats``); {} when they cannot be read."""
-    with contextlib.suppress(*REDIS_ERRORS, ValueError):
-        raw = client.hgetall(keys.spider_key(defaults.STATS_KEY, spider))
-        return {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
+    """:func:`bloomcrawl.ops.runs.shared_stats`, {} when Redis cannot be read: progress
+    lines go on through an outage."""
+    with contextlib.suppress(*REDIS_ERRORS):
+        return runs.shared_stats(client, spider)
     return {}
 
 
