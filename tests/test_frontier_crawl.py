@@ -71,13 +71,20 @@ def leases_held(client, pid: int) -> int:
                for token in client.hkeys(key) if mark in token.split(b":", 1)[0])
 
 
+@pytest.mark.parametrize("window", [
+    {},
+    # under a revisit window an item's id is its page's visit (the queue entry, which a
+    # requeued lease keeps) and position: a page crawled twice for one entry stores once
+    {"BLOOMFILTER_REVISIT_AFTER": "1h", "BLOOMFILTER_GENERATIONS": "4"},
+], ids=["no window", "revisit window"])
 def test_sigkilled_worker_loses_nothing(redis_server, redis_client, demo_site,
-                                        worker_pool: WorkerPool) -> None:
+                                        worker_pool: WorkerPool, window: dict[str, str]) -> None:
     concurrent = 8
     settings = {
         "SCHEDULER_LEASE_TIMEOUT": "3",
         "SCHEDULER_REAP_INTERVAL": "1",
         "CONCURRENT_REQUESTS": str(concurrent),
+        **window,
     }
     redis_client.rpush("site:start_urls", demo_site.url)
     workers = worker_pool.start_many(3, redis_server.url, settings)

@@ -16,11 +16,14 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from scrapy import signals as scrapy_signals
 from shopsite import CATEGORIES, RunningShop, serve_shop
 
 from bloomcrawl.core import keys
+from bloomcrawl.crawl import origins
 
 from kit import CRAWLER, TESTS
 from kit.checks import assert_each_once, frontier_left, shared_stats, stored_items
@@ -252,7 +255,8 @@ def test_no_item_is_lost_when_a_worker_dies_with_items_in_its_pipeline(
     settings = {"ENRICH_DELAY": "1.0", "SCHEDULER_LEASE_TIMEOUT": "3",
                 "ITEM_PIPELINES": json.dumps({"shopcrawl.pipelines.EnrichPipeline": 100,
                                               "bloomcrawl.crawl.pipelines.RedisItemsPipeline":
-                                              300})}
+                                              300}),
+                "EXTENSIONS": TAGS_AT_CLOSE}
     [first] = workers(worker_pool, 1, "catalog", redis_server.url, shop, settings)
 
     def ten_stored() -> bool:
@@ -273,6 +277,70 @@ def test_no_item_is_lost_when_a_worker_dies_with_items_in_its_pipeline(
     assert max(urls.values()) == 1  # each stored once, also when its page was crawled twice
     assert all(i["enriched"] for i in items)
     assert frontier_left(redis_client, "catalog") == 0
+    # the items were tagged with their pages, and no tag outlived its page
+    assert second[0].stats().get("test/items_tagged") == 1
+    assert second[0].stats().get("test/item_tags_held") == 0
+
+
+class ItemTagsAtClose:
+    """A test extension: the item tags this worker still holds when its spider closes
+    (``test/item_tags_held``), and whether it tagged any (``test/items_tagged``)."""
+
+    def __init__(self, crawler: Any) -> None:
+        self.stats = crawler.stats
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> ItemTagsAtClose:
+        extension = cls(crawler)
+        crawler.signals.connect(extension.spider_closed, signal=scrapy_signals.spider_closed)
+        return extension
+
+    def spider_closed(self, **kwargs: Any) -> None:
+        self.stats.set_value("test/item_tags_held", origins.held())
+        self.stats.set_value("test/items_tagged", int(origins.tagged_any))
+
+
+TAGS_AT_CLOSE = json.dumps({"test_user_project.ItemTagsAtClose": 0})
+
+
+@pytest.mark.parametrize("pipelines", [{}, {"shopcrawl.pipelines.EnrichPipeline": 100}])
+def test_items_are_not_tagged_without_the_items_pipeline(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool,
+        pipelines: dict[str, int]) -> None:
+    """Without RedisItemsPipeline nothing reads an item's origin: none is kept (it was
+    kept for every item scraped, for the worker's life)."""
+    settings = {"ITEM_PIPELINES": json.dumps(pipelines), "EXTENSIONS": TAGS_AT_CLOSE}
+    ws = workers(worker_pool, 1, "catalog", redis_server.url, shop, settings)
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    stats = ws[0].stats()
+    assert stats.get("item_scraped_count") == PRODUCTS, stats
+    assert stats.get("test/items_tagged") == 0
+    assert stats.get("test/item_tags_held") == 0
+    assert shared_stats(redis_client, "catalog")["items"] == PRODUCTS
+
+
+def test_an_item_a_pipeline_replaced_is_stored_and_said(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """A pipeline before RedisItemsPipeline returns a new dict for each Item: every item is
+    stored, each once, the worker says why they lost their page's id, and no tag is left
+    behind by the Items they replaced."""
+    settings = {"ITEM_PIPELINES": json.dumps({"shopcrawl.pipelines.AsDictPipeline": 100,
+                                              "bloomcrawl.crawl.pipelines.RedisItemsPipeline":
+                                              300}),
+                "EXTENSIONS": TAGS_AT_CLOSE}
+    ws = workers(worker_pool, 2, "catalog", redis_server.url, shop, settings)
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    items = stored_items(redis_client, "catalog")
+    assert sorted(i["url"] for i in items) == sorted(
+        "%s/product/%d" % (shop.url, p) for p in range(PRODUCTS))
+    assert all(i["exported"] for i in items)
+    stats = [w.stats() for w in ws]
+    assert sum(s.get("bloomcrawl/items_without_origin", 0) for s in stats) == PRODUCTS
+    assert all(s.get("test/item_tags_held") == 0 for s in stats), stats
+    said = [w for w in ws if "is not the object the callback yielded" in w.text()]
+    assert len(said) == sum(1 for s in stats if s.get("item_scraped_count"))
 
 
 # --- Scrapy's tool commands in the project ------------------------------------------

@@ -12,11 +12,10 @@ scheduler queues them, then acks the original.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from scrapy import Request, signals
+from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
 
 from bloomcrawl.crawl import origins
@@ -42,30 +41,20 @@ class _Reporter:
 class FrontierSpiderMiddleware(_Reporter):
     """Acks a response's lease once its page is done (:mod:`bloomcrawl.crawl.pages`).
 
-    Each item is tagged with its origin (:mod:`bloomcrawl.crawl.origins`): the
-    response's request fingerprint and the item's position in the output.
+    With RedisItemsPipeline enabled, each item of a tracked page is tagged
+    with its origin (:mod:`bloomcrawl.crawl.origins`): the response's request
+    fingerprint and the item's position in the output.
     """
-
-    @classmethod
-    def from_crawler(cls, crawler: Crawler) -> Any:
-        crawler.signals.connect(origins.forget, signal=signals.item_dropped)
-        crawler.signals.connect(origins.forget, signal=signals.item_error)
-        return cls(crawler)
 
     def _outputs(self, response: Response) -> tuple[Callable[[Any], Any], Page | None]:
         request = response.request
-        fingerprint = (uuid.uuid4().hex if request is None
-                       else self.crawler.request_fingerprinter.fingerprint(request).hex())
-        if request is not None and ENTRY_META_KEY in request.meta:
-            # under revisit windows a page fetched again on purpose is a new visit, whose
-            # items are stored again; one crawled twice for one queue entry (its first
-            # worker died) is the same visit, stored once
-            fingerprint += "@" + request.meta[ENTRY_META_KEY]
         page = self.pages.open(response) if tracked(request) else None
+        tags = page is not None and origins.wanted(self.crawler)
         position = 0
+        prefix = ""
 
         def child(output: Any) -> Any:
-            nonlocal position
+            nonlocal position, prefix
             if isinstance(output, Request):
                 # a child request must not carry its parent's lease (spiders copy meta)
                 meta = output.meta
@@ -75,13 +64,26 @@ class FrontierSpiderMiddleware(_Reporter):
                 if page is not None:
                     self.pages.child_request(page, output)
             elif output is not None:
-                origins.tag(output, "%s:%d" % (fingerprint, position))
+                if tags and page is not None:
+                    if not prefix:
+                        prefix = self._origin(page.request)
+                    page.tags.append(origins.tag(output, "%s:%d" % (prefix, position)))
                 position += 1
                 if page is not None:
                     self.pages.child_item(page)
             return output
 
         return child, page
+
+    def _origin(self, request: Request) -> str:
+        """The id of a page's visit, which its items' ids start with."""
+        fingerprint: str = self.crawler.request_fingerprinter.fingerprint(request).hex()
+        if ENTRY_META_KEY in request.meta:
+            # under revisit windows a page fetched again on purpose is a new visit, whose
+            # items are stored again; one crawled twice for one queue entry (its first
+            # worker died) is the same visit, stored once
+            fingerprint += "@" + request.meta[ENTRY_META_KEY]
+        return fingerprint
 
     # ``spider=None``: Scrapy < 2.14 passes the spider, later versions do not
 

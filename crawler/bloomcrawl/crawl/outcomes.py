@@ -40,7 +40,8 @@ class Outcomes:
             self.loop.ack(lease)
             self.loop.flush_soon()
 
-    def item_scraped(self, item: Any, response: Any, spider: Spider) -> None:
+    def item_scraped(self) -> None:
+        """An item was scraped (called by the PageTracker's ``item_scraped`` receiver)."""
         self.outbox.count("items")
 
     def spider_error(self, failure: Any, response: Any, spider: Spider) -> None:

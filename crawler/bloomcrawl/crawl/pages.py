@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
+from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.lease import (
     HOLD_META_KEY,
     LEASE_META_KEY,
@@ -42,6 +43,8 @@ from bloomcrawl.crawl.lease import (
 from bloomcrawl.crawl.redis_io import call_later
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy import Request
     from scrapy.crawler import Crawler
 
@@ -57,6 +60,8 @@ class Page:
     outcome: Outcome = Outcome.RESPONSE
     #: the response objects whose item signals count for this page
     responses: list[int] = field(default_factory=list)
+    #: the tags of its items (:mod:`bloomcrawl.crawl.origins`), forgotten when it is done
+    tags: list[int] = field(default_factory=list)
 
 
 def tracked(request: Request | None) -> bool:
@@ -79,8 +84,13 @@ class PageTracker:
         self._taking: dict[int, tuple[Request, Page]] = {}
         # the reactor's next turn lets go of what no scheduler took (at most one pending)
         self._sweep: Any = None
+        #: called for each item scraped (the scheduler counts them): one receiver of
+        #: ``item_scraped`` does both, as each receiver of an asynchronous signal costs
+        #: a task per item
+        self.on_item_scraped: Callable[[], None] | None = None
         s = crawler.signals
-        for signal in (signals.item_scraped, signals.item_dropped, signals.item_error):
+        s.connect(self._item_scraped, signal=signals.item_scraped)
+        for signal in (signals.item_dropped, signals.item_error):
             s.connect(self._item_done, signal=signal)
         s.connect(self._request_scheduled, signal=signals.request_scheduled)
 
@@ -146,6 +156,11 @@ class PageTracker:
 
     # -- signals ---------------------------------------------------------------------
 
+    def _item_scraped(self, item: Any = None, response: Any = None, **kwargs: Any) -> None:
+        if self.on_item_scraped is not None:
+            self.on_item_scraped()
+        self._item_done(item, response)
+
     def _item_done(self, item: Any = None, response: Any = None, **kwargs: Any) -> None:
         page = self._by_response.get(id(response))
         if page is not None:
@@ -190,6 +205,8 @@ class PageTracker:
         del self._pages[page.number]
         for key in page.responses:
             self._by_response.pop(key, None)
+        if page.tags:
+            origins.forget(page.tags)
         self.finish(page.request, page.outcome)
 
     def finish(self, request: Request, outcome: Outcome) -> None:

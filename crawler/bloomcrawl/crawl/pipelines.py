@@ -56,6 +56,7 @@ class RedisItemsPipeline:
         self.key_pattern = key_pattern
         self.retry_timeout = retry_timeout
         self.encoder = ScrapyJSONEncoder()
+        self._warned_untagged = False
         self.key = ""
         self.errors = RedisErrorPolicy(logger, server, "items wait until they can be stored",
                                        max_delay=5.0)
@@ -68,6 +69,7 @@ class RedisItemsPipeline:
                           0, None)
         window = get_float(settings, "REDIS_ITEMS_DEDUP_WINDOW", defaults.ITEMS_DEDUP_WINDOW,
                            0.001, None)
+        origins.want(crawler)  # the spider middleware tags items from now on
         return cls(redis_from_settings(settings), crawler, pattern, retry, window)
 
     # ``spider=None``: Scrapy < 2.14 passes the spider, later versions do not
@@ -78,8 +80,13 @@ class RedisItemsPipeline:
 
     async def process_item(self, item: Any, spider: Spider | None = None) -> Any:
         data = self.encoder.encode(item)
-        # an item no tracked callback yielded still gets an id: a resent push stores it once
-        origin = origins.pop(item) or "u:" + uuid.uuid4().hex
+        origin = origins.pop(item)
+        if origin is None:
+            # an item no tracked callback yielded still gets an id: a resent push stores
+            # it once
+            origin = "u:" + uuid.uuid4().hex
+            if origins.tagged_any:
+                self._untagged(item)
         deadline = time.monotonic() + self.retry_timeout
         while True:
             try:
@@ -97,6 +104,21 @@ class RedisItemsPipeline:
             if not stored:
                 self.crawler.stats.inc_value("bloomcrawl/items_stored_before")
             return item
+
+    def _untagged(self, item: Any) -> None:
+        """An item that is not the object a callback yielded, in a crawl whose items are
+        tagged: a pipeline before this one returned a new object."""
+        self.crawler.stats.inc_value("bloomcrawl/items_without_origin")
+        if not self._warned_untagged:
+            self._warned_untagged = True
+            logger.warning(
+                "RedisItemsPipeline got a %s that is not the object the callback yielded (a"
+                " pipeline before it returned a new one): it is stored under an id of its"
+                " own, so if its page is crawled twice (a worker died before the page was"
+                " done) it is stored twice. Have that pipeline change the item it is given"
+                " and return it; further such items are counted in"
+                " bloomcrawl/items_without_origin",
+                type(item).__name__, extra={"spider": self.crawler.spider})
 
     def push(self, origin: str, data: str) -> bool:
         """Store one item under its id unless stored within the window (blocks on Redis)."""

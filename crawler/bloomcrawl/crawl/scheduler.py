@@ -246,7 +246,7 @@ class Scheduler:
         # into a retry never becomes a received response
         s.connect(self.feedback.response, signal=signals.response_downloaded)
         s.connect(self.outcomes.finished, signal=request_finished)
-        s.connect(self.outcomes.item_scraped, signal=signals.item_scraped)
+        self.pages.on_item_scraped = self.outcomes.item_scraped
         s.connect(self.outcomes.spider_error, signal=signals.spider_error)
         logger.info("bloomcrawl frontier %s, lease %.0f s; politeness: %s",
                     frontier.describe(), self.config.lease_timeout, politeness.describe(),

@@ -1,9 +1,12 @@
-"""An item pipeline that takes its time, as one that calls an outside service does."""
+"""Item pipelines: one that takes its time, as one that calls an outside service does, and
+one that replaces each item with a dict."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
+
+from itemadapter import ItemAdapter
 
 
 class EnrichPipeline:
@@ -21,3 +24,10 @@ class EnrichPipeline:
             await asyncio.sleep(self.delay)
         item["enriched"] = True
         return item
+
+
+class AsDictPipeline:
+    """Hands on a plain dict instead of the Item, as many projects' export pipelines do."""
+
+    def process_item(self, item: Any, spider: Any = None) -> Any:
+        return dict(ItemAdapter(item).asdict(), exported=True)
