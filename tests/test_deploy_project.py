@@ -204,6 +204,15 @@ def test_crawl_wait_of_a_spider_that_starts_itself_without_and_with_a_start_url(
         out, err = capsys.readouterr()
         assert " pages 3 " in out.splitlines()[-1], out
         assert sum(shop.hits().values()) == 12
+        # a crawl whose jobs all fail (a revisit window the stored filter does not have)
+        # takes back the start URL it pushed: the next crawl must not start from it
+        bad = [*args, "--max-idle", "1", "-s", "BLOOMFILTER_REVISIT_AFTER=3600"]
+        assert cli.main([*bad, shop.url + "/category/toys"]) == 1
+        out, err = capsys.readouterr()
+        assert "FilterMismatchError" in err, err
+        assert "every job failed: took back the 1 start URL(s) this crawl pushed" in err, err
+        assert redis_server.client().llen("starter:start_urls") == 0
+        assert sum(shop.hits().values()) == 12
 
 
 def version(name: str) -> str:

@@ -80,3 +80,14 @@ def test_a_filter_that_does_not_match_fails_the_job_though_scrapy_logs_it_closed
     assert "revisit_after: stored 0, asked for 3600" in failure
     assert "Scheduler close failure" not in log and "AttributeError" not in log
     assert status.job_failure(first.text()) is None
+
+
+def test_take_back_removes_what_the_crawl_pushed_and_nothing_else(redis_client) -> None:
+    """Each entry the crawl pushed, once; another crawl's copy of the same URL stays."""
+    key = "sleeper:start_urls"
+    redis_client.rpush(key, "https://a.test/", "https://b.test/", "https://a.test/",
+                       '{"url": "https://c.test/"}')
+    assert status.take_back(redis_client, key, ["https://a.test/",
+                                                '{"url": "https://c.test/"}',
+                                                "https://d.test/"]) == 2
+    assert redis_client.lrange(key, 0, -1) == [b"https://b.test/", b"https://a.test/"]

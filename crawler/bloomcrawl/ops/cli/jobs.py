@@ -382,14 +382,16 @@ def cmd_crawl(args: argparse.Namespace, paths: Paths) -> int:
              " environment) sets MAX_IDLE_TIME_BEFORE_CLOSE: bloomcrawl's default, 0, never"
              " closes a job")
     jobs = options.schedule(target.nodes, args.urls)
+    key = start_key(client, options.spider)
     if args.urls:
-        count = seed(client, options.spider, args.urls)
+        count = seed(client, options.spider, args.urls, key)
         say("seeded %d URL(s); %s running on %d node(s)" % (count, options.spider, len(jobs)))
     else:
         say("%s running on %d node(s), from its own start requests" % (options.spider,
                                                                         len(jobs)))
     if args.wait:
-        return watch(target, options.spider, options.project, jobs, args.timeout)
+        return watch(target, options.spider, options.project, jobs, args.timeout,
+                     (key, list(args.urls)))
     return 0
 
 

@@ -76,10 +76,13 @@ IDLE_HINT_S = 30.0
 
 
 def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
-          timeout: float) -> int:
+          timeout: float, seeds: tuple[str, Sequence[str]] | None = None) -> int:
     """Print this crawl's progress every 2 s until every job finished; 1 on timeout, when
     a job ended without its spider closing (:func:`ended_badly`), or when no page was
-    crawled and errors or refused start URLs were counted (:func:`crawl_errors`)."""
+    crawled and errors or refused start URLs were counted (:func:`crawl_errors`).
+
+    ``seeds``: the start list and the entries this crawl pushed to it, taken back when
+    every job failed (:func:`take_back`)."""
     client = target.redis()
     started = time.monotonic()
     deadline = started + timeout
@@ -97,6 +100,8 @@ def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
             now - started, line, counts["running"], counts["pending"], counts["finished"]))
         if counts["finished"] + counts["unknown"] == len(states) and counts["finished"]:
             bad = ended_badly(target.nodes, jobs, found)
+            if seeds is not None and len(bad) == len(jobs):
+                take_back(client, *seeds)
             errors = crawl_errors(before, shared_stats(client, spider))
             return 1 if bad or errors else 0
         if now > deadline:
@@ -115,6 +120,18 @@ def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
                  " a job ends MAX_IDLE_TIME_BEFORE_CLOSE seconds after its frontier emptied"
                  " (0: never); give crawl --max-idle S")
         time.sleep(WATCH_INTERVAL)
+
+
+def take_back(client: redis.Redis, key: str, entries: Sequence[str]) -> int:
+    """Every job of a crawl failed: the start URLs it pushed that no worker read would
+    start the next crawl of the spider, whatever URL that one is given. Take them back."""
+    with contextlib.suppress(*REDIS_ERRORS):
+        removed = sum(int(client.lrem(key, 1, entry)) for entry in entries)
+        if removed:
+            warn("every job failed: took back the %d start URL(s) this crawl pushed to %s;"
+                 " crawl again once the cause is fixed" % (removed, key))
+        return removed
+    return 0
 
 
 def crawl_errors(before: dict[str, int], after: dict[str, int]) -> bool:
