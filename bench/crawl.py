@@ -105,8 +105,22 @@ FULL = Plan(pages=3000, workers=(1, 2), max_idle=2, timeout=240.0)
 QUICK = Plan(pages=300, workers=(1, 2), max_idle=1, timeout=120.0)
 
 
+def pin(cpus: list[int]) -> None:
+    """``--pin-workers``: this process, hence the Redis server and the site it starts, on
+    every CPU but the first; each one-process run's worker alone on the first (its
+    settings module reads ``BENCH_WORKER_CPUS``)."""
+    os.sched_setaffinity(0, cpus[1:])
+
+
+def worker_cpus(cpus: list[int] | None, workers: int) -> None:
+    """The CPUs of the next run's workers: the first alone for one process, all for more
+    (two workers on one CPU would halve the rate the bench compares)."""
+    if cpus is not None:
+        os.environ["BENCH_WORKER_CPUS"] = ",".join(map(str, cpus[:1] if workers == 1 else cpus))
+
+
 def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
-            profile_dir: Path | None = None
+            profile_dir: Path | None = None, pinned: list[int] | None = None,
             ) -> tuple[list[CrawlRun], list[str], Floor | None]:
     runs: list[CrawlRun] = []
     floor = None
@@ -123,6 +137,7 @@ def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
                     print("  running %s, %d process%s ..." % (
                         contender.label, workers, "" if workers == 1 else "es"),
                         file=sys.stderr, flush=True)
+                    worker_cpus(pinned, workers)
                     run_settings = profile.worker_settings(
                         contender.settings, settings, workdir / "threads", profile_dir)
                     try:
@@ -379,7 +394,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="run each worker under cProfile, keep the profiles in DIR and"
                         " print the top costs (bench/crawlbench/profile.py)")
+    parser.add_argument("--pin-workers", action="store_true",
+                        help="run each one-process worker alone on the first CPU, and Redis"
+                        " and the site on the others, so that neither slows the other's"
+                        " code down (two-process runs use every CPU)")
     args = parser.parse_args(argv)
+    pinned = None
+    if args.pin_workers:
+        pinned = sorted(os.sched_getaffinity(0))
+        if len(pinned) < 2:
+            parser.error("--pin-workers needs 2 CPUs or more, this process has %d"
+                         % len(pinned))
+        pin(pinned)
 
     plan = QUICK if args.quick else FULL
     if args.pages:
@@ -391,13 +417,17 @@ def main(argv: list[str] | None = None) -> int:
     print("%s, Python %s, %d CPUs, load average before: %s" % (
         platform.platform(terse=True), platform.python_version(), os.cpu_count() or 0,
         " ".join("%.2f" % x for x in os.getloadavg())))
+    if pinned is not None:
+        print("pinned: each one-process worker on CPU %d; Redis, the site and the bench on"
+              " CPUs %s; two-process workers on all" % (
+                  pinned[0], ",".join(map(str, pinned[1:]))))
     sys.stdout.flush()
     if args.profile:
         profile.prepare(args.profile)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bloomcrawl-bench-crawl-") as tmp:
         runs, failures, floor = run_all(plan, contenders, args.items, Path(tmp),
-                                        args.profile)
+                                        args.profile, pinned)
         worker_cpu = {(r.contender.key, r.workers): profile.read_thread_cpu(
             Path(tmp) / "threads", "%s-%dw-" % (r.contender.key, r.workers)) for r in runs}
     print("redis-py %s; finished in %.0f s, load average after: %s" % (

@@ -5,6 +5,8 @@ SCHEDULER, DUPEFILTER_CLASS and the middlewares with ``-s`` (see
 ``bench/crawl.py``). Only objects that ``-s`` cannot carry live here.
 """
 
+import os
+
 from bloomcrawl.crawl.settings import *  # noqa: F403
 from crawlbench.probe import RoundTrips
 
@@ -19,3 +21,9 @@ REMOTE_CONTROL_ENABLED = False
 TELNETCONSOLE_ENABLED = False
 ROBOTSTXT_OBEY = False
 ITEM_PIPELINES = {}  # the bench sets them per run (--items)
+
+# bench/crawl.py --pin-workers: the CPUs this worker runs on (its threads start later and
+# inherit them)
+_cpus = os.environ.get("BENCH_WORKER_CPUS")
+if _cpus:
+    os.sched_setaffinity(0, {int(c) for c in _cpus.split(",")})
