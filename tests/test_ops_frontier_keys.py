@@ -235,7 +235,7 @@ def real_frontier(client: redis.Redis, spider: str = "site", partitions: int = 2
     for origin in ("f1:0", "f1:1", "f2:0", "f1:0"):
         run_scripts(client, [ScriptCall(push, [frontier_keys.items, frontier_keys.item_ids,
                                                frontier_keys.recent_item_ids],
-                                        [origin, json.dumps({"o": origin}), "60000"])])
+                                        ["60000", origin, json.dumps({"o": origin})])])
     return front
 
 

@@ -282,6 +282,23 @@ def test_no_item_is_lost_when_a_worker_dies_with_items_in_its_pipeline(
     assert second[0].stats().get("test/item_tags_held") == 0
 
 
+def test_a_listing_spider_stores_every_listed_item_once_in_fewer_calls(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """A page's items reach RedisItemsPipeline together: those that come while a call is
+    under way are stored in the next one, each once."""
+    ws = workers(worker_pool, 2, "listing", redis_server.url, shop)
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    assert_each_once(shop.hits(), {"GET " + p for p in shop.server.all_pages()
+                                   if p == "/" or p.startswith("/category/")})
+    items = stored_items(redis_client, "listing")
+    assert sorted(i["url"] for i in items) == sorted(
+        "%s/product/%d" % (shop.url, p) for p in range(PRODUCTS))
+    calls = sum(w.stats().get("bloomcrawl/item_store_calls", 0) for w in ws)
+    assert 0 < calls < PRODUCTS, calls
+    assert shared_stats(redis_client, "listing")["items"] == PRODUCTS
+
+
 class ItemTagsAtClose:
     """A test extension: the item tags this worker still holds when its spider closes
     (``test/item_tags_held``), and whether it tagged any (``test/items_tagged``)."""

@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
-from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.serialize import ScrapyJSONEncoder
+from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
@@ -35,12 +37,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _PUSH = Script("items_push.lua")
+#: the most items, and JSON bytes of them, stored in one call
+BATCH_ITEMS = 256
+BATCH_BYTES = 1 << 20
 
 
 class RedisItemsPipeline:
     """RPUSH each item, JSON-encoded, to REDIS_ITEMS_KEY (default ``%(spider)s:items``).
 
-    The push runs on a thread: the reactor never waits on Redis. While Redis
+    One call at a time, on a thread: the reactor never waits on Redis. The
+    items that come while a call is under way (the rest of a page's, mostly)
+    go in the next one, up to :data:`BATCH_ITEMS` items or :data:`BATCH_BYTES`
+    bytes a call. While Redis
     is unreachable or refuses writes for a while (OOM, READONLY, MISCONF,
     BUSY, ...) the item waits and is pushed when it can be, for up to
     REDIS_ITEMS_RETRY_TIMEOUT seconds; then, or at once for any other error,
@@ -57,6 +65,11 @@ class RedisItemsPipeline:
         self.retry_timeout = retry_timeout
         self.encoder = ScrapyJSONEncoder()
         self._warned_untagged = False
+        #: a call storing items is under way (one at a time)
+        self._pushing = False
+        #: items waiting for the next call: (id, JSON, fired with whether it was stored)
+        self._waiting: list[tuple[str, str, Deferred[bool]]] = []
+        self._batches: set[Any] = set()
         self.key = ""
         self.errors = RedisErrorPolicy(logger, server, "items wait until they can be stored",
                                        max_delay=5.0)
@@ -87,10 +100,64 @@ class RedisItemsPipeline:
             origin = "u:" + uuid.uuid4().hex
             if origins.tagged_any:
                 self._untagged(item)
+        if self._pushing:
+            # a call is under way: this item goes in the next one, with every other item
+            # that comes meanwhile (a page's items, mostly)
+            done: Deferred[bool] = Deferred()
+            self._waiting.append((origin, data, done))
+            stored = await maybe_deferred_to_future(done)
+        else:
+            self._pushing = True
+            try:
+                (stored,) = await self._push_retrying([(origin, data)])
+            finally:
+                self._next_call()
+        if not stored:
+            self.crawler.stats.inc_value("bloomcrawl/items_stored_before")
+        return item
+
+    def _next_call(self) -> None:
+        """A call ended: the items that came during it go in the next one (or none is
+        under way now)."""
+        if not self._waiting:
+            self._pushing = False
+            return
+        batch, self._waiting = self._waiting, []
+        # held until done: nothing else holds the task of a batch
+        pushing = deferred_from_coro(self._push_batch(batch))
+        self._batches.add(pushing)
+        pushing.addBoth(lambda _: self._batches.discard(pushing))
+
+    async def _push_batch(self, batch: list[tuple[str, str, Deferred[bool]]]) -> None:
+        """Store ``batch`` in calls of up to :data:`BATCH_ITEMS` items or
+        :data:`BATCH_BYTES` bytes, and fire each item's Deferred with what the script
+        said, or with the error that ended the retries."""
+        try:
+            first = 0
+            while first < len(batch):
+                end, size = first, 0
+                while end < len(batch) and end - first < BATCH_ITEMS and size < BATCH_BYTES:
+                    size += len(batch[end][1])
+                    end += 1
+                chunk = batch[first:end]
+                try:
+                    stored = await self._push_retrying([(o, d) for o, d, _ in chunk])
+                except Exception as exc:
+                    for _, _, done in batch[first:]:
+                        done.errback(exc)
+                    return
+                for (_, _, done), one in zip(chunk, stored, strict=True):
+                    done.callback(one)
+                first = end
+        finally:
+            self._next_call()
+
+    async def _push_retrying(self, pairs: list[tuple[str, str]]) -> list[bool]:
         deadline = time.monotonic() + self.retry_timeout
         while True:
             try:
-                stored = await maybe_deferred_to_future(deferToThread(self.push, origin, data))
+                stored: list[bool] = await maybe_deferred_to_future(
+                    deferToThread(self.push_many, pairs))
             except REDIS_ERRORS as exc:
                 kind = error_kind(exc)
                 if (kind != "unreachable" and kind not in TRANSIENT_REPLIES) or (
@@ -101,9 +168,8 @@ class RedisItemsPipeline:
                 await maybe_deferred_to_future(deferLater(reactor, self.errors.failed(exc)))
                 continue
             self.errors.ok()
-            if not stored:
-                self.crawler.stats.inc_value("bloomcrawl/items_stored_before")
-            return item
+            self.crawler.stats.inc_value("bloomcrawl/item_store_calls")
+            return stored
 
     def _untagged(self, item: Any) -> None:
         """An item that is not the object a callback yielded, in a crawl whose items are
@@ -122,7 +188,15 @@ class RedisItemsPipeline:
 
     def push(self, origin: str, data: str) -> bool:
         """Store one item under its id unless stored within the window (blocks on Redis)."""
+        return self.push_many([(origin, data)])[0]
+
+    def push_many(self, pairs: Sequence[tuple[str, str]]) -> list[bool]:
+        """Store items ``(id, JSON)`` in order, each unless its id was stored within the
+        window, in one call (blocks on Redis); whether each was stored."""
+        args: list[str] = [str(self.dedup_window_ms)]
+        for origin, data in pairs:
+            args += (origin, data)
         (stored,) = run_scripts(self.server, [ScriptCall(
             _PUSH, [self.key, keys.item_ids_key(self.key), keys.recent_item_ids_key(self.key)],
-            [origin, data, str(self.dedup_window_ms)])])
-        return bool(stored)
+            args)])
+        return [bool(one) for one in stored]
