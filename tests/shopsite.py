@@ -24,8 +24,10 @@ PER_PAGE = 5
 
 
 class ShopServer:
-    def __init__(self, products: int = 60) -> None:
+    def __init__(self, products: int = 60, flaky: frozenset[str] = frozenset()) -> None:
         self.products = products
+        #: ``"GET /path"``s that answer 503 the first time they are asked for
+        self.flaky = flaky
         self.hits: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -75,8 +77,12 @@ class ShopServer:
 
     @web.middleware
     async def _count(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        key = "%s %s" % (request.method, request.path_qs)
         with self._lock:
-            self.hits["%s %s" % (request.method, request.path_qs)] += 1
+            self.hits[key] += 1
+            first = self.hits[key] == 1
+        if first and key in self.flaky:
+            return web.Response(status=503, text="try again")
         return await handler(request)
 
     @staticmethod
@@ -152,5 +158,6 @@ class RunningShop(ThreadedSite[ShopServer]):
         return self.server.snapshot()
 
 
-def serve_shop(products: int = 60) -> RunningShop:
-    return RunningShop(ShopServer(products), host="127.0.0.1", port=0, what="the shop site").start()
+def serve_shop(products: int = 60, flaky: frozenset[str] = frozenset()) -> RunningShop:
+    return RunningShop(ShopServer(products, flaky), host="127.0.0.1", port=0,
+                       what="the shop site").start()

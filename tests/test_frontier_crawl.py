@@ -160,3 +160,25 @@ def test_bad_start_urls_are_counted_and_unshareable_requests_crawled(
     log = worker.text()
     assert "meta['handle']" in log and "this worker crawls it itself" in log
     assert "bad start URL entry b'not a url'" in log
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_filtered_duplicates_are_logged_as_scrapys_dupefilter_logs_them(
+        redis_server, redis_client, demo_site, worker_pool: WorkerPool, debug: bool) -> None:
+    """The first duplicate at DEBUG; with DUPEFILTER_DEBUG every one, whether the worker's
+    seen cache, the exchange or the filter in Redis found it."""
+    redis_client.rpush("site:start_urls", demo_site.url)
+    settings = {"LOG_LEVEL": "DEBUG", "DUPEFILTER_DEBUG": str(debug)}
+    [worker] = worker_pool.start_many(1, redis_server.url, settings)
+    run_workers([worker], timeout=180)
+    check_exits([worker])
+    filtered = worker.stats()["dupefilter/filtered"]
+    assert filtered > 100
+    lines = re.findall(r"Filtered duplicate request: <GET (\S+)>(.*)", worker.text())
+    if debug:
+        assert len(lines) == filtered, (len(lines), filtered)
+        odd = [(url, rest) for url, rest in lines
+               if not url.startswith(demo_site.url.rstrip("/")) or rest.strip()]
+        assert not odd, (demo_site.url, odd[:3])
+    else:
+        assert len(lines) == 1 and "no more duplicates will be shown" in lines[0][1], lines

@@ -234,6 +234,26 @@ def test_start_urls_once_per_crawl_and_a_request_that_cannot_be_shared_is_crawle
                                                   "GET /deals": 1}))
 
 
+def test_a_start_request_that_fails_once_is_retried(
+        redis_server, redis_client, worker_pool: WorkerPool) -> None:
+    """Both start URLs answer 503 the first time: RetryMiddleware's retries go through
+    the frontier as retries, not as the start request again (which the filter holds for
+    this crawl), and the crawl is the one a site that never failed gives."""
+    flaky = frozenset({"GET /search", "GET /category/books"})
+    with serve_shop(PRODUCTS, flaky=flaky) as shop:
+        ws = workers(worker_pool, 2, "deals", redis_server.url, shop)
+        run_workers(ws, CRAWL_TIMEOUT_S)
+        check_exits(ws)
+        hits = shop.hits()
+    assert_each_once(hits, Counter({"GET /search": 2, "GET /category/books": 2,
+                                    "POST /search": 3, "GET /deals": 1}))
+    assert sum(w.stats().get("retry/count", 0) for w in ws) == 2
+    items = stored_items(redis_client, "deals")
+    assert sorted(str(i.get("search")) for i in items if "search" in i) == [
+        "books", "games", "tools"]
+    assert [i for i in items if "deals" in i] == [{"deals": ["half price"], "locked": True}]
+
+
 def test_strict_mode_closes_the_spider_on_a_request_it_cannot_share(
         redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
     ws = workers(worker_pool, 1, "deals", redis_server.url, shop, {"FRONTIER_STRICT": "True"})

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from bloomcrawl.core.bloom import partition_of
 from bloomcrawl.core.connection import ServerChangedError
 from bloomcrawl.core.errors import FilterFullError
+from bloomcrawl.crawl.duplicates import DuplicateLog
 from bloomcrawl.crawl.idle import IDLE_RECHECK_S
 from bloomcrawl.crawl.lease import ENTRY_META_KEY, LOCAL_META_KEY
 from bloomcrawl.crawl.redis_io import call_later, log_unexpected, redis_failed
@@ -68,7 +69,7 @@ class ExchangeLoop:
                  start_urls: StartUrls, idle: IdleCloser, engine: EngineInterface,
                  spider: Spider, allowed: ClassAllowList | None, stats: StatsCollector,
                  errors: RedisErrorPolicy, requeue: Callable[[Request], bool],
-                 concurrency: int, prefetch: int) -> None:
+                 concurrency: int, prefetch: int, debug_duplicates: bool = False) -> None:
         self.outbox = outbox
         self.io = outbox.io
         self.frontier = frontier
@@ -87,6 +88,8 @@ class ExchangeLoop:
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.log_extra = {"spider": spider}
+        self.duplicates = DuplicateLog(debug_duplicates, spider)
+        outbox.duplicate_log = self.duplicates
         #: the engine asked for a request and got none: the next lease must wake it
         self.starved = False
         #: requests, leases and start URLs anywhere in the cluster, as last seen (None: unknown)
@@ -223,6 +226,8 @@ class ExchangeLoop:
             self.stats.inc_value("dupefilter/filtered", done.filtered)
             self.stats.inc_value("bloomfilter/filtered", done.filtered)
             self.outbox.count("filtered", done.filtered)
+        if done.filtered and self.duplicates.active:
+            self.duplicates.filtered(batch, done.queued_fingerprints)
         for url in self.outbox.filtered_seeds(batch, done.queued_fingerprints):
             self.poller.start_urls.filtered(url)
         if batch.duplicates:  # counted shared by the outbox

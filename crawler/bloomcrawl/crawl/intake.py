@@ -71,6 +71,7 @@ class Intake:
                  strict: bool, windows: RevisitWindows) -> None:
         self.loop = loop
         self.outbox = loop.outbox
+        self.duplicates = loop.duplicates
         self.book = book
         self.seen = seen
         self.held = held
@@ -115,9 +116,12 @@ class Intake:
         # a start request (start_urls, start(), a SitemapSpider's sitemap_urls): once per
         # crawl, under the crawl's id; one that is not dont_filter is also recorded under
         # its own fingerprint, as Scrapy's dupefilter records it (a link back to it is a
-        # duplicate), but never queued by that
+        # duplicate), but never queued by that. A retry or redirect of one copies its meta
+        # but carries the lease it was downloaded under (or is held): not the start
+        # request again, which the filter holds for this crawl
         record = None
-        if meta.get("is_start_request") and self.crawl_id:
+        if (meta.get("is_start_request") and self.crawl_id and lease is None
+                and HOLD_META_KEY not in meta):
             if not dont_filter:
                 record = fp
             fp = hashlib.sha1(b"start:" + self.crawl_id + fp).digest()
@@ -130,6 +134,8 @@ class Intake:
         if not dont_filter and fp in self.seen:
             outbox.dropped(request)  # until Redis answered from the same server
             self._filtered_here += 1  # counted by flush_counts
+            if self.duplicates.active:
+                self.duplicates.local(request)
             if lease is not None:
                 self.loop.ack(lease)
             return False

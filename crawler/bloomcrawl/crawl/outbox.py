@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
     from twisted.python.failure import Failure
 
+    from bloomcrawl.crawl.duplicates import DuplicateLog
     from bloomcrawl.crawl.redis_io import RedisIO
 
 #: requests of confirmed exchanges kept this long before the last confirmed one (and at
@@ -112,6 +113,8 @@ class Outbox:
         # requests of confirmed exchanges: (when, requests), newest last
         self._sent: deque[tuple[float, list[Outgoing]]] = deque()
         self._sent_count = 0
+        #: says which requests were left out as duplicates (DUPEFILTER_DEBUG)
+        self.duplicate_log: DuplicateLog | None = None
         # fingerprints of the last exchange's requests (see Batch.duplicates)
         self._recent: set[bytes] = set()
         self.exchanging = False
@@ -270,7 +273,10 @@ class Outbox:
         for entry in self._outgoing:
             if not entry.dont_filter:
                 if entry.fingerprint in recent or entry.fingerprint in seen:
-                    duplicates += not entry.record_only  # a record only queues nothing
+                    if not entry.record_only:  # a record only queues nothing
+                        duplicates += 1
+                        if self.duplicate_log is not None and self.duplicate_log.active:
+                            self.duplicate_log.entry(entry)
                     continue
                 seen.add(entry.fingerprint)
             kept.append(entry)

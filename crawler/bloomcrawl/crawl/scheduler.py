@@ -218,6 +218,7 @@ class Scheduler:
             allowed=self.allowed, stats=self.stats, errors=self.errors,
             requeue=self.enqueue_request, concurrency=self.config.concurrency,
             prefetch=self.config.prefetch,
+            debug_duplicates=self.crawler.settings.getbool("DUPEFILTER_DEBUG"),
             recovery=Recovery(self.io, self.server, frontier, outbox, self.book, self.seen,
                               readiness, self.watch, self.stats, self.errors, extra),
             start_urls=StartUrls(self.io, frontier, outbox, spider, self.stats,
