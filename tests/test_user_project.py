@@ -317,6 +317,13 @@ def test_a_listing_spider_stores_every_listed_item_once_in_fewer_calls(
     calls = sum(w.stats().get("bloomcrawl/item_store_calls", 0) for w in ws)
     assert 0 < calls < PRODUCTS, calls
     assert shared_stats(redis_client, "listing")["items"] == PRODUCTS
+    # the next crawl fetches its start page again, and only that: the listings got the
+    # start page's meta (is_start_request too) but are not start requests
+    before = shop.hits()
+    ws = workers(worker_pool, 1, "listing", redis_server.url, shop, first=2)
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    assert shop.hits() - before == Counter({"GET /": 1})
 
 
 class ItemTagsAtClose:

@@ -61,6 +61,10 @@ class FrontierSpiderMiddleware(_Reporter):
                 if not INTERNAL_META_KEYS.isdisjoint(meta):
                     for key in INTERNAL_META_KEYS:
                         meta.pop(key, None)
+                # nor is it a start request when it copied a start response's meta (a
+                # start request is fetched once in every crawl)
+                if "is_start_request" in meta:
+                    del meta["is_start_request"]
                 if page is not None:
                     self.pages.child_request(page, output)
             elif output is not None:

@@ -17,7 +17,9 @@ class ListingSpider(scrapy.Spider):
         self.start_urls = [shop_url.rstrip("/") + "/"]
 
     def parse(self, response: Any) -> Iterator[Any]:
-        yield from response.follow_all(css="a[href^='/category/']", callback=self.parse_listing)
+        # the start page's meta passed on, as many spiders do (is_start_request with it)
+        yield from response.follow_all(css="a[href^='/category/']", callback=self.parse_listing,
+                                       meta=dict(response.meta, source="home"))
 
     def parse_listing(self, response: Any) -> Iterator[Any]:
         for link in response.css("a[href^='/product/']"):
