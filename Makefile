@@ -105,8 +105,8 @@ PROJECT ?=
 deploy: venv ## deploy the Scrapy project (PROJECT=path: yours, with its requirements.txt) to every worker; fails if any one fails
 	$(BLOOMCRAWL) deploy $(if $(PROJECT),--project-dir "$(PROJECT)")
 
-crawl: venv ## crawl URL=... with SPIDER=site on every worker (PROJECT=dir or name: your own project)
-	$(BLOOMCRAWL) crawl --spider $(SPIDER) $(if $(PROJECT),--project "$(PROJECT)") $(if $(MAX_IDLE),--max-idle $(MAX_IDLE)) $(URL)
+crawl: venv ## crawl URL=... with SPIDER=site on every worker (PROJECT=dir or name: your own project; ARGS="-a NAME=VALUE -s NAME=VALUE")
+	$(BLOOMCRAWL) crawl --spider $(SPIDER) $(if $(PROJECT),--project "$(PROJECT)") $(if $(MAX_IDLE),--max-idle $(MAX_IDLE)) $(ARGS) $(URL)
 
 demo: venv ## up, deploy, crawl the demo site, print progress until done, then a summary
 	$(BLOOMCRAWL) demo --workers $(WORKERS) $(if $(REDIS),--redis $(REDIS)) $(CLUSTER_KIND)

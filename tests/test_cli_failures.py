@@ -217,3 +217,18 @@ def test_an_unreadable_cluster_record(env: dict[str, str]) -> None:
             " (char 9)): stop what it started by hand, then delete it")
     for args in (("status",), ("down",), ("nodes",), ("up",)):
         run_cli(*args, env=env).assert_failed_with(f"bloomcrawl {args[0]}: {line}")
+
+
+def test_throttle_of_a_spider_with_no_crawl_names_the_spiders_that_have_one(
+        redis_server, redis_client, env: dict[str, str]) -> None:
+    """``throttle`` without ``--spider`` asks for ``site``: the refusal names the spiders
+    this Redis has crawls of, and writes nothing."""
+    for spider in ("products", "listings"):
+        redis_client.hset(f"{spider}:bloomfilter:meta", "params", "{}")
+    run_cli("throttle", "shop.test", "--delay", "1", "--redis-url", redis_server.url,
+            env=env).assert_failed_with(
+        "bloomcrawl throttle: no crawl of site in this Redis yet (no site:bloomfilter:meta):"
+        " start the crawl first; its filter decides which partition keeps each host; this"
+        " Redis has crawls of listings, products: give --spider NAME")
+    assert sorted(redis_client.keys()) == [b"listings:bloomfilter:meta",
+                                           b"products:bloomfilter:meta"]

@@ -7,6 +7,9 @@ and only its log says the spider never opened.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from bloomcrawl.ops.cli import status
@@ -14,6 +17,7 @@ from bloomcrawl.ops.cli.target import Target
 
 from kit.redis import RedisServer
 from kit.scrapyd import ScrapydNode
+from kit.wait import wait_until
 from kit.workers import WorkerPool
 
 
@@ -49,6 +53,33 @@ def test_a_job_that_closed_its_spider_passes_the_wait(
     err = capsys.readouterr().err
     assert rc == 0, err
     assert "ended without" not in err, err
+
+
+def test_a_cancelled_job_fails_the_wait_saying_it_was_stopped(
+        scrapyd_node: ScrapydNode, redis_server: RedisServer,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A job cancelled while the wait watches it (scrapyd stops it: Scrapy closes the
+    spider with reason "shutdown"): the crawl is not done, and the wait says so."""
+    answer = scrapyd_node.post("schedule.json", project="probe", spider="waiter", seconds="60")
+    job = str(answer["jobid"])
+
+    def cancel_once_running() -> None:
+        wait_until(lambda: any(j["id"] == job for j in
+                               scrapyd_node.node.request("listjobs.json?project=probe")
+                               ["running"]), 30, what="the job to run")
+        time.sleep(1.0)  # its spider open
+        assert scrapyd_node.post("cancel.json", project="probe", job=job)["status"] == "ok"
+
+    canceller = threading.Thread(target=cancel_once_running)
+    canceller.start()
+    try:
+        rc = status.watch(target_of(scrapyd_node, redis_server), "waiter", "probe",
+                          {scrapyd_node.url: job}, timeout=90)
+    finally:
+        canceller.join()
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert f"job {job} was stopped before its crawl ended (Spider closed (shutdown)" in err, err
 
 
 def test_the_error_named_is_the_setting_bloomcrawl_refused(

@@ -7,7 +7,8 @@ and the jobs it spawned, by pid.
 
 ``probe=True`` gives it a tiny project ``probe`` whose spider ``sleeper``
 sleeps in its constructor: with ``max_proc = 1`` a test gets a running and a
-pending job on demand (:meth:`~ScrapydNode.schedule`).
+pending job on demand (:meth:`~ScrapydNode.schedule`); its ``waiter`` opens
+and stays open, idle, as long as asked.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ PROBE_SPIDER = """\
 import time
 
 import scrapy
+from scrapy import signals
+from scrapy.exceptions import DontCloseSpider
 
 
 class Sleeper(scrapy.Spider):
@@ -50,6 +53,26 @@ class Sleeper(scrapy.Spider):
     def __init__(self, *args, seconds="60", **kwargs):
         super().__init__(*args, **kwargs)
         time.sleep(float(seconds))
+
+
+class Waiter(scrapy.Spider):
+    # opens, then stays open and idle for the seconds given
+
+    name = "waiter"
+
+    def __init__(self, *args, seconds="60", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.until = time.monotonic() + float(seconds)
+
+    @classmethod
+    def from_crawler(cls, crawler, *args, **kwargs):
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        crawler.signals.connect(spider.idle, signal=signals.spider_idle)
+        return spider
+
+    def idle(self):
+        if time.monotonic() < self.until:
+            raise DontCloseSpider
 """
 
 

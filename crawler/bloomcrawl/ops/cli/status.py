@@ -100,7 +100,8 @@ def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
             now - started, line, counts["running"], counts["pending"], counts["finished"]))
         if counts["finished"] + counts["unknown"] == len(states) and counts["finished"]:
             bad = ended_badly(target.nodes, jobs, found)
-            if seeds is not None and len(bad) == len(jobs):
+            if seeds is not None and len(bad) == len(jobs) and not any(
+                    why.startswith("was stopped") for why in bad.values()):
                 take_back(client, *seeds)
             errors = crawl_errors(before, shared_stats(client, spider))
             return 1 if bad or errors else 0
@@ -157,11 +158,17 @@ _ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): .
 
 def job_failure(tail: str) -> str | None:
     """What a finished job's log (its tail) says went wrong: "failed: <bloomcrawl's error>",
-    "ended without its spider closing: <the error>", or None (it closed its spider)."""
+    "was stopped ..." (its spider closed on a shutdown: cancelled), "ended without its
+    spider closing: <the error>", or None (it closed its spider)."""
     why = job_error(tail)
     if why is not None and why.startswith(OWN_ERRORS):
         return "failed: " + why
-    if CLOSED_RE.search(tail):
+    closed = CLOSED_RE.search(tail)
+    if closed and closed.group(1) == "shutdown":
+        return ("was stopped before its crawl ended (Spider closed (shutdown): cancelled, its"
+                " node stopped%s); what it had not crawled stays queued for the next crawl"
+                % (", or an error: " + why if why else ""))
+    if closed:
         return None
     return "ended without its spider closing: " + (why or "no exception in the log's tail")
 
@@ -178,15 +185,15 @@ def job_error(log: str) -> str | None:
 
 
 def ended_badly(nodes: Sequence[scrapyd.Node], jobs: dict[str, str],
-                found: dict[str, tuple[str, dict[str, Any]]]) -> list[str]:
+                found: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, str]:
     """The finished jobs (``found``: :func:`~bloomcrawl.ops.scrapyd.job_entries`) whose
     spider never closed (it failed to start: a bad setting, an import error, an exception
-    in its constructor) or whose log ends on one of bloomcrawl's errors (a filter that does
+    in its constructor), whose log ends on one of bloomcrawl's errors (a filter that does
     not match the settings fails the spider's opening, and Scrapy then still logs "Spider
-    closed (shutdown)"), each warned about with the exception its log names and where the
-    log is."""
+    closed (shutdown)"), or that were stopped (cancelled), each warned about with what its
+    log says and where the log is: job -> :func:`job_failure`."""
     by_url = {node.url: node for node in nodes}
-    bad = []
+    bad: dict[str, str] = {}
     for url, job in jobs.items():
         state, entry = found.get(job, ("unknown", {}))
         node = by_url.get(url)
@@ -202,7 +209,7 @@ def ended_badly(nodes: Sequence[scrapyd.Node], jobs: dict[str, str],
         if failure is None:
             continue
         warn(f"{url}: job {job} {failure} (log: {urllib.parse.urljoin(url + '/', log_url)})")
-        bad.append(job)
+        bad[job] = failure
     return bad
 
 

@@ -65,6 +65,17 @@ def concurrency(text: str) -> int:
     return value
 
 
+def other_spiders(client: redis.Redis) -> list[str]:
+    """The spiders with a filter in this Redis (none when it cannot be asked: a user whose
+    ACL has no SCAN)."""
+    try:
+        found = inspection.find_meta_keys(client)
+    except (OpsError, redis.RedisError):
+        return []
+    return sorted({inspection.spider_from_filter_name(keys.filter_name_from_meta(k))
+                   for k in found})
+
+
 def spider_frontier(client: redis.Redis, spider: str) -> tuple[keys.FrontierKeys, FilterParams]:
     """The spider's frontier keys and filter parameters, from the filter's meta hash."""
     default = keys.FrontierKeys(spider)
@@ -72,9 +83,12 @@ def spider_frontier(client: redis.Redis, spider: str) -> tuple[keys.FrontierKeys
         raw: dict[bytes, bytes] = client.hgetall(default.meta)  # type: ignore[assignment]
     meta = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in raw.items()}
     if "params" not in meta:
+        others = [name for name in other_spiders(client) if name != spider]
+        hint = ("; this Redis has crawls of %s: give --spider NAME" % ", ".join(others)
+                if others else "")
         raise OpsError(
             "no crawl of %s in this Redis yet (no %s): start the crawl first; its filter"
-            " decides which partition keeps each host" % (spider, default.meta))
+            " decides which partition keeps each host%s" % (spider, default.meta, hint))
     try:
         params = FilterParams.from_json(meta["params"])
         frontier = inspection.frontier_keys(keys.filter_name_from_meta(default.meta), meta,
