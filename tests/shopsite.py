@@ -63,6 +63,7 @@ class ShopServer:
         app.router.add_get("/product/{id:\\d+}", self._product)
         app.router.add_get("/product/{id:\\d+}/reviews", self._reviews)
         app.router.add_get("/sitemap.xml", self._sitemap)
+        app.router.add_get("/old-sitemap.xml", self._moved_sitemap)
         app.router.add_route("*", "/search", self._search)
         app.router.add_get("/deals", self._deals)
         return app
@@ -132,6 +133,9 @@ class ShopServer:
             text='<?xml version="1.0" encoding="UTF-8"?>'
                  '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">%s</urlset>'
                  % urls, content_type="application/xml")
+
+    async def _moved_sitemap(self, request: web.Request) -> web.Response:
+        raise web.HTTPMovedPermanently("/sitemap.xml")
 
     async def _search(self, request: web.Request) -> web.Response:
         if request.method == "POST":

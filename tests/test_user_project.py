@@ -44,9 +44,10 @@ def shop() -> Iterator[RunningShop]:
 
 
 def workers(pool: WorkerPool, n: int, spider: str, redis_url: str, shop: RunningShop,
-            settings: dict[str, str] | None = None, first: int = 0) -> list[Worker]:
+            settings: dict[str, str] | None = None, first: int = 0,
+            **spider_args: str) -> list[Worker]:
     """``n`` workers of the user's project, its dependency on their PYTHONPATH."""
-    args = {} if spider.startswith("redis_") else {"shop_url": shop.url}
+    args = {} if spider.startswith("redis_") else {"shop_url": shop.url, **spider_args}
     return pool.start_many(n, redis_url, settings, first=first, spider=spider, args=args,
                            project=USERPROJECT, pythonpath=(PRICEFMT,))
 
@@ -111,6 +112,20 @@ def test_a_sitemap_spider_reads_its_sitemap_in_every_crawl_and_takes_sitemaps_as
     run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
     assert_each_once(shop.hits(), expected + Counter({"GET /sitemap.xml": 1}))
+
+
+def test_a_sitemap_that_moved_is_read_in_every_crawl(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """The spider's sitemap URL redirects (301) to where the sitemap is now: the redirect
+    of a start request is fetched once per crawl too, not once for good."""
+    for first in (0, 2):
+        ws = workers(worker_pool, 2, "sitemap", redis_server.url, shop, first=first,
+                     sitemap_path="/old-sitemap.xml")
+        run_workers(ws, CRAWL_TIMEOUT_S)
+        check_exits(ws)
+    hits = shop.hits()
+    assert (hits["GET /old-sitemap.xml"], hits["GET /sitemap.xml"]) == (2, 2), hits
+    assert max(hits[f"GET /product/{p}"] for p in range(PRODUCTS)) == 1
 
 
 def test_a_spider_that_starts_itself_refuses_pushed_urls_and_starts_in_every_crawl(

@@ -116,12 +116,14 @@ class Intake:
         # a start request (start_urls, start(), a SitemapSpider's sitemap_urls): once per
         # crawl, under the crawl's id; one that is not dont_filter is also recorded under
         # its own fingerprint, as Scrapy's dupefilter records it (a link back to it is a
-        # duplicate), but never queued by that. A retry or redirect of one copies its meta
-        # but carries the lease it was downloaded under (or is held): not the start
-        # request again, which the filter holds for this crawl
+        # duplicate), but never queued by that. A retry of one copies its meta and carries
+        # the lease it was downloaded under (or is held), dont_filter (Scrapy's retries
+        # are): its own fingerprint, not the start request's again, which the filter
+        # holds for this crawl. A redirect (not dont_filter) is a start request of its
+        # own URL: once per crawl too
         record = None
-        if (meta.get("is_start_request") and self.crawl_id and lease is None
-                and HOLD_META_KEY not in meta):
+        if (meta.get("is_start_request") and self.crawl_id and HOLD_META_KEY not in meta
+                and (lease is None or not dont_filter)):
             if not dont_filter:
                 record = fp
             fp = hashlib.sha1(b"start:" + self.crawl_id + fp).digest()

@@ -15,10 +15,10 @@ class ShopSitemapSpider(SitemapSpider):
     name = "sitemap"
     sitemap_rules = [(r"/product/\d+$", "parse_product")]
 
-    def __init__(self, shop_url: str = "http://127.0.0.1:8000", *args: Any,
-                 **kwargs: Any) -> None:
+    def __init__(self, shop_url: str = "http://127.0.0.1:8000",
+                 sitemap_path: str = "/sitemap.xml", *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.sitemap_urls = [shop_url.rstrip("/") + "/sitemap.xml"]
+        self.sitemap_urls = [shop_url.rstrip("/") + sitemap_path]
 
     def parse_product(self, response: Any) -> Any:
         item = ProductItem(url=response.url, name=response.css("h1.name::text").get())
