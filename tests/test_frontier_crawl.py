@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
+from scrapy import signals as scrapy_signals
 
 from kit.checks import assert_crawled_once, frontier_left, pages_crawled, shared_stats
 from kit.redis import RedisServer
@@ -182,3 +186,28 @@ def test_filtered_duplicates_are_logged_as_scrapys_dupefilter_logs_them(
         assert not odd, (demo_site.url, odd[:3])
     else:
         assert len(lines) == 1 and "no more duplicates will be shown" in lines[0][1], lines
+
+
+class InterruptWhenOpened:
+    """A test extension: the worker sends itself SIGINT (Ctrl-C, or scrapyd's cancel) as
+    its spider opens, before the engine has started."""
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> InterruptWhenOpened:
+        extension = cls()
+        crawler.signals.connect(extension.opened, signal=scrapy_signals.spider_opened)
+        return extension
+
+    def opened(self, **kwargs: Any) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_worker_interrupted_as_its_spider_opens_exits(
+        redis_server, redis_client, demo_site, worker_pool: WorkerPool) -> None:
+    """Its scheduler is open (the frontier's thread started) and the engine never starts:
+    the process must still end, not wait on that thread for good."""
+    redis_client.rpush("site:start_urls", demo_site.url)
+    settings = {"EXTENSIONS": '{"test_frontier_crawl.InterruptWhenOpened": 0}'}
+    [worker] = worker_pool.start_many(1, redis_server.url, settings)
+    assert worker.wait(30) is not None, worker.tail()
+    assert "Received SIGINT" in worker.text(), worker.tail()

@@ -10,7 +10,9 @@ reactor: tools and tests) the work runs inline, with the same Deferreds.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -38,10 +40,25 @@ except ImportError:  # Scrapy < 2.14
 __all__ = ["RedisIO", "call_later", "create_looping_call", "log_unexpected", "redis_failed"]
 
 
+class _DaemonThread(threading.Thread):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.daemon = True
+
+
+class _Pool(ThreadPool):
+    """A thread pool whose thread never keeps the process alive: a worker told to stop
+    before its engine started (Ctrl-C, scrapyd's cancel, as its spider opens) never closes
+    its scheduler, and the process must end anyway (its leases expire)."""
+
+    threadFactory = _DaemonThread
+
+
 class RedisIO:
     def __init__(self, name: str = "bloomcrawl-redis") -> None:
         self.name = name
         self._pool: ThreadPool | None = None
+        self._trigger: Any = None
 
     @property
     def threaded(self) -> bool:
@@ -49,13 +66,24 @@ class RedisIO:
 
     def start(self) -> None:
         if self._pool is None:
-            self._pool = ThreadPool(1, 1, self.name)
+            from twisted.internet import reactor  # the one Scrapy installed
+
+            self._pool = _Pool(1, 1, self.name)
             self._pool.start()
+            # stopped with the reactor too, when nothing closed the scheduler
+            self._trigger = reactor.addSystemEventTrigger(
+                "during", "shutdown", self.stop)  # type: ignore[arg-type]
 
     def stop(self) -> None:
         """Wait for the work under way, then run inline again."""
         if self._pool is not None:
             pool, self._pool = self._pool, None
+            if self._trigger is not None:
+                from twisted.internet import reactor
+
+                trigger, self._trigger = self._trigger, None
+                with contextlib.suppress(ValueError, KeyError):  # it is the one firing
+                    reactor.removeSystemEventTrigger(trigger)  # type: ignore[call-arg,misc]
             pool.stop()
 
     def run(self, func: Callable[..., Any], *args: Any) -> Deferred[Any]:
