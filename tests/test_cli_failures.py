@@ -190,7 +190,7 @@ def record_dead_cluster(env: dict[str, str]) -> tuple[int, str, int]:
 def test_a_recorded_cluster_that_is_gone(env: dict[str, str]) -> None:
     redis_port, url, pid = record_dead_cluster(env)
     gone = (f"{redis_unreachable(redis_port)} (the local cluster's redis-server, pid {pid},"
-            " is not running: `make down`, then `make up`)")
+            " is not running: `make down KEEP_DATA=1`, then `make up`)")
     for args in (("status",), ("seed", "http://a.invalid/"), ("clear", "--yes"),
                  ("filter-info",), ("crawl", "http://a.invalid/")):
         run_cli(*args, env=env).assert_failed_with(f"bloomcrawl {args[0]}: {gone}")
@@ -200,8 +200,8 @@ def test_a_recorded_cluster_that_is_gone(env: dict[str, str]) -> None:
     run_cli("schedule", env=env).assert_failed_with(
         f"bloomcrawl schedule: scheduling site failed on 1 of 1 node(s): {node_unreachable(url)}")
     run_cli("scale", "2", env=env).assert_failed_with(
-        "bloomcrawl scale: recorded processes are gone (redis, scrapyd-1): `make down`, then"
-        " `make up`")
+        "bloomcrawl scale: recorded processes are gone (redis, scrapyd-1): `make down"
+        " KEEP_DATA=1`, then `make up` (plain `make down` deletes the data)")
     # down stops nothing it did not start, forgets the record and says so
     run = run_cli("down", env=env)
     assert run.code == 0 and "local cluster down" in run.stdout, run

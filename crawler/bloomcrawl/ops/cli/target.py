@@ -88,7 +88,7 @@ class Target:
                 self.cluster is not None and self.cluster.mode == "local") else []
             if gone:
                 raise OpsError(f"{exc} (the local cluster's redis-server, pid {gone[0].pid},"
-                               " is not running: `make down`, then `make up`)") from exc
+                               " is not running: `make down KEEP_DATA=1`, then `make up`)") from exc
             raise
         return client
 

@@ -117,7 +117,8 @@ class LocalCluster:
     def _check_alive(cluster: Cluster) -> None:
         gone = cluster.gone()
         if gone:
-            raise OpsError("recorded processes are gone (%s): `make down`, then `make up`"
+            raise OpsError("recorded processes are gone (%s): `make down KEEP_DATA=1`, then"
+                           " `make up` (plain `make down` deletes the data)"
                            % ", ".join(sorted(p.name for p in gone)))
 
     def _taken_ports(self, cluster: Cluster) -> set[int]:
