@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+import redis
 
 from bloomcrawl.ops.cli import status
 from bloomcrawl.ops.cli.target import Target
@@ -122,3 +123,10 @@ def test_take_back_removes_what_the_crawl_pushed_and_nothing_else(redis_client) 
                                                 '{"url": "https://c.test/"}',
                                                 "https://d.test/"]) == 2
     assert redis_client.lrange(key, 0, -1) == [b"https://b.test/", b"https://a.test/"]
+
+
+def test_the_progress_line_says_when_redis_cannot_be_read(closed_port_url: str) -> None:
+    line, state = status.frontier_line(redis.Redis.from_url(closed_port_url), "site")
+    assert state is None
+    assert line.startswith("Redis cannot be read (") and line.endswith(
+        "); the workers wait for it"), line

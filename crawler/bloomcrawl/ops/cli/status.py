@@ -51,17 +51,24 @@ def shared_stats(client: redis.Redis, spider: str) -> dict[str, int]:
     return {}
 
 
+#: what a read of Redis raises when it cannot answer
+_READ_ERRORS: tuple[type[BaseException], ...] = (OpsError, *REDIS_ERRORS)
+
+
 def frontier_line(client: redis.Redis, spider: str, since: dict[str, int] | None = None
                   ) -> tuple[str, inspection.SpiderState | None]:
     """One line of a spider's counters, and its state (``None`` before its filter exists).
 
     ``since``: shared stats taken earlier; the counts are then those since.
     """
-    state = None
-    with contextlib.suppress(*REDIS_ERRORS):
-        meta = keys.meta_key(keys.spider_key(defaults.FILTER_KEY, spider))
+    meta = keys.meta_key(keys.spider_key(defaults.FILTER_KEY, spider))
+    try:
         state = inspection.spider_state(client, meta)
-    stats = shared_stats(client, spider) if state is None else state.stats
+        stats = runs.shared_stats(client, spider) if state is None else state.stats
+    except _READ_ERRORS as exc:
+        # the workers wait for Redis and keep what they owe it: the counts come back with it
+        return "Redis cannot be read (%s); the workers wait for it" % (
+            str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__), None
     if since:
         stats = {name: value - since.get(name, 0) for name, value in stats.items()}
     if state is None:  # no filter yet: the stats alone
