@@ -69,6 +69,7 @@ class RedisItemsPipeline:
         self._pushing = False
         #: items waiting for the next call: (id, JSON, fired with whether it was stored)
         self._waiting: list[tuple[str, str, Deferred[bool]]] = []
+        self._waiting_since = 0.0
         self._batches: set[Any] = set()
         self.key = ""
         self.errors = RedisErrorPolicy(logger, server, "items wait until they can be stored",
@@ -104,12 +105,15 @@ class RedisItemsPipeline:
             # a call is under way: this item goes in the next one, with every other item
             # that comes meanwhile (a page's items, mostly)
             done: Deferred[bool] = Deferred()
+            if not self._waiting:
+                self._waiting_since = time.monotonic()
             self._waiting.append((origin, data, done))
             stored = await maybe_deferred_to_future(done)
         else:
             self._pushing = True
             try:
-                (stored,) = await self._push_retrying([(origin, data)])
+                (stored,) = await self._push_retrying(
+                    [(origin, data)], time.monotonic() + self.retry_timeout)
             finally:
                 self._next_call()
         if not stored:
@@ -124,14 +128,17 @@ class RedisItemsPipeline:
             return
         batch, self._waiting = self._waiting, []
         # held until done: nothing else holds the task of a batch
-        pushing = deferred_from_coro(self._push_batch(batch))
+        pushing = deferred_from_coro(self._push_batch(
+            batch, self._waiting_since + self.retry_timeout))
         self._batches.add(pushing)
         pushing.addBoth(lambda _: self._batches.discard(pushing))
 
-    async def _push_batch(self, batch: list[tuple[str, str, Deferred[bool]]]) -> None:
+    async def _push_batch(self, batch: list[tuple[str, str, Deferred[bool]]],
+                          deadline: float) -> None:
         """Store ``batch`` in calls of up to :data:`BATCH_ITEMS` items or
         :data:`BATCH_BYTES` bytes, and fire each item's Deferred with what the script
-        said, or with the error that ended the retries."""
+        said, or with the error that ended the retries (at ``deadline``: its first item
+        came REDIS_ITEMS_RETRY_TIMEOUT seconds before)."""
         try:
             first = 0
             while first < len(batch):
@@ -141,7 +148,8 @@ class RedisItemsPipeline:
                     end += 1
                 chunk = batch[first:end]
                 try:
-                    stored = await self._push_retrying([(o, d) for o, d, _ in chunk])
+                    stored = await self._push_retrying([(o, d) for o, d, _ in chunk],
+                                                       deadline)
                 except Exception as exc:
                     for _, _, done in batch[first:]:
                         done.errback(exc)
@@ -152,8 +160,7 @@ class RedisItemsPipeline:
         finally:
             self._next_call()
 
-    async def _push_retrying(self, pairs: list[tuple[str, str]]) -> list[bool]:
-        deadline = time.monotonic() + self.retry_timeout
+    async def _push_retrying(self, pairs: list[tuple[str, str]], deadline: float) -> list[bool]:
         while True:
             try:
                 stored: list[bool] = await maybe_deferred_to_future(
