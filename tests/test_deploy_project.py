@@ -214,6 +214,13 @@ def test_crawl_wait_of_a_spider_that_starts_itself_without_and_with_a_start_url(
         assert "every job failed: took back the 1 start URL(s) this crawl pushed" in err, err
         assert redis_server.client().llen("starter:start_urls") == 0
         assert sum(shop.hits().values()) == 12
+    # a shop that is gone: the downloads fail, and the wait says which besides how many
+    dead = "http://127.0.0.1:%d" % free_port()
+    dead_args = [arg.replace(f"shop_url={shop.url}", f"shop_url={dead}") for arg in args]
+    assert cli.main([*dead_args, "--max-idle", "1", "-s", "RETRY_TIMES=0"]) == 1
+    out, err = capsys.readouterr()
+    assert "this crawl counted 3 error(s)" in err, err
+    assert f"Error downloading <GET {dead}/category/books>" in err, err
 
 
 def version(name: str) -> str:

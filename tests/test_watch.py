@@ -130,3 +130,16 @@ def test_the_progress_line_says_when_redis_cannot_be_read(closed_port_url: str) 
     assert state is None
     assert line.startswith("Redis cannot be read (") and line.endswith(
         "); the workers wait for it"), line
+
+
+def test_the_error_lines_of_a_job_log_are_what_the_wait_shows(
+        worker_pool: WorkerPool, redis_server: RedisServer, closed_port_url: str) -> None:
+    """A start URL where nothing listens: the worker's log says which download failed,
+    and that line is what ``crawl --wait`` shows beside the error count."""
+    dead = "http://127.0.0.1:%s/" % closed_port_url.rsplit(":", 1)[1].split("/")[0]
+    redis_server.client().rpush("site:start_urls", dead)
+    worker = worker_pool.start("w0", redis_server.url, {"RETRY_TIMES": "0"})
+    assert worker.wait(60) == 0, worker.tail()
+    lines = status.error_lines(worker.text())
+    assert any(line.startswith("Error downloading <GET %s>" % dead) for line in lines), lines
+    assert len(lines) == len(set(lines))

@@ -110,7 +110,10 @@ def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
             if seeds is not None and len(bad) == len(jobs) and not any(
                     why.startswith("was stopped") for why in bad.values()):
                 take_back(client, *seeds)
-            errors = crawl_errors(before, shared_stats(client, spider))
+            after = shared_stats(client, spider)
+            errors = crawl_errors(before, after)
+            if after.get("errors", 0) > before.get("errors", 0):
+                show_errors(target.nodes, jobs, found)
             return 1 if bad or errors else 0
         if now > deadline:
             warn(f"jobs still running after {timeout:g}s: they go on; stop them with"
@@ -155,6 +158,39 @@ def crawl_errors(before: dict[str, int], after: dict[str, int]) -> bool:
              " for good) and %d refused start URL entr%s: the job logs say which" % (
                  errors, refused, "y" if refused == 1 else "ies"))
     return pages == 0 and bool(errors or refused)
+
+
+#: a log line Scrapy wrote at ERROR: its message
+_ERROR_LOG_LINE = re.compile(r"^\S+ \S+ \[[^\]]+\] ERROR: (.+)$", re.M)
+#: the error lines of a crawl the wait shows
+SHOWN_ERRORS = 5
+
+
+def error_lines(log: str) -> list[str]:
+    """The messages of a job log's ERROR lines, each once, in order."""
+    return list(dict.fromkeys(m.strip() for m in _ERROR_LOG_LINE.findall(log)))
+
+
+def show_errors(nodes: Sequence[scrapyd.Node], jobs: dict[str, str],
+                found: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """The first ERROR lines of the finished jobs' logs (their tails), so that a crawl
+    that counted errors says which."""
+    by_url = {node.url: node for node in nodes}
+    shown = 0
+    for url, job in jobs.items():
+        log_url = found.get(job, ("unknown", {}))[1].get("log_url")
+        node = by_url.get(url)
+        if node is None or not log_url:
+            continue
+        try:
+            lines = error_lines(node.log_tail(log_url))
+        except scrapyd.ScrapydError:
+            continue
+        for line in lines[:SHOWN_ERRORS - shown]:
+            warn(f"  {url}: {line}")
+            shown += 1
+        if shown >= SHOWN_ERRORS:
+            return
 
 
 #: how the exceptions bloomcrawl raises on purpose are named in a traceback
