@@ -16,6 +16,7 @@ import re
 import time
 import urllib.parse
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -106,14 +107,15 @@ def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
         say("[%4.0fs] %s  jobs: %d running, %d pending, %d finished" % (
             now - started, line, counts["running"], counts["pending"], counts["finished"]))
         if counts["finished"] + counts["unknown"] == len(states) and counts["finished"]:
-            bad = ended_badly(target.nodes, jobs, found)
+            tails = finished_logs(target.nodes, jobs, found)
+            bad = ended_badly(tails)
             if seeds is not None and len(bad) == len(jobs) and not any(
                     why.startswith("was stopped") for why in bad.values()):
                 take_back(client, *seeds)
             after = shared_stats(client, spider)
             errors = crawl_errors(before, after)
             if after.get("errors", 0) > before.get("errors", 0):
-                show_errors(target.nodes, jobs, found)
+                show_errors(tails)
             return 1 if bad or errors else 0
         if now > deadline:
             warn(f"jobs still running after {timeout:g}s: they go on; stop them with"
@@ -171,23 +173,13 @@ def error_lines(log: str) -> list[str]:
     return list(dict.fromkeys(m.strip() for m in _ERROR_LOG_LINE.findall(log)))
 
 
-def show_errors(nodes: Sequence[scrapyd.Node], jobs: dict[str, str],
-                found: dict[str, tuple[str, dict[str, Any]]]) -> None:
+def show_errors(tails: list[JobLog]) -> None:
     """The first ERROR lines of the finished jobs' logs (their tails), so that a crawl
     that counted errors says which."""
-    by_url = {node.url: node for node in nodes}
     shown = 0
-    for url, job in jobs.items():
-        log_url = found.get(job, ("unknown", {}))[1].get("log_url")
-        node = by_url.get(url)
-        if node is None or not log_url:
-            continue
-        try:
-            lines = error_lines(node.log_tail(log_url))
-        except scrapyd.ScrapydError:
-            continue
-        for line in lines[:SHOWN_ERRORS - shown]:
-            warn(f"  {url}: {line}")
+    for log in tails:
+        for line in error_lines(log.tail)[:SHOWN_ERRORS - shown]:
+            warn(f"  {log.node_url}: {line}")
             shown += 1
         if shown >= SHOWN_ERRORS:
             return
@@ -227,16 +219,23 @@ def job_error(log: str) -> str | None:
     return found[-1] if found else None
 
 
-def ended_badly(nodes: Sequence[scrapyd.Node], jobs: dict[str, str],
-                found: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, str]:
-    """The finished jobs (``found``: :func:`~bloomcrawl.ops.scrapyd.job_entries`) whose
-    spider never closed (it failed to start: a bad setting, an import error, an exception
-    in its constructor), whose log ends on one of bloomcrawl's errors (a filter that does
-    not match the settings fails the spider's opening, and Scrapy then still logs "Spider
-    closed (shutdown)"), or that were stopped (cancelled), each warned about with what its
-    log says and where the log is: job -> :func:`job_failure`."""
+@dataclass(frozen=True)
+class JobLog:
+    """A finished job and the tail of its log."""
+
+    node_url: str
+    job: str
+    log_url: str
+    tail: str
+
+
+def finished_logs(nodes: Sequence[scrapyd.Node], jobs: dict[str, str],
+                  found: dict[str, tuple[str, dict[str, Any]]]) -> list[JobLog]:
+    """The log tails of the finished jobs (``found``:
+    :func:`~bloomcrawl.ops.scrapyd.job_entries`), each read once; a log that cannot be read
+    is warned about and left out."""
     by_url = {node.url: node for node in nodes}
-    bad: dict[str, str] = {}
+    logs = []
     for url, job in jobs.items():
         state, entry = found.get(job, ("unknown", {}))
         node = by_url.get(url)
@@ -244,15 +243,27 @@ def ended_badly(nodes: Sequence[scrapyd.Node], jobs: dict[str, str],
         if state != "finished" or node is None or not log_url:
             continue
         try:
-            tail = node.log_tail(log_url)
+            logs.append(JobLog(url, job, log_url, node.log_tail(log_url)))
         except scrapyd.ScrapydError as exc:
             warn(f"{url}: job {job}: its log could not be read: {exc}")
-            continue
-        failure = job_failure(tail)
+    return logs
+
+
+def ended_badly(logs: list[JobLog]) -> dict[str, str]:
+    """The finished jobs (:func:`finished_logs`) whose spider never closed (it failed to
+    start: a bad setting, an import error, an exception in its constructor), whose log
+    ends on one of bloomcrawl's errors (a filter that does not match the settings fails
+    the spider's opening, and Scrapy then still logs "Spider closed (shutdown)"), or that
+    were stopped (cancelled), each warned about with what its log says and where the log
+    is: job -> :func:`job_failure`."""
+    bad: dict[str, str] = {}
+    for log in logs:
+        failure = job_failure(log.tail)
         if failure is None:
             continue
-        warn(f"{url}: job {job} {failure} (log: {urllib.parse.urljoin(url + '/', log_url)})")
-        bad[job] = failure
+        warn(f"{log.node_url}: job {log.job} {failure} (log:"
+             f" {urllib.parse.urljoin(log.node_url + '/', log.log_url)})")
+        bad[log.job] = failure
     return bad
 
 
