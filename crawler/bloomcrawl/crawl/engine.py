@@ -20,6 +20,8 @@ from twisted.python.failure import Failure
 from bloomcrawl.crawl.redis_io import log_unexpected
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy import Request
     from scrapy.crawler import Crawler
 
@@ -48,6 +50,19 @@ class EngineInterface:
         if engine is None:
             return False
         engine.crawl(request)
+        return True
+
+    def wrap_crawl(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+        """The engine's ``crawl()`` replaced by ``wrap(crawl)`` for this crawl; False: no engine.
+
+        Every request the engine is given goes through ``crawl()``: the
+        scraper's (``crawl(request=...)``), a downloader middleware's retry or
+        redirect, the start requests, the scheduler's leases.
+        """
+        engine = self._engine()
+        if engine is None:
+            return False
+        engine.crawl = wrap(engine.crawl)
         return True
 
     def active_downloads(self) -> int | None:

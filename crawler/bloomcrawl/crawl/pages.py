@@ -10,11 +10,12 @@ them. :class:`PageTracker` counts what each page still has in hand:
 
 * each item until ``item_scraped``, ``item_dropped`` or ``item_error``
   names its response;
-* each request until the engine took it: ``request_scheduled``, then the
-  scheduler queued it, dropped it or filtered it in the same call
+* each request until the engine took it: the engine's ``crawl()`` was
+  given it (:meth:`PageTracker.scheduling` wraps it), and the scheduler
+  queued it, dropped it or filtered it in that call
   (:meth:`PageTracker.taken`); a request a ``request_scheduled`` handler
-  ignored (IgnoreRequest) never reaches the scheduler, and is let go on the
-  reactor's next turn;
+  ignored (IgnoreRequest, as Scrapy's OffsiteMiddleware does) never reaches
+  the scheduler, and is let go when that call returns;
 * each *held* request: a request the frontier cannot share, crawled by this
   worker (:mod:`bloomcrawl.crawl.scheduler`), which keeps its parent page's
   lease until it is itself done, so that a worker killed before then leaves
@@ -40,7 +41,6 @@ from bloomcrawl.crawl.lease import (
     Outcome,
     request_finished,
 )
-from bloomcrawl.crawl.redis_io import call_later
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -78,12 +78,9 @@ class PageTracker:
         self._numbers = itertools.count(1)
         self._pages: dict[int, Page] = {}
         self._by_response: dict[int, Page] = {}
-        # requests the engine is scheduling right now: id -> (the request, its parent
-        # page). The request is held: one a handler ignored would be freed at once, and
-        # the next request made could take its id
+        # requests the engine is scheduling right now (inside its crawl()): id -> (the
+        # request, its parent page)
         self._taking: dict[int, tuple[Request, Page]] = {}
-        # the reactor's next turn lets go of what no scheduler took (at most one pending)
-        self._sweep: Any = None
         #: called for each item scraped (the scheduler counts them): one receiver of
         #: ``item_scraped`` does both, as each receiver of an asynchronous signal costs
         #: a task per item
@@ -92,7 +89,6 @@ class PageTracker:
         s.connect(self._item_scraped, signal=signals.item_scraped)
         for signal in (signals.item_dropped, signals.item_error):
             s.connect(self._item_done, signal=signal)
-        s.connect(self._request_scheduled, signal=signals.request_scheduled)
 
     @classmethod
     def of(cls, crawler: Crawler) -> PageTracker:
@@ -167,20 +163,39 @@ class PageTracker:
             page.in_hand -= 1
             self._maybe_done(page)
 
-    def _request_scheduled(self, request: Request, **kwargs: Any) -> None:
-        # popped: a redirect or retry of this request copies its meta, and must not
-        # count for the parent again
-        parent = self._pages.get(request.meta.pop(PARENT_META_KEY, 0))
-        if parent is None:
-            return
-        # the engine queues (or drops) the request right after this signal, in the same
-        # call: the parent is done with it once the scheduler took it (taken), or once
-        # that call returned without reaching the scheduler (a handler of this signal
-        # raised IgnoreRequest): whatever is still here on the reactor's next turn. One
-        # timer for all the requests scheduled meanwhile, not one each
-        self._taking[id(request)] = (request, parent)
-        if self._sweep is None:
-            self._sweep = call_later(0, self._let_go)
+    # -- the engine's crawl() ----------------------------------------------------------
+
+    def scheduling(self, crawl: Callable[..., Any]) -> Callable[..., Any]:
+        """The engine's ``crawl()``, wrapped: a page's link is let go once the call returned.
+
+        Every request reaches the engine through ``crawl()`` (the scraper's, a
+        downloader middleware's, the scheduler's leases), which sends
+        ``request_scheduled`` and, unless a handler raised IgnoreRequest, queues
+        it with the scheduler, all before it returns. A link the scheduler took
+        was let go there (:meth:`taken`); one still here when the call returned
+        never reached it. A wrapper costs a function call a request, where a
+        ``request_scheduled`` receiver costs Scrapy's dispatch (2 us) and a
+        timer to tell an ignored link from a queued one.
+        """
+        pages = self._pages
+        taking = self._taking
+
+        def crawl_counted(request: Request) -> Any:
+            # popped: a redirect or retry of this request copies its meta, and must not
+            # count for the parent again
+            parent = pages.get(request.meta.pop(PARENT_META_KEY, 0))
+            if parent is None:
+                return crawl(request)
+            key = id(request)
+            taking[key] = (request, parent)
+            try:
+                return crawl(request)
+            finally:
+                if taking.pop(key, None) is not None:  # no scheduler took it
+                    parent.in_hand -= 1
+                    self._maybe_done(parent)
+
+        return crawl_counted
 
     def taken(self, request: Request) -> None:
         """The scheduler took ``request`` (queued, held, dropped or filtered it)."""
@@ -190,14 +205,6 @@ class PageTracker:
                 parent = taking[1]
                 parent.in_hand -= 1
                 self._maybe_done(parent)
-
-    def _let_go(self) -> None:
-        """Requests the engine scheduled that no scheduler took: their call has returned."""
-        self._sweep = None
-        taking, self._taking = self._taking, {}
-        for _, parent in taking.values():
-            parent.in_hand -= 1
-            self._maybe_done(parent)
 
     def _maybe_done(self, page: Page) -> None:
         if not page.ended or page.in_hand > 0 or page.number not in self._pages:
