@@ -10,12 +10,12 @@ them. :class:`PageTracker` counts what each page still has in hand:
 
 * each item until ``item_scraped``, ``item_dropped`` or ``item_error``
   names its response;
-* each request until the engine took it: the engine's ``crawl()`` was
-  given it (:meth:`PageTracker.scheduling` wraps it), and the scheduler
-  queued it, dropped it or filtered it in that call
-  (:meth:`PageTracker.taken`); a request a ``request_scheduled`` handler
-  ignored (IgnoreRequest, as Scrapy's OffsiteMiddleware does) never reaches
-  the scheduler, and is let go when that call returns;
+* each request until the engine took it: the engine's ``crawl()``, which
+  :meth:`PageTracker.scheduling` wraps, sends ``request_scheduled`` and
+  queues it with the scheduler (which may hold, drop or filter it) before it
+  returns; a request a ``request_scheduled`` handler ignored (IgnoreRequest,
+  as Scrapy's OffsiteMiddleware does) never reaches the scheduler, and is
+  done with all the same once that call returned;
 * each *held* request: a request the frontier cannot share, crawled by this
   worker (:mod:`bloomcrawl.crawl.scheduler`), which keeps its parent page's
   lease until it is itself done, so that a worker killed before then leaves
@@ -79,7 +79,7 @@ class PageTracker:
         self._pages: dict[int, Page] = {}
         self._by_response: dict[int, Page] = {}
         # requests the engine is scheduling right now (inside its crawl()): id -> (the
-        # request, its parent page)
+        # request, its parent page), for hold()
         self._taking: dict[int, tuple[Request, Page]] = {}
         #: called for each item scraped (the scheduler counts them): one receiver of
         #: ``item_scraped`` does both, as each receiver of an asynchronous signal costs
@@ -169,13 +169,11 @@ class PageTracker:
         """The engine's ``crawl()``, wrapped: a page's link is let go once the call returned.
 
         Every request reaches the engine through ``crawl()`` (the scraper's, a
-        downloader middleware's, the scheduler's leases), which sends
-        ``request_scheduled`` and, unless a handler raised IgnoreRequest, queues
-        it with the scheduler, all before it returns. A link the scheduler took
-        was let go there (:meth:`taken`); one still here when the call returned
-        never reached it. A wrapper costs a function call a request, where a
-        ``request_scheduled`` receiver costs Scrapy's dispatch (2 us) and a
-        timer to tell an ignored link from a queued one.
+        downloader middleware's, the scheduler's leases), which queues it or
+        lets a ``request_scheduled`` handler ignore it, all before it returns:
+        either way its page is done with it then. A wrapper costs a function
+        call a request, where a ``request_scheduled`` receiver costs Scrapy's
+        dispatch (2 us) and a timer to tell an ignored link from a queued one.
         """
         pages = self._pages
         taking = self._taking
@@ -187,24 +185,15 @@ class PageTracker:
             if parent is None:
                 return crawl(request)
             key = id(request)
-            taking[key] = (request, parent)
+            taking[key] = (request, parent)  # hold() reads its parent here
             try:
                 return crawl(request)
             finally:
-                if taking.pop(key, None) is not None:  # no scheduler took it
-                    parent.in_hand -= 1
-                    self._maybe_done(parent)
-
-        return crawl_counted
-
-    def taken(self, request: Request) -> None:
-        """The scheduler took ``request`` (queued, held, dropped or filtered it)."""
-        if self._taking:
-            taking = self._taking.pop(id(request), None)
-            if taking is not None:
-                parent = taking[1]
+                del taking[key]
                 parent.in_hand -= 1
                 self._maybe_done(parent)
+
+        return crawl_counted
 
     def _maybe_done(self, page: Page) -> None:
         if not page.ended or page.in_hand > 0 or page.number not in self._pages:

@@ -314,11 +314,8 @@ class Scheduler:
         """
         if self.tool is not None:
             return bool(self.tool.enqueue_request(request))
-        try:
-            return self.intake.enqueue(request)
-        finally:
-            # its parent page is done with it, however it went (PageTracker)
-            self.pages.taken(request)
+        # its parent page lets it go when the engine's crawl() returns (PageTracker)
+        return self.intake.enqueue(request)
 
     def next_request(self) -> Request | None:
         """The next leased request, or None when there is none right now.
