@@ -191,6 +191,9 @@ class CrawlRun:
     #: from the start, distinct pages, Redis main-thread CPU s, requests queued so far
     #: by the shared stats, None for a contender that keeps none)
     phases: list[tuple[float, int, float, int | None]] = field(default_factory=list)
+    #: the workers did not share a crawl: each crawled the whole site on its own (the
+    #: in-memory scheduler with 2 processes: what the machine allows 2 processes)
+    separate: bool = False
 
     @property
     def items_missing(self) -> int:
@@ -214,8 +217,13 @@ class CrawlRun:
         return int(self.site["duplicates"])
 
     @property
+    def fetched(self) -> int:
+        """Pages the workers crawled: the distinct pages, each worker's for separate crawls."""
+        return int(self.site.get("total", 0)) if self.separate else self.distinct
+
+    @property
     def pages_per_second(self) -> float:
-        return self.distinct / self.span_s if self.span_s > 0 else 0.0
+        return self.fetched / self.span_s if self.span_s > 0 else 0.0
 
     @property
     def join_s(self) -> float:
@@ -239,7 +247,7 @@ class CrawlRun:
         return sum(int(p.get("round_trips_at_last_response", 0)) for p in self.probes)
 
     def per_page(self, value: float) -> float:
-        return value / self.distinct if self.distinct else float("nan")
+        return value / self.fetched if self.fetched else float("nan")
 
 
 def run_crawl(
@@ -261,6 +269,8 @@ def run_crawl(
     was fetched; the run then ends when the other workers close by themselves.
     ``sample``: how to read Redis's counters (default: :func:`redis_sample` of
     ``client``; a Redis Cluster's are summed over its masters by the caller).
+    A contender that cannot share a crawl (the in-memory scheduler) run with
+    several workers makes as many separate crawls of the site, side by side.
     """
     read: Callable[[], RedisSample] = sample or functools.partial(redis_sample, client)
     client.flushall()
@@ -353,6 +363,7 @@ def run_crawl(
         phases=phases,
         item_pages=item_pages,
         redis_process_cpu_s=(after.cpu - before.cpu).process_s,
+        separate=workers > 1 and not contender.shared,
     )
 
 

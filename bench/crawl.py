@@ -12,7 +12,9 @@ from ``/`` by 1 and then 2 ``scrapy crawl site`` processes per contender:
   RedisSpider would wait for the engine's 5 s heartbeat, so a second worker
   joins as soon as the first has queued links;
 * Scrapy's own in-memory scheduler and RFPDupeFilter: the ceiling, one
-  process only (two processes cannot share it: n/a).
+  process. Two processes cannot share it: with 2 they make two separate
+  crawls of the whole site side by side, which is what this machine allows
+  2 processes of any scheduler (the floor of the 2-process targets).
 
 All run the same ``site`` spider code (follow same-domain links, one item per
 page) with the same Scrapy settings (CONCURRENT_REQUESTS=16, CONCURRENT_ITEMS=8,
@@ -86,6 +88,9 @@ TOP_COMMANDS = 8
 ROW = ("%-34s %5d %8.1f %8.1f %8s %6.2f %6s %5d %7d %5d %4s %9.1f %8.2f %9.0f %9s %10.2f"
        " %8.1f")
 
+#: the in-memory scheduler's row with 2 processes: two crawls that share nothing
+SEPARATE_LABEL = "  in-memory, separate crawls"
+
 ORIENTATION = (
     "orientation (issue #3, this kind of machine, one process): in-memory 308 pages/s;"
     " scrapy-redis 0.55 of it, 13 commands and 414 us Redis CPU per page;"
@@ -132,7 +137,7 @@ def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
         try:
             for workers in plan.workers:
                 for contender in contenders:
-                    if workers > 1 and not contender.shared:
+                    if workers > 1 and not contender.shared and contender is not MEMORY:
                         continue
                     print("  running %s, %d process%s ..." % (
                         contender.label, workers, "" if workers == 1 else "es"),
@@ -185,12 +190,14 @@ def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
             rate = run.pages_per_second
             per_proc = rate / workers
             steady = run.steady_redis_cpu_per_page_s
+            label = SEPARATE_LABEL if run.separate else contender.label
             print(ROW
-                  % (contender.label, workers, rate, per_proc,
+                  % (label, workers, rate, per_proc,
                      fmt(per_proc / ceiling if ceiling else None, ".2f"),
                      run.span_s, fmt(run.join_s, ".2f") if workers > 1 else "-",
                      run.distinct, run.missing, run.duplicates,
-                     "yes" if run.missing == 0 and run.duplicates == 0 else "NO",
+                     "-" if run.separate
+                     else "yes" if run.missing == 0 and run.duplicates == 0 else "NO",
                      run.per_page(run.command_count), run.per_page(run.round_trips),
                      run.per_page(run.redis_cpu_s) * 1e6,
                      fmt(None if steady is None else steady * 1e6, ".0f"),
@@ -200,6 +207,8 @@ def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
           " /ceiling: per process, over the in-memory scheduler's one-process rate")
     print("join s: from the first worker's first response to the last worker's first;"
           " once: every page fetched exactly once (the site's GET counters: missing, twice)")
+    print("%s: each process crawls the whole site with its own in-memory scheduler, both at"
+          " once: pages/s and per page count both crawls' pages" % SEPARATE_LABEL.strip())
     print("cmds/page: Redis commands executed, Lua's calls included; RTT/page: the workers'"
           " round trips to Redis (command packets sent, a pipeline is one)")
     print("CPU us/pg: Redis main thread CPU per page; steady us: the same from a tenth of the"
@@ -262,8 +271,11 @@ def print_worker_cpu(runs: list[CrawlRun],
         sum(float(p.get("stats", {}).get("scheduler/enqueued/redis") or 0) for p in r.probes),
         worker_cpu.get((r.contender.key, r.workers)))
         for r in runs if r.contender is BLOOMCRAWL and r.distinct]
+    separate = {r.workers: profile.SeparateRow(r.per_page(r.worker_cpu_s),
+                                               r.pages_per_second / r.workers)
+                for r in runs if r.separate}
     profile.print_worker_cpu(rows, memory.per_page(memory.worker_cpu_s) if memory else None,
-                             ceiling_of(runs))
+                             ceiling_of(runs), separate)
 
 
 def print_profiles(directory: Path, runs: list[CrawlRun]) -> None:
@@ -359,6 +371,7 @@ def as_json(plan: Plan, runs: list[CrawlRun], failures: list[str],
         "runs": [{
             "contender": r.contender.key,
             "workers": r.workers,
+            "separate_crawls": r.separate,
             "pages_per_second": r.pages_per_second,
             "span_s": r.span_s,
             "distinct": r.distinct,

@@ -58,12 +58,14 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
 
     for key, label in CONTENDERS.items():
         found = rows(label)
-        assert [r[0] for r in found] == ["1", "2"], (label, proc.stdout)
         if key == "memory":
-            assert found[1][1] == "n/a", found  # one process only
+            assert [r[0] for r in found] == ["1"], found  # 2: separate crawls, below
         else:
-            assert found[1][1] != "n/a", found
+            assert [r[0] for r in found] == ["1", "2"], (label, proc.stdout)
         assert "FAILED" not in " ".join(" ".join(r) for r in found)
+    separate = [line.split() for line in lines if line.startswith("  in-memory, separate crawls")]
+    assert [r[3] for r in separate] == ["2"], proc.stdout  # two processes, a crawl each
+    assert "floor with 2 processes on this machine: 2 separate in-memory crawls" in proc.stdout
     for name in TARGETS:
         line = next((x for x in lines if x.strip().startswith(name)), None)
         assert line is not None, name
@@ -72,10 +74,14 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
     numbers = json.loads(out.read_text())
     assert numbers["failures"] == []
     runs = {(r["contender"], r["workers"]) for r in numbers["runs"]}
-    assert runs == {("memory", 1), ("bloomcrawl", 1), ("bloomcrawl", 2), ("scrapy_redis", 1),
-                    ("scrapy_redis", 2), ("recipe", 1), ("recipe", 2)}
+    assert runs == {("memory", 1), ("memory", 2), ("bloomcrawl", 1), ("bloomcrawl", 2),
+                    ("scrapy_redis", 1), ("scrapy_redis", 2), ("recipe", 1), ("recipe", 2)}
     for run in numbers["runs"]:
         assert run["missing"] == 0, run  # every page reached, whoever crawled it
+        # each of the separate crawls fetched every page; the shared ones, once
+        assert run["separate_crawls"] == (run["contender"] == "memory" and run["workers"] == 2)
+        if run["separate_crawls"]:
+            assert run["duplicates"] == 150, run
         assert run["pages_per_second"] > 0, run
         if run["contender"] != "memory":
             assert run["round_trips_per_page"] > 0, run

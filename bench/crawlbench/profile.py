@@ -314,9 +314,22 @@ class CpuRow:
     cpu: WorkerCpu | None
 
 
+@dataclass(frozen=True)
+class SeparateRow:
+    """Separate in-memory crawls side by side, one per process: what the machine allows."""
+
+    worker_cpu_per_page_s: float
+    pages_per_second_per_process: float
+
+
 def print_worker_cpu(rows: list[CpuRow], memory_cpu_per_page_s: float | None,
-                     ceiling: float | None) -> None:
-    """bloomcrawl's worker CPU per page against the in-memory scheduler's, with the floor."""
+                     ceiling: float | None,
+                     separate: dict[int, SeparateRow] | None = None) -> None:
+    """bloomcrawl's worker CPU per page against the in-memory scheduler's, with the floor.
+
+    ``separate``: by process count, the in-memory scheduler's separate crawls, each
+    of the whole site, run side by side: the floor of that many processes here.
+    """
     print("worker CPU per page (issue 20): bloomcrawl beside the in-memory scheduler")
     if memory_cpu_per_page_s is None or not rows:
         print("  (needs the in-memory and bloomcrawl runs)")
@@ -347,6 +360,15 @@ def print_worker_cpu(rows: list[CpuRow], memory_cpu_per_page_s: float | None,
                   floor * 1e3, floor / memory_cpu_per_page_s, memory_ms,
                   "n/a" if io_s is None else "%.0f us" % (io_s * 1e6), codec_s * 1e6,
                   row.enqueued / row.pages, max(0.0, per_page - floor) * 1e6))
+        alone = (separate or {}).get(row.workers)
+        if alone is not None:
+            print("     floor with %d processes on this machine: %d separate in-memory crawls"
+                  " side by side (no shared frontier, each fetches every page) take %.2f"
+                  " ms/page = %.2fx, at %.2f of the ceiling per process" % (
+                      row.workers, row.workers, alone.worker_cpu_per_page_s * 1e3,
+                      alone.worker_cpu_per_page_s / memory_cpu_per_page_s,
+                      alone.pages_per_second_per_process / ceiling if ceiling
+                      else float("nan")))
 
 
 def prepare(directory: Path) -> None:
