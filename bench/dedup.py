@@ -347,7 +347,11 @@ def bloomcrawl_false_positives(bf: BloomFilter, unseen: Sequence[bytes]) -> int:
 
 def bloomcrawl_extra(bf: BloomFilter) -> dict[str, Any]:
     info = bf.info()
+    plan = bf.params.plan()
+    newest = max(info.partition_slices or [info.slices], default=1)
     return {
+        # k of the newest slice: what a new item's write computes
+        "newest_hashes": plan[min(max(newest, 1), len(plan)) - 1].hashes,
         "capacity": info.capacity,
         "error_rate": info.error_rate,
         "hashes": info.hashes,
@@ -478,6 +482,31 @@ PROBE_BATCH = ADD_MANY_BATCH // defaults.FILTER_PARTITIONS
 # a 256-byte block of the chunk, from two bytes of fingerprint j (from 0) of ARGV[1]
 _PROBE_BLOCK = ("local function block(j) local a, b = string.byte(ARGV[1], j * 20 + 1, j * 20 + 2)"
                 " return (a * 256 + b) % " + str(PROBE_CHUNK_BYTES // 256) + " * 256 end\n")
+_PROBE_LANES = """
+local byte, floor, blob = string.byte, math.floor, ARGV[1]
+local k = tonumber(ARGV[2])
+local w = floor(256 * 8 / k)
+local MASK = {[0] = 128, 64, 32, 16, 8, 4, 2, 1}
+local set = 0
+for j = 0, #blob / 20 - 1 do
+  local off = block(j)
+  local blk = redis.call('GETRANGE', KEYS[2], off, off + 255)
+  local b1, b2, b3, c1, c2, c3, d1, d2, d3 = byte(blob, j * 20 + 7, j * 20 + 15)
+  local v, c = (b1 * 256 + b2) * 256 + b3, (d1 * 256 + d2) * 256 + d3
+  local d = (c1 * 256 + c2) * 256 + c3 + c
+  c = c + c
+  for t = 0, k - 1 do
+    local x = v % 16777216 * w
+    local pos = t * w + (x - x % 16777216) / 16777216
+    v, d = v + d, d + c
+    local r8 = pos % 8
+    local m = MASK[r8]
+    if byte(blk, (pos - r8) / 8 + 1) % (m + m) >= m then set = set + 1 end
+  end
+  WRITE
+end
+return set
+"""
 PROBE_SCRIPTS = {
     # any script call: EVALSHA with one key and one 20-byte argument
     "empty": "return 1",
@@ -500,6 +529,14 @@ PROBE_SCRIPTS = {
     "batch_dup": _PROBE_BLOCK + (
         "for j = 0, #ARGV[1] / 20 - 1 do local off = block(j)"
         " redis.call('GETRANGE', KEYS[2], off, off + 255) end return 1"),
+    # the same two with the Lua loop over the item's k lanes (ARGV[2] = k), as
+    # bloom_common.lua computes them (24-bit quadratic lanes), each lane's bit tested in
+    # the block read (a new item's write needs all k; a duplicate is confirmed by all
+    # k): not a floor (a loop unrolled for one k does the tests in about half the
+    # time), but where a decision's Redis CPU goes beyond the commands
+    "lanes_new": _PROBE_BLOCK + _PROBE_LANES.replace(
+        "WRITE", "redis.call('SETRANGE', KEYS[2], off, 'x')"),
+    "lanes_dup": _PROBE_BLOCK + _PROBE_LANES.replace("WRITE", ""),
 }
 
 
@@ -519,13 +556,14 @@ class Probes:
 
     us: dict[str, float] = field(default_factory=dict)  # per call, or per item of a batch
     single_slices: int = 1  # the slices the single_new probe reads
+    lanes: int = 14  # k of the lanes probes: the newest slice's of the add_many filter
 
     def get(self, key: str) -> float | None:
         return self.us.get(key)
 
 
 def bench_probes(client: redis.Redis, sizes: Sizes, module: bool,
-                 single_slices: int) -> Probes:
+                 single_slices: int, lanes: int = 14) -> Probes:
     """Redis CPU per call (single) or per item (batch) of each probe; BF.ADD, BF.MADD and
     SADD measured the same way when the module is loaded.
 
@@ -533,7 +571,7 @@ def bench_probes(client: redis.Redis, sizes: Sizes, module: bool,
     compared with its reference, and what else the machine runs weighs on whichever
     probe it meets (one round's costs can differ by 2x here).
     """
-    out = Probes(single_slices=single_slices)
+    out = Probes(single_slices=single_slices, lanes=lanes)
     state, chunk = probe_partition(client)
     n = max(1, sizes.probe_calls // PROBE_ROUNDS)  # calls per probe and round
     calls = max(1, n // 10)  # batched calls per probe and round
@@ -560,6 +598,9 @@ def bench_probes(client: redis.Redis, sizes: Sizes, module: bool,
         for name in ("batch_new", "batch_dup"):
             per(name, calls * PROBE_BATCH, lambda name=name: [
                 evalsha(shas[name], 2, state, chunk, blob) for blob in blobs])
+        for name in ("lanes_new", "lanes_dup"):
+            per(name, calls * PROBE_BATCH, lambda name=name: [
+                evalsha(shas[name], 2, state, chunk, blob, lanes) for blob in blobs])
         per("sadd", n, lambda: [sadd(PROBE_KEY + ":set", fp.hex()) for fp in singles])
         if module:
             per("bf_add", n, lambda: [command("BF.ADD", PROBE_KEY + ":bf", fp)
@@ -1273,6 +1314,10 @@ def report_probes(probes: Probes) -> None:
                       " per slice, SETRANGE, 2 HINCRBY; per call",
         "batch_new": f"a new item in a batch of {PROBE_BATCH}: GETRANGE + SETRANGE, per item",
         "batch_dup": f"a duplicate in a batch of {PROBE_BATCH}: GETRANGE, per item",
+        "lanes_new": f"the same new item, with a Lua loop computing and testing its k ="
+                     f" {probes.lanes} lanes (not a floor), per item",
+        "lanes_dup": f"the same duplicate, with a Lua loop computing and testing its k ="
+                     f" {probes.lanes} lanes (not a floor), per item",
         "bf_add": "BF.ADD, per call",
         "sadd": "SADD of the hex fingerprint, per call",
         "bf_madd": f"BF.MADD of {PROBE_BATCH}, new items, per item",
@@ -1730,7 +1775,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ]
             single_slices = next((r.slices for r in seen_rows if r.key == "bloomcrawl"), 1)
             client.flushall()
-            probes = bench_probes(client, sizes, bool(module), max(1, single_slices))
+            lanes = next((r.extra.get("newest_hashes") for r in rows if r.key == "add_many"),
+                         None) or 14
+            probes = bench_probes(client, sizes, bool(module), max(1, single_slices), lanes)
             client.flushall()
             schemes = bench_growth(client, sizes)
         finally:
