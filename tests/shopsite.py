@@ -24,10 +24,14 @@ PER_PAGE = 5
 
 
 class ShopServer:
-    def __init__(self, products: int = 60, flaky: frozenset[str] = frozenset()) -> None:
+    def __init__(self, products: int = 60, flaky: frozenset[str] = frozenset(),
+                 partners: bool = False) -> None:
         self.products = products
         #: ``"GET /path"``s that answer 503 the first time they are asked for
         self.flaky = flaky
+        #: each category's first page links to ``/category/<name>/partner``, which
+        #: redirects to another site (``partner.localhost``)
+        self.partners = partners
         self.hits: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -51,6 +55,8 @@ class ShopServer:
                          for n in range(2, self.pages_of(name) + 1))
         for p in range(self.products):
             pages.update(("/product/%d" % p, "/product/%d/reviews" % p))
+        if self.partners:
+            pages.update("/category/%s/partner" % name for name in CATEGORIES)
         return pages
 
     # -- serving -------------------------------------------------------------------
@@ -60,6 +66,7 @@ class ShopServer:
         app.middlewares.append(self._count)
         app.router.add_get("/", self._home)
         app.router.add_get("/category/{name}", self._category)
+        app.router.add_get("/category/{name}/partner", self._partner)
         app.router.add_get("/product/{id:\\d+}", self._product)
         app.router.add_get("/product/{id:\\d+}/reviews", self._reviews)
         app.router.add_get("/sitemap.xml", self._sitemap)
@@ -105,7 +112,16 @@ class ShopServer:
         if page < self.pages_of(name):
             body += '<a rel="next" href="/category/%s?page=%d">next</a>' % (name, page + 1)
         body += '<a href="/">home</a>'
+        if self.partners and page == 1:
+            body += '<a href="/category/%s/partner">partner offers</a>' % name
         return self._html(body)
+
+    async def _partner(self, request: web.Request) -> web.Response:
+        if not self.partners:
+            raise web.HTTPNotFound()
+        # another site: a spider whose allowed_domains leave it out drops the redirect
+        raise web.HTTPFound("http://partner.localhost:%s/offers/%s"
+                            % (request.url.port, request.match_info["name"]))
 
     async def _product(self, request: web.Request) -> web.Response:
         p = int(request.match_info["id"])
@@ -162,6 +178,7 @@ class RunningShop(ThreadedSite[ShopServer]):
         return self.server.snapshot()
 
 
-def serve_shop(products: int = 60, flaky: frozenset[str] = frozenset()) -> RunningShop:
-    return RunningShop(ShopServer(products, flaky), host="127.0.0.1", port=0,
+def serve_shop(products: int = 60, flaky: frozenset[str] = frozenset(),
+               partners: bool = False) -> RunningShop:
+    return RunningShop(ShopServer(products, flaky, partners), host="127.0.0.1", port=0,
                        what="the shop site").start()

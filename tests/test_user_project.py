@@ -269,6 +269,52 @@ def test_a_start_request_that_fails_once_is_retried(
     assert [i for i in items if "deals" in i] == [{"deals": ["half price"], "locked": True}]
 
 
+def test_a_redirect_off_the_allowed_domains_is_dropped_and_its_page_done(
+        redis_server, redis_client, worker_pool: WorkerPool) -> None:
+    """Each category's first page links to a page that redirects to another site. The
+    CrawlSpider's allowed_domains leave it out, so Scrapy's OffsiteMiddleware ignores
+    the redirect, which carries its page's lease, at ``request_scheduled``: the lease
+    is acked there (the page is done, as in plain Scrapy), not renewed for good while
+    the workers wait for it."""
+    with serve_shop(PRODUCTS, partners=True) as shop:
+        ws = workers(worker_pool, 2, "catalog", redis_server.url, shop)
+        run_workers(ws, CRAWL_TIMEOUT_S)  # they close by themselves
+        check_exits(ws)
+        hits = shop.hits()
+        pages = get_pages(shop)
+    partner = {"GET /category/%s/partner" % name for name in CATEGORIES}
+    assert partner <= set(pages)
+    assert_each_once(hits, pages)  # the redirects' targets, on the other site, never
+    assert sum(w.stats().get("offsite/filtered", 0) for w in ws) == len(partner)
+    assert frontier_left(redis_client, "catalog") == 0
+    # an ignored request counts as neither a page nor an error
+    stats = shared_stats(redis_client, "catalog")
+    assert stats["pages"] == len(pages) - len(partner), stats
+    assert stats.get("errors", 0) == 0, stats
+    assert len(stored_items(redis_client, "catalog")) == PRODUCTS
+
+
+def test_requests_a_callback_hands_the_engine_with_its_page_meta_are_links_of_the_page(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """The ``direct`` spider gives every other link to ``engine.crawl()`` itself, with
+    ``meta=dict(response.meta)``: the page's lease and ``is_start_request`` come with
+    it. Each such request is a link of that page (not a retry of it, which would ack
+    the page's lease before its other links were queued, nor a start request, fetched
+    once more per crawl), and every page is fetched once."""
+    ws = workers(worker_pool, 2, "direct", redis_server.url, shop)
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    # "/" twice, as in plain Scrapy: its start request is dont_filter, so the filter does
+    # not hold it, and the pages link back to it
+    expected = get_pages(shop) + Counter({"GET /search": 1, "GET /": 1})
+    assert_each_once(shop.hits(), expected)
+    assert sorted(str(i["url"]) for i in stored_items(redis_client, "direct")) == sorted(
+        "%s/product/%d" % (shop.url, p) for p in range(PRODUCTS))
+    stats = shared_stats(redis_client, "direct")
+    assert stats["pages"] == sum(expected.values()), stats
+    assert frontier_left(redis_client, "direct") == 0
+
+
 def test_strict_mode_closes_the_spider_on_a_request_it_cannot_share(
         redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
     ws = workers(worker_pool, 1, "deals", redis_server.url, shop, {"FRONTIER_STRICT": "True"})

@@ -36,6 +36,7 @@ from scrapy import signals
 from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.lease import (
     HOLD_META_KEY,
+    INTERNAL_META_KEYS,
     LEASE_META_KEY,
     PARENT_META_KEY,
     Outcome,
@@ -62,6 +63,18 @@ class Page:
     responses: list[int] = field(default_factory=list)
     #: the tags of its items (:mod:`bloomcrawl.crawl.origins`), forgotten when it is done
     tags: list[int] = field(default_factory=list)
+    #: the token of the lease its request carries (None: held)
+    token: str | None = None
+
+
+def adopt(request: Request) -> None:
+    """``request`` is a page's own link: drop what it copied of the page's meta that the
+    spider middleware drops from the links it sees (the lease and the other internal
+    keys, ``is_start_request``)."""
+    meta = request.meta
+    for key in INTERNAL_META_KEYS:
+        meta.pop(key, None)
+    meta.pop("is_start_request", None)
 
 
 def tracked(request: Request | None) -> bool:
@@ -78,9 +91,11 @@ class PageTracker:
         self._numbers = itertools.count(1)
         self._pages: dict[int, Page] = {}
         self._by_response: dict[int, Page] = {}
+        # lease token -> the page of that lease, while it is tracked
+        self._by_token: dict[str, Page] = {}
         # requests the engine is scheduling right now (inside its crawl()): id -> (the
         # request, its parent page), for hold()
-        self._taking: dict[int, tuple[Request, Page]] = {}
+        self._taking: dict[int, tuple[Request, Page | None]] = {}
         #: called for each item scraped (the scheduler counts them): one receiver of
         #: ``item_scraped`` does both, as each receiver of an asynchronous signal costs
         #: a task per item
@@ -111,6 +126,10 @@ class PageTracker:
             self._pages[page.number] = page
             self._by_response[id(response)] = page
             page.responses.append(id(response))
+            lease = page.request.meta.get(LEASE_META_KEY)
+            if lease is not None:
+                page.token = lease[1]
+                self._by_token[page.token] = page
         return page
 
     def find(self, response: Any) -> Page | None:
@@ -166,34 +185,65 @@ class PageTracker:
     # -- the engine's crawl() ----------------------------------------------------------
 
     def scheduling(self, crawl: Callable[..., Any]) -> Callable[..., Any]:
-        """The engine's ``crawl()``, wrapped: a page's link is let go once the call returned.
+        """The engine's ``crawl()``, wrapped: what each request it is given is to a page.
 
         Every request reaches the engine through ``crawl()`` (the scraper's, a
-        downloader middleware's, the scheduler's leases), which queues it or
-        lets a ``request_scheduled`` handler ignore it, all before it returns:
-        either way its page is done with it then. A wrapper costs a function
-        call a request, where a ``request_scheduled`` receiver costs Scrapy's
-        dispatch (2 us) and a timer to tell an ignored link from a queued one.
+        downloader middleware's retry or redirect, the scheduler's leases, a
+        callback's own call), which queues it or lets a ``request_scheduled``
+        handler ignore it, all before it returns. So, when it returns:
+
+        * a page's link (counted by the spider middleware) is done with, queued
+          or ignored;
+        * a request that carries a lease or a hold and that the scheduler did not
+          take (:meth:`taken`) was ignored, as Scrapy's OffsiteMiddleware ignores
+          a redirect off the allowed domains: its outcome is final, and its lease
+          is acked. Left alone, the lease would be renewed for good and its
+          host's budget never given back.
+
+        A request with the meta of a page still being parsed (a callback that
+        calls ``engine.crawl()`` with ``meta=response.meta`` skips the spider
+        middleware) is a link of that page, not a retry of it: it loses the
+        page's lease and the other keys the middleware would have dropped.
+
+        A wrapper costs a function call a request, where a ``request_scheduled``
+        receiver costs Scrapy's dispatch (2 us) and a timer to tell an ignored
+        link from a queued one.
         """
         pages = self._pages
+        by_token = self._by_token
         taking = self._taking
 
         def crawl_counted(request: Request) -> Any:
+            meta = request.meta
             # popped: a redirect or retry of this request copies its meta, and must not
             # count for the parent again
-            parent = pages.get(request.meta.pop(PARENT_META_KEY, 0))
+            parent = pages.get(meta.pop(PARENT_META_KEY, 0))
             if parent is None:
-                return crawl(request)
+                lease = meta.get(LEASE_META_KEY)
+                if lease is not None:
+                    parent = by_token.get(lease[1])
+                    if parent is not None:
+                        adopt(request)
+                        parent.in_hand += 1
+                elif HOLD_META_KEY not in meta:
+                    return crawl(request)
             key = id(request)
             taking[key] = (request, parent)  # hold() reads its parent here
             try:
                 return crawl(request)
             finally:
-                del taking[key]
-                parent.in_hand -= 1
-                self._maybe_done(parent)
+                if taking.pop(key, None) is not None and tracked(request):
+                    self.finish(request, Outcome.IGNORED)  # no scheduler took it
+                if parent is not None:
+                    parent.in_hand -= 1
+                    self._maybe_done(parent)
 
         return crawl_counted
+
+    def taken(self, request: Request) -> None:
+        """The scheduler took ``request`` (queued, held, dropped or filtered it)."""
+        if self._taking:
+            self._taking.pop(id(request), None)
 
     def _maybe_done(self, page: Page) -> None:
         if not page.ended or page.in_hand > 0 or page.number not in self._pages:
@@ -201,6 +251,8 @@ class PageTracker:
         del self._pages[page.number]
         for key in page.responses:
             self._by_response.pop(key, None)
+        if page.token is not None:
+            self._by_token.pop(page.token, None)
         if page.tags:
             origins.forget(page.tags)
         self.finish(page.request, page.outcome)

@@ -314,8 +314,11 @@ class Scheduler:
         """
         if self.tool is not None:
             return bool(self.tool.enqueue_request(request))
-        # its parent page lets it go when the engine's crawl() returns (PageTracker)
-        return self.intake.enqueue(request)
+        try:
+            return self.intake.enqueue(request)
+        finally:
+            # not ignored (PageTracker.scheduling): its lease is the intake's business
+            self.pages.taken(request)
 
     def next_request(self) -> Request | None:
         """The next leased request, or None when there is none right now.
