@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import scrapy
 from scrapy import signals as scrapy_signals
 from shopsite import CATEGORIES, RunningShop, serve_shop
 
 from bloomcrawl.core import keys
 from bloomcrawl.crawl import origins
+from bloomcrawl.ops.cluster.processes import free_port
 
 from kit import CRAWLER, TESTS
 from kit.checks import assert_each_once, frontier_left, shared_stats, stored_items
@@ -313,6 +315,58 @@ def test_requests_a_callback_hands_the_engine_with_its_page_meta_are_links_of_th
     stats = shared_stats(redis_client, "direct")
     assert stats["pages"] == sum(expected.values()), stats
     assert frontier_left(redis_client, "direct") == 0
+
+
+class LeasesWhileStored:
+    """Test instrumentation: before an item goes on, waits HOLD_S (past the 50 ms within
+    which an ack leaves) and notes in it how many leases its spider holds in Redis."""
+
+    HOLD_S = 0.5
+
+    def __init__(self, crawler: Any) -> None:
+        import redis
+        self.server = redis.Redis.from_url(crawler.settings["REDIS_URL"])
+        self.spider = crawler.spider.name
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> LeasesWhileStored:
+        return cls(crawler)
+
+    async def process_item(self, item: Any, spider: Any = None) -> Any:
+        import asyncio
+        await asyncio.sleep(self.HOLD_S)
+        f = keys.FrontierKeys(self.spider)
+        partitions = json.loads(self.server.hget(f.meta, "params"))["partitions"]
+        f = keys.FrontierKeys(self.spider, partitions=partitions)
+        item["leases_held"] = sum(self.server.hlen(f.leases(p)) for p in range(partitions))
+        return item
+
+
+def test_a_failed_request_is_acked_after_what_its_errback_yields_is_stored(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """The ``outage`` spider's errback yields an item for a page it could not fetch. The
+    failed request's lease is held until that item went through the pipeline: a worker
+    killed before then leaves the request to be tried again, and nothing is lost."""
+    down = "http://127.0.0.1:%d/" % free_port()  # nothing listens there
+    pipelines = json.dumps({"test_user_project.LeasesWhileStored": 200,
+                            "bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300})
+    ws = workers(worker_pool, 1, "outage", redis_server.url, shop,
+                 {"ITEM_PIPELINES": pipelines}, down_url=down)
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    items = {str(i["url"]): i for i in stored_items(redis_client, "outage")}
+    # Scrapy 2.13.0 and 2.13.1 drop what an errback returns (plain Scrapy too)
+    errback_output = scrapy.version_info >= (2, 13, 2)
+    expected = [shop.url + "/deals"] + ([down] if errback_output else [])
+    assert sorted(items) == sorted(expected), (items, ws[0].text()[-3000:])
+    if errback_output:
+        assert "ConnectionRefused" in str(items[down]["error"]), items[down]
+        assert items[down]["leases_held"] == 1, items[down]  # its own, not acked yet
+    assert shop.hits()["GET /deals"] == 1
+    stats = shared_stats(redis_client, "outage")
+    assert stats["pages"] == 1 and stats["errors"] == 1, stats
+    assert stats["items"] == len(expected), stats
+    assert frontier_left(redis_client, "outage") == 0
 
 
 def test_strict_mode_closes_the_spider_on_a_request_it_cannot_share(

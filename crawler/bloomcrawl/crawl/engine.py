@@ -65,6 +65,17 @@ class EngineInterface:
         engine.crawl = wrap(engine.crawl)
         return True
 
+    def wrap_scrape(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+        """The scraper's ``enqueue_scrape()`` replaced by ``wrap(enqueue_scrape)`` for this
+        crawl; False: no scraper. The engine hands it each response and each failed
+        download; the Deferred it returns fires once the callback's or errback's output
+        was handled."""
+        scraper = getattr(self._engine(), "scraper", None)
+        if scraper is None or not callable(getattr(scraper, "enqueue_scrape", None)):
+            return False
+        scraper.enqueue_scrape = wrap(scraper.enqueue_scrape)
+        return True
+
     def active_downloads(self) -> int | None:
         """Requests in the downloader now (None: no downloader yet)."""
         engine = self._engine()

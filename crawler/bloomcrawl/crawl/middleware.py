@@ -118,10 +118,11 @@ class FrontierSpiderMiddleware(_Reporter):
 
 
 class FrontierDownloaderMiddleware(_Reporter):
-    """Acks the lease of a request whose download failed for good or was ignored."""
+    """Acks the lease of a request whose download failed for good or was ignored (once
+    its errback's output is handled, when it has one)."""
 
     def process_exception(self, request: Request, exception: Exception,
                           spider: Spider | None = None) -> None:
         outcome = (Outcome.IGNORED if isinstance(exception, IgnoreRequest)
                    else Outcome.DOWNLOAD_ERROR)
-        self.pages.finish(request, outcome)
+        self.pages.failed(request, outcome)

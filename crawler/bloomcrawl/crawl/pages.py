@@ -22,7 +22,10 @@ them. :class:`PageTracker` counts what each page still has in hand:
   the parent to be crawled again, and the held request made again.
 
 When the output has ended and nothing is in hand, :data:`request_finished`
-goes out for the page's request.
+goes out for the page's request. A request whose download failed for good
+and that has an errback is finished once the scraper handled what the
+errback returned (:meth:`PageTracker.scraping`): Scrapy hands an errback's
+output to no spider middleware, so it is waited for as a whole.
 """
 
 from __future__ import annotations
@@ -96,6 +99,9 @@ class PageTracker:
         # requests the engine is scheduling right now (inside its crawl()): id -> (the
         # request, its parent page), for hold()
         self._taking: dict[int, tuple[Request, Page | None]] = {}
+        # failed requests whose errback's output the scraper is handling: id -> (the
+        # request, its outcome); only while the scraper is followed (scraping)
+        self._errbacks: dict[int, tuple[Request, Outcome]] | None = None
         #: called for each item scraped (the scheduler counts them): one receiver of
         #: ``item_scraped`` does both, as each receiver of an asynchronous signal costs
         #: a task per item
@@ -244,6 +250,39 @@ class PageTracker:
         """The scheduler took ``request`` (queued, held, dropped or filtered it)."""
         if self._taking:
             self._taking.pop(id(request), None)
+
+    # -- failed downloads and their errbacks ----------------------------------------
+
+    def failed(self, request: Request, outcome: Outcome) -> None:
+        """The download of ``request`` failed for good (or was ignored): its outcome is
+        final once its errback's output, if it has an errback, was handled."""
+        errbacks = self._errbacks
+        if errbacks is not None and request.errback is not None and tracked(request):
+            errbacks[id(request)] = (request, outcome)
+        else:
+            self.finish(request, outcome)
+
+    def scraping(self, enqueue_scrape: Callable[..., Any]) -> Callable[..., Any]:
+        """The scraper's ``enqueue_scrape()``, wrapped: its Deferred fires once the
+        callback's or errback's output was handled (items through the pipeline,
+        requests given to the engine); a failed request waiting for its errback
+        (:meth:`failed`) is finished then."""
+        errbacks: dict[int, tuple[Request, Outcome]] = {}
+        self._errbacks = errbacks
+
+        def enqueue_scrape_followed(result: Any, request: Request, *args: Any,
+                                    **kwargs: Any) -> Any:
+            d = enqueue_scrape(result, request, *args, **kwargs)
+            if errbacks and id(request) in errbacks:
+                def handled(value: Any) -> Any:
+                    waiting = errbacks.pop(id(request), None)
+                    if waiting is not None:
+                        self.finish(*waiting)
+                    return value
+                d.addBoth(handled)
+            return d
+
+        return enqueue_scrape_followed
 
     def _maybe_done(self, page: Page) -> None:
         if not page.ended or page.in_hand > 0 or page.number not in self._pages:

@@ -248,8 +248,10 @@ class Scheduler:
         s.connect(self.feedback.response, signal=signals.response_downloaded)
         s.connect(self.outcomes.finished, signal=request_finished)
         self.pages.on_item_scraped = self.outcomes.item_scraped
-        # a page's links are let go as the engine queues them (no engine: nothing to track)
+        # a page's links are let go as the engine queues them, a failed request once its
+        # errback's output is handled (no engine: nothing to track)
         self.engine.wrap_crawl(self.pages.scheduling)
+        self.engine.wrap_scrape(self.pages.scraping)
         s.connect(self.outcomes.spider_error, signal=signals.spider_error)
         logger.info("bloomcrawl frontier %s, lease %.0f s; politeness: %s",
                     frontier.describe(), self.config.lease_timeout, politeness.describe(),
