@@ -317,6 +317,32 @@ def test_requests_a_callback_hands_the_engine_with_its_page_meta_are_links_of_th
     assert frontier_left(redis_client, "direct") == 0
 
 
+def test_a_response_a_middleware_replaces_with_a_new_request_is_done(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """The project's FirstPageMiddleware answers each category's first page with a new
+    ``?page=1`` request, made fresh (no meta copied, so no lease): the replaced request
+    is done once the new one is queued, and its lease given back. Left held, such
+    leases stopped the crawl once they filled the host's budget."""
+    middlewares = json.dumps({"bloomcrawl.crawl.middleware.FrontierDownloaderMiddleware": 10,
+                              "shopcrawl.middlewares.FirstPageMiddleware": 500})
+    ws = workers(worker_pool, 2, "listing", redis_server.url, shop,
+                 {"DOWNLOADER_MIDDLEWARES": middlewares})
+    run_workers(ws, CRAWL_TIMEOUT_S)  # they close by themselves
+    check_exits(ws)
+    expected = Counter({"GET /": 1})
+    for name in CATEGORIES:
+        expected["GET /category/%s" % name] = 1
+        for n in range(1, shop.server.pages_of(name) + 1):
+            expected["GET /category/%s?page=%d" % (name, n)] = 1
+    assert_each_once(shop.hits(), expected)
+    assert len(stored_items(redis_client, "listing")) == PRODUCTS
+    stats = shared_stats(redis_client, "listing")
+    # the replaced first pages are neither pages nor errors
+    assert stats["pages"] == sum(expected.values()) - len(CATEGORIES), stats
+    assert stats.get("errors", 0) == 0, stats
+    assert frontier_left(redis_client, "listing") == 0
+
+
 class LeasesWhileStored:
     """Test instrumentation: before an item goes on, waits HOLD_S (past the 50 ms within
     which an ack leaves) and notes in it how many leases its spider holds in Redis."""

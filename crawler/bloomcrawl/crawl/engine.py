@@ -76,6 +76,19 @@ class EngineInterface:
         scraper.enqueue_scrape = wrap(scraper.enqueue_scrape)
         return True
 
+    def wrap_downloader_output(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+                               ) -> bool:
+        """The engine's handler of each download's result, ``(result, request)``: a
+        response, a failure, or a request a downloader middleware answered ``request``
+        with (Scrapy's ``_handle_downloader_output``, 2.13 to 2.19), replaced by
+        ``wrap(handler)`` for this crawl; False: not there."""
+        engine = self._engine()
+        handler = getattr(engine, "_handle_downloader_output", None)
+        if not callable(handler):
+            return False
+        engine._handle_downloader_output = wrap(handler)
+        return True
+
     def active_downloads(self) -> int | None:
         """Requests in the downloader now (None: no downloader yet)."""
         engine = self._engine()

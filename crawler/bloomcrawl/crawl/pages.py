@@ -34,6 +34,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from scrapy import Request as ScrapyRequest
 from scrapy import signals
 
 from bloomcrawl.crawl import origins
@@ -78,6 +79,13 @@ def adopt(request: Request) -> None:
     for key in INTERNAL_META_KEYS:
         meta.pop(key, None)
     meta.pop("is_start_request", None)
+
+
+def carries(other: Request, request: Request) -> bool:
+    """Whether ``other`` carries the lease (or hold) of ``request``: a retry or redirect."""
+    meta, own = other.meta, request.meta
+    return ((LEASE_META_KEY in meta and meta[LEASE_META_KEY] == own.get(LEASE_META_KEY))
+            or (HOLD_META_KEY in meta and meta[HOLD_META_KEY] == own.get(HOLD_META_KEY)))
 
 
 def tracked(request: Request | None) -> bool:
@@ -283,6 +291,21 @@ class PageTracker:
             return d
 
         return enqueue_scrape_followed
+
+    def downloads(self, handle: Callable[..., Any]) -> Callable[..., Any]:
+        """The engine's handler of each download's result, wrapped: a tracked request a
+        downloader middleware answered with a new request that does not carry its lease
+        (or hold), as a copy made by ``replace()`` does, is finished once the new one
+        was given to the engine: nothing else would ever finish it."""
+        def handle_followed(result: Any, request: Request, *args: Any, **kwargs: Any) -> Any:
+            replaced = (isinstance(result, ScrapyRequest) and result is not request
+                        and tracked(request) and not carries(result, request))
+            out = handle(result, request, *args, **kwargs)
+            if replaced:
+                self.finish(request, Outcome.IGNORED)
+            return out
+
+        return handle_followed
 
     def _maybe_done(self, page: Page) -> None:
         if not page.ended or page.in_hand > 0 or page.number not in self._pages:

@@ -252,6 +252,11 @@ class Scheduler:
         # errback's output is handled (no engine: nothing to track)
         self.engine.wrap_crawl(self.pages.scheduling)
         self.engine.wrap_scrape(self.pages.scraping)
+        if self.engine.available() and not self.engine.wrap_downloader_output(
+                self.pages.downloads):
+            logger.warning("this Scrapy's engine has no _handle_downloader_output: a request"
+                           " a downloader middleware replaces with a new one (not a copy)"
+                           " keeps its lease until the worker closes", extra=extra)
         s.connect(self.outcomes.spider_error, signal=signals.spider_error)
         logger.info("bloomcrawl frontier %s, lease %.0f s; politeness: %s",
                     frontier.describe(), self.config.lease_timeout, politeness.describe(),

@@ -1,0 +1,17 @@
+"""A downloader middleware of the project's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import scrapy
+
+
+class FirstPageMiddleware:
+    """Answers a category's bare first page with a fresh request for ``?page=1``, the
+    form the shop's own pager links to (a new Request, not a copy of the old one)."""
+
+    def process_response(self, request: Any, response: Any, spider: Any = None) -> Any:
+        if "/category/" in response.url and "?" not in response.url:
+            return scrapy.Request(response.url + "?page=1", callback=request.callback)
+        return response
