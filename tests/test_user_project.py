@@ -9,6 +9,7 @@ Scrapy's tool commands (shell, parse, fetch, check) run in the project too.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import scrapy
 from scrapy import signals as scrapy_signals
 from shopsite import CATEGORIES, RunningShop, serve_shop
@@ -28,7 +30,13 @@ from bloomcrawl.crawl import origins
 from bloomcrawl.ops.cluster.processes import free_port
 
 from kit import CRAWLER, TESTS
-from kit.checks import assert_each_once, frontier_left, shared_stats, stored_items
+from kit.checks import (
+    assert_each_once,
+    frontier_left,
+    leases_held,
+    shared_stats,
+    stored_items,
+)
 from kit.wait import wait_until
 from kit.workers import Worker, WorkerPool, check_exits, run_workers
 
@@ -350,7 +358,6 @@ class LeasesWhileStored:
     HOLD_S = 0.5
 
     def __init__(self, crawler: Any) -> None:
-        import redis
         self.server = redis.Redis.from_url(crawler.settings["REDIS_URL"])
         self.spider = crawler.spider.name
 
@@ -359,12 +366,8 @@ class LeasesWhileStored:
         return cls(crawler)
 
     async def process_item(self, item: Any, spider: Any = None) -> Any:
-        import asyncio
         await asyncio.sleep(self.HOLD_S)
-        f = keys.FrontierKeys(self.spider)
-        partitions = json.loads(self.server.hget(f.meta, "params"))["partitions"]
-        f = keys.FrontierKeys(self.spider, partitions=partitions)
-        item["leases_held"] = sum(self.server.hlen(f.leases(p)) for p in range(partitions))
+        item["leases_held"] = leases_held(self.server, self.spider)
         return item
 
 

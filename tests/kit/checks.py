@@ -42,6 +42,18 @@ def stored_items(client: Any, spider: str = "site") -> list[dict[str, Any]]:
     return [json.loads(raw) for raw in client.lrange("%s:items" % spider, 0, -1)]
 
 
+def frontier_keys(client: Any, spider: str = "site") -> keys.FrontierKeys:
+    """A spider's frontier keys, with the partitions its stored filter has."""
+    params = client.hget(keys.FrontierKeys(spider).meta, "params")
+    return keys.FrontierKeys(spider, partitions=json.loads(params)["partitions"])
+
+
+def leases_held(client: Any, spider: str = "site") -> int:
+    """Leases held in a spider's frontier, every partition's."""
+    f = frontier_keys(client, spider)
+    return sum(client.hlen(f.leases(p)) for p in range(f.partitions))
+
+
 def frontier_left(client: Any, spider: str = "site") -> int:
     """Requests queued or leased anywhere in a spider's frontier (the filter's partitions).
 
@@ -50,9 +62,7 @@ def frontier_left(client: Any, spider: str = "site") -> int:
     Hosts with queued requests or leases left behind count too: their
     bookkeeping must end empty along with the queues.
     """
-    f = keys.FrontierKeys(spider)
-    params = client.hget(f.meta, "params")
-    f = keys.FrontierKeys(spider, partitions=json.loads(params)["partitions"])
+    f = frontier_keys(client, spider)
     pipe = client.pipeline(transaction=False)
     for p in range(f.partitions):
         pipe.get(f.polite(p, "queued"))

@@ -59,22 +59,14 @@ class EngineInterface:
         scraper's (``crawl(request=...)``), a downloader middleware's retry or
         redirect, the start requests, the scheduler's leases.
         """
-        engine = self._engine()
-        if engine is None:
-            return False
-        engine.crawl = wrap(engine.crawl)
-        return True
+        return _wrap(self._engine(), "crawl", wrap)
 
     def wrap_scrape(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
         """The scraper's ``enqueue_scrape()`` replaced by ``wrap(enqueue_scrape)`` for this
         crawl; False: no scraper. The engine hands it each response and each failed
         download; the Deferred it returns fires once the callback's or errback's output
         was handled."""
-        scraper = getattr(self._engine(), "scraper", None)
-        if scraper is None or not callable(getattr(scraper, "enqueue_scrape", None)):
-            return False
-        scraper.enqueue_scrape = wrap(scraper.enqueue_scrape)
-        return True
+        return _wrap(getattr(self._engine(), "scraper", None), "enqueue_scrape", wrap)
 
     def wrap_downloader_output(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
                                ) -> bool:
@@ -82,12 +74,7 @@ class EngineInterface:
         response, a failure, or a request a downloader middleware answered ``request``
         with (Scrapy's ``_handle_downloader_output``, 2.13 to 2.19), replaced by
         ``wrap(handler)`` for this crawl; False: not there."""
-        engine = self._engine()
-        handler = getattr(engine, "_handle_downloader_output", None)
-        if not callable(handler):
-            return False
-        engine._handle_downloader_output = wrap(handler)
-        return True
+        return _wrap(self._engine(), "_handle_downloader_output", wrap)
 
     def active_downloads(self) -> int | None:
         """Requests in the downloader now (None: no downloader yet)."""
@@ -155,3 +142,14 @@ class EngineInterface:
         else:
             d = engine.close_spider(engine.spider, reason)
         d.addErrback(log_unexpected, logger, {"spider": engine.spider})
+
+
+def _wrap(owner: Any, name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+          ) -> bool:
+    """``owner.name`` replaced by ``wrap(owner.name)`` on this instance; False: no such
+    method (or no owner)."""
+    method = getattr(owner, name, None)
+    if not callable(method):
+        return False
+    setattr(owner, name, wrap(method))
+    return True

@@ -20,7 +20,7 @@ from scrapy.exceptions import IgnoreRequest
 
 from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.lease import ENTRY_META_KEY, INTERNAL_META_KEYS, Outcome
-from bloomcrawl.crawl.pages import Page, PageTracker, tracked
+from bloomcrawl.crawl.pages import Page, PageTracker, adopt, tracked
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -56,15 +56,11 @@ class FrontierSpiderMiddleware(_Reporter):
         def child(output: Any) -> Any:
             nonlocal position, prefix
             if isinstance(output, Request):
-                # a child request must not carry its parent's lease (spiders copy meta)
+                # a child request must not carry its parent's lease nor be a start
+                # request (fetched once in every crawl) when it copied the page's meta
                 meta = output.meta
-                if not INTERNAL_META_KEYS.isdisjoint(meta):
-                    for key in INTERNAL_META_KEYS:
-                        meta.pop(key, None)
-                # nor is it a start request when it copied a start response's meta (a
-                # start request is fetched once in every crawl)
-                if "is_start_request" in meta:
-                    del meta["is_start_request"]
+                if "is_start_request" in meta or not INTERNAL_META_KEYS.isdisjoint(meta):
+                    adopt(output)
                 if page is not None:
                     self.pages.child_request(page, output)
             elif output is not None:

@@ -72,9 +72,10 @@ class Page:
 
 
 def adopt(request: Request) -> None:
-    """``request`` is a page's own link: drop what it copied of the page's meta that the
-    spider middleware drops from the links it sees (the lease and the other internal
-    keys, ``is_start_request``)."""
+    """``request`` is a page's own link: drop what it copied of the page's meta (the
+    lease and the other internal keys, ``is_start_request``). The spider middleware
+    does it for the links a callback yields, :meth:`PageTracker.scheduling` for those
+    it hands the engine itself."""
     meta = request.meta
     for key in INTERNAL_META_KEYS:
         meta.pop(key, None)
