@@ -33,6 +33,7 @@ from kit import CRAWLER, TESTS
 from kit.checks import (
     assert_each_once,
     frontier_left,
+    leased_entries,
     leases_held,
     shared_stats,
     stored_items,
@@ -325,6 +326,33 @@ def test_requests_a_callback_hands_the_engine_with_its_page_meta_are_links_of_th
     assert frontier_left(redis_client, "direct") == 0
 
 
+def test_requests_a_held_page_hands_the_engine_with_its_meta_are_its_links(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """The ``direct`` spider with ``held=1``: every link carries a lock, so the worker
+    that crawls the start page crawls the whole shop itself, and the start page keeps
+    its lease until every page below it is done (a worker killed before then leaves it
+    to be crawled again). The requests a held page gives ``engine.crawl()`` with its
+    meta are links of that page too: taken for retries of it, each one let go of the
+    page's parent once more, and the start page's lease went before the crawl was
+    done."""
+    pipelines = json.dumps({"test_user_project.LeasesWhileStored": 200,
+                            "bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300})
+    ws = workers(worker_pool, 2, "direct", redis_server.url, shop,
+                 {"ITEM_PIPELINES": pipelines}, held="1")
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    expected = get_pages(shop) + Counter({"GET /search": 1, "GET /": 1})
+    assert_each_once(shop.hits(), expected)
+    items = stored_items(redis_client, "direct")
+    assert sorted(str(i["url"]) for i in items) == sorted(
+        "%s/product/%d" % (shop.url, p) for p in range(PRODUCTS))
+    early = [str(i["url"]) for i in items if not i["start_leased"]]
+    assert not early, early
+    stats = shared_stats(redis_client, "direct")
+    assert stats["local"] == sum(expected.values()) - 1, stats  # all held but the start
+    assert frontier_left(redis_client, "direct") == 0
+
+
 def test_a_response_a_middleware_replaces_with_a_new_request_is_done(
         redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
     """The project's FirstPageMiddleware answers each category's first page with a new
@@ -353,13 +381,15 @@ def test_a_response_a_middleware_replaces_with_a_new_request_is_done(
 
 class LeasesWhileStored:
     """Test instrumentation: before an item goes on, waits HOLD_S (past the 50 ms within
-    which an ack leaves) and notes in it how many leases its spider holds in Redis."""
+    which an ack leaves) and notes in it how many leases its spider holds in Redis, and
+    whether one of them is for the item's URL, or for the spider's first start URL."""
 
     HOLD_S = 0.5
 
     def __init__(self, crawler: Any) -> None:
         self.server = redis.Redis.from_url(crawler.settings["REDIS_URL"])
         self.spider = crawler.spider.name
+        self.start_url = next(iter(getattr(crawler.spider, "start_urls", ())), "")
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> LeasesWhileStored:
@@ -368,14 +398,25 @@ class LeasesWhileStored:
     async def process_item(self, item: Any, spider: Any = None) -> Any:
         await asyncio.sleep(self.HOLD_S)
         item["leases_held"] = leases_held(self.server, self.spider)
+        entries = leased_entries(self.server, self.spider)
+        item["url_leased"] = self.leased(str(item["url"]), entries)
+        item["start_leased"] = self.leased(self.start_url, entries)
         return item
+
+    @staticmethod
+    def leased(url: str, entries: list[bytes]) -> bool:
+        return any(b'"url":"%s"' % url.encode() in entry for entry in entries)
 
 
 def test_a_failed_request_is_acked_after_what_its_errback_yields_is_stored(
         redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
-    """The ``outage`` spider's errback yields an item for a page it could not fetch. The
-    failed request's lease is held until that item went through the pipeline: a worker
-    killed before then leaves the request to be tried again, and nothing is lost."""
+    """The ``outage`` spider's errback yields an item for a page it could not fetch, and
+    the same request at a mirror (``failure.request.replace(url=...)``, the failed
+    request's meta with it). The failed request's lease is held until that item went
+    through the pipeline and the mirror was queued: a worker killed before then leaves
+    the request to be tried again, and nothing is lost. The mirror request is a new
+    request of that page's, not a retry of the failed one, which would ack its lease as
+    soon as it was queued."""
     down = "http://127.0.0.1:%d/" % free_port()  # nothing listens there
     pipelines = json.dumps({"test_user_project.LeasesWhileStored": 200,
                             "bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300})
@@ -386,14 +427,17 @@ def test_a_failed_request_is_acked_after_what_its_errback_yields_is_stored(
     items = {str(i["url"]): i for i in stored_items(redis_client, "outage")}
     # Scrapy 2.13.0 and 2.13.1 drop what an errback returns (plain Scrapy too)
     errback_output = scrapy.version_info >= (2, 13, 2)
-    expected = [shop.url + "/deals"] + ([down] if errback_output else [])
+    mirror = shop.url + "/deals?mirror=1"
+    expected = [shop.url + "/deals"] + ([down, mirror] if errback_output else [])
     assert sorted(items) == sorted(expected), (items, ws[0].text()[-3000:])
     if errback_output:
         assert "ConnectionRefused" in str(items[down]["error"]), items[down]
-        assert items[down]["leases_held"] == 1, items[down]  # its own, not acked yet
-    assert shop.hits()["GET /deals"] == 1
+        assert items[down]["url_leased"] is True, items[down]  # its own, not acked yet
+        assert items[mirror]["url_leased"] is True, items[mirror]
+    assert shop.hits() == Counter({"GET /deals": 1} | (
+        {"GET /deals?mirror=1": 1} if errback_output else {})), shop.hits()
     stats = shared_stats(redis_client, "outage")
-    assert stats["pages"] == 1 and stats["errors"] == 1, stats
+    assert stats["pages"] == len(expected) - 1 and stats["errors"] == 1, stats
     assert stats["items"] == len(expected), stats
     assert frontier_left(redis_client, "outage") == 0
 
@@ -444,6 +488,43 @@ def test_no_item_is_lost_when_a_worker_dies_with_items_in_its_pipeline(
     # the items were tagged with their pages, and no tag outlived its page
     assert second[0].stats().get("test/items_tagged") == 1
     assert second[0].stats().get("test/item_tags_held") == 0
+
+
+def test_a_page_fetched_again_on_purpose_stores_its_items_once_each_visit(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """The ``stock`` spider fetches each product page a second time on purpose
+    (``dont_filter``, another callback), as plain Scrapy lets it: that visit's items are
+    stored too, once, also when the first worker is SIGKILLed with items in its pipeline
+    and a second worker crawls its leased pages again.
+
+    Items are keyed by their page and position, and a ``dont_filter`` page by its queue
+    entry as well: keyed by the page alone, every stock item counted as stored before.
+    """
+    settings = {"ENRICH_DELAY": "0.3", "SCHEDULER_LEASE_TIMEOUT": "3",
+                "ITEM_PIPELINES": json.dumps({"shopcrawl.pipelines.EnrichPipeline": 100,
+                                              "bloomcrawl.crawl.pipelines.RedisItemsPipeline":
+                                              300})}
+    [first] = workers(worker_pool, 1, "stock", redis_server.url, shop, settings)
+
+    def some_stored() -> bool:
+        assert first.running, first.tail()
+        return bool(redis_client.llen("stock:items") >= 20)
+
+    wait_until(some_stored, CRAWL_TIMEOUT_S, what="20 items stored")
+    first.kill()
+    second = workers(worker_pool, 1, "stock", redis_server.url, shop, settings, first=1)
+    run_workers(second, CRAWL_TIMEOUT_S)
+    check_exits(second)
+    stored = Counter((str(i["url"]), str(i["kind"]))
+                     for i in stored_items(redis_client, "stock"))
+    expected = Counter({("%s/product/%d" % (shop.url, p), kind): 1
+                        for p in range(PRODUCTS) for kind in ("product", "stock")})
+    assert stored == expected, (expected - stored, stored - expected)
+    hits = shop.hits()
+    assert all(hits["GET /product/%d" % p] >= 2 for p in range(PRODUCTS)), hits
+    # the kill left pages to be crawled again, and their stock requests made again
+    assert any(hits["GET /product/%d" % p] > 2 for p in range(PRODUCTS)), hits
+    assert frontier_left(redis_client, "stock") == 0
 
 
 def test_a_listing_spider_stores_every_listed_item_once_in_fewer_calls(

@@ -54,6 +54,12 @@ def leases_held(client: Any, spider: str = "site") -> int:
     return sum(client.hlen(f.leases(p)) for p in range(f.partitions))
 
 
+def leased_entries(client: Any, spider: str = "site") -> list[bytes]:
+    """What each lease held in a spider's frontier holds (its queue entry among it)."""
+    f = frontier_keys(client, spider)
+    return [v for p in range(f.partitions) for v in client.hvals(f.leases(p))]
+
+
 def frontier_left(client: Any, spider: str = "site") -> int:
     """Requests queued or leased anywhere in a spider's frontier (the filter's partitions).
 

@@ -97,8 +97,9 @@ class ExchangeLoop:
         self.started = False
         self.closing = False
         self.poller = Poller(self, start_urls)
-        #: under revisit windows a leased request carries its queue entry's id: its items
-        #: are stored once per visit, not once per page (ENTRY_META_KEY)
+        #: under revisit windows every leased request carries its queue entry's id, else
+        #: only a ``dont_filter`` one (a page fetched again on purpose): its items are
+        #: stored once per visit, not once per page (ENTRY_META_KEY)
         self.by_visit = frontier.bloom.params.windowed
         self._ack_call: Any = None
         self._wake_call: Any = None
@@ -280,7 +281,7 @@ class ExchangeLoop:
                 self.book.take(lease, None)
                 self.ack((lease.partition, lease.token))
                 continue
-            if self.by_visit:
+            if self.by_visit or request.dont_filter:
                 request.meta[ENTRY_META_KEY] = entry_id(lease.payload)
             self.book.take(lease, request)
             got += 1

@@ -46,11 +46,15 @@ LOCAL_META_KEY = "_bloomcrawl_local"
 #: meta key of a request a tracked page yielded: the page's number in the PageTracker
 PARENT_META_KEY = "_bloomcrawl_parent"
 #: meta key of a request this worker keeps (the frontier cannot share it): the number of
-#: the page that waits for it (0: none)
+#: the page that waits for it (0: none), and the hold's own number
 HOLD_META_KEY = "_bloomcrawl_hold"
 #: meta key of a leased request: its queue entry's id (one visit of its URL; a page
 #: crawled twice for one entry, its first worker having died, is the same visit)
 ENTRY_META_KEY = "_bloomcrawl_entry"
+#: meta key of a ``dont_filter`` request a tracked page yielded: the id of its visit, made
+#: from the page's and the request's position in its output, so the page crawled twice
+#: (its worker died) makes the same visit again; its queue entry's id
+VISIT_META_KEY = "_bloomcrawl_visit"
 #: meta keys bloomcrawl uses internally; never written to Redis, never copied to children
 INTERNAL_META_KEYS = frozenset({LEASE_META_KEY, LOCAL_META_KEY, PARENT_META_KEY,
-                                HOLD_META_KEY, ENTRY_META_KEY})
+                                HOLD_META_KEY, ENTRY_META_KEY, VISIT_META_KEY})

@@ -12,6 +12,7 @@ scheduler queues them, then acks the original.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
 
 from bloomcrawl.crawl import origins
-from bloomcrawl.crawl.lease import ENTRY_META_KEY, INTERNAL_META_KEYS, Outcome
+from bloomcrawl.crawl.lease import ENTRY_META_KEY, INTERNAL_META_KEYS, VISIT_META_KEY, Outcome
 from bloomcrawl.crawl.pages import Page, PageTracker, adopt, tracked
 
 if TYPE_CHECKING:
@@ -50,11 +51,11 @@ class FrontierSpiderMiddleware(_Reporter):
         request = response.request
         page = self.pages.open(response) if tracked(request) else None
         tags = page is not None and origins.wanted(self.crawler)
-        position = 0
+        position = requests = 0
         prefix = ""
 
         def child(output: Any) -> Any:
-            nonlocal position, prefix
+            nonlocal position, requests, prefix
             if isinstance(output, Request):
                 # a child request must not carry its parent's lease nor be a start
                 # request (fetched once in every crawl) when it copied the page's meta
@@ -63,6 +64,14 @@ class FrontierSpiderMiddleware(_Reporter):
                     adopt(output)
                 if page is not None:
                     self.pages.child_request(page, output)
+                    if output.dont_filter:
+                        # a page fetched again on purpose: a visit of its own, the same
+                        # one when this page is crawled twice
+                        if not prefix:
+                            prefix = self._origin(page.request)
+                        meta[VISIT_META_KEY] = hashlib.sha1(
+                            b"%s>%d" % (prefix.encode(), requests)).hexdigest()[:16]
+                requests += 1
             elif output is not None:
                 if tags and page is not None:
                     if not prefix:
@@ -78,11 +87,14 @@ class FrontierSpiderMiddleware(_Reporter):
     def _origin(self, request: Request) -> str:
         """The id of a page's visit, which its items' ids start with."""
         fingerprint: str = self.crawler.request_fingerprinter.fingerprint(request).hex()
-        if ENTRY_META_KEY in request.meta:
-            # under revisit windows a page fetched again on purpose is a new visit, whose
-            # items are stored again; one crawled twice for one queue entry (its first
-            # worker died) is the same visit, stored once
-            fingerprint += "@" + request.meta[ENTRY_META_KEY]
+        meta = request.meta
+        if ENTRY_META_KEY in meta or VISIT_META_KEY in meta:
+            # a page fetched again on purpose (a dont_filter request; under revisit
+            # windows, any page queued again) is a new visit, whose items are stored
+            # again; one crawled twice for one queue entry (its first worker died) is the
+            # same visit, stored once
+            # (a request this worker kept, not queued, has its visit's id only)
+            fingerprint += "@" + (meta.get(ENTRY_META_KEY) or meta[VISIT_META_KEY])
         return fingerprint
 
     # ``spider=None``: Scrapy < 2.14 passes the spider, later versions do not

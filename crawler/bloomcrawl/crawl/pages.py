@@ -31,7 +31,9 @@ output to no spider middleware, so it is waited for as a whole.
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request as ScrapyRequest
@@ -63,12 +65,16 @@ class Page:
     in_hand: int = 0
     ended: bool = False
     outcome: Outcome = Outcome.RESPONSE
-    #: the response objects whose item signals count for this page
+    #: the response objects whose item signals count for this page (by id), and weak
+    #: references to them, which forget each id when its response is gone
     responses: list[int] = field(default_factory=list)
+    refs: list[Any] = field(default_factory=list)
     #: the tags of its items (:mod:`bloomcrawl.crawl.origins`), forgotten when it is done
     tags: list[int] = field(default_factory=list)
     #: the token of the lease its request carries (None: held)
     token: str | None = None
+    #: the number of its request's hold (None: leased)
+    hold: int | None = None
 
 
 def adopt(request: Request) -> None:
@@ -105,12 +111,16 @@ class PageTracker:
         self._by_response: dict[int, Page] = {}
         # lease token -> the page of that lease, while it is tracked
         self._by_token: dict[str, Page] = {}
+        # the same for held requests: the number of each hold -> its page
+        self._by_hold: dict[int, Page] = {}
+        self._holds = itertools.count(1)
         # requests the engine is scheduling right now (inside its crawl()): id -> (the
         # request, its parent page), for hold()
         self._taking: dict[int, tuple[Request, Page | None]] = {}
-        # failed requests whose errback's output the scraper is handling: id -> (the
-        # request, its outcome); only while the scraper is followed (scraping)
-        self._errbacks: dict[int, tuple[Request, Outcome]] | None = None
+        # failed requests whose errback's output the scraper is handling: id -> their
+        # page (ended once that output was handled); only while the scraper is followed
+        # (scraping)
+        self._errbacks: dict[int, Page] | None = None
         #: called for each item scraped (the scheduler counts them): one receiver of
         #: ``item_scraped`` does both, as each receiver of an asynchronous signal costs
         #: a task per item
@@ -135,16 +145,31 @@ class PageTracker:
 
     def open(self, response: Any) -> Page:
         """The page of ``response``, tracked from now until it is done."""
-        page = self._by_response.get(id(response))
+        key = id(response)
+        page = self._by_response.get(key)
         if page is None:
-            page = Page(response.request, next(self._numbers))
-            self._pages[page.number] = page
-            self._by_response[id(response)] = page
-            page.responses.append(id(response))
-            lease = page.request.meta.get(LEASE_META_KEY)
-            if lease is not None:
-                page.token = lease[1]
-                self._by_token[page.token] = page
+            page = self._track(response.request)
+            self._by_response[key] = page
+            page.responses.append(key)
+            # a page can outlive its response (it waits for requests it holds): the id
+            # is forgotten with the response, before another object can take it
+            page.refs.append(weakref.ref(response, partial(self._gone, key)))
+        return page
+
+    def _gone(self, key: int, _ref: Any) -> None:
+        self._by_response.pop(key, None)
+
+    def _track(self, request: Request) -> Page:
+        page = Page(request, next(self._numbers))
+        self._pages[page.number] = page
+        meta = request.meta
+        lease = meta.get(LEASE_META_KEY)
+        if lease is not None:
+            page.token = lease[1]
+            self._by_token[page.token] = page
+        elif HOLD_META_KEY in meta:
+            page.hold = meta[HOLD_META_KEY][1]
+            self._by_hold[page.hold] = page
         return page
 
     def find(self, response: Any) -> Page | None:
@@ -174,12 +199,15 @@ class PageTracker:
         parent = taking[1] if taking is not None else None
         if parent is not None:
             parent.in_hand += 1
-        # 0: no parent to hold (a start request), but its page is still tracked and counted
-        request.meta[HOLD_META_KEY] = parent.number if parent is not None else 0
+        # (the parent's number, this hold's own): 0, no parent to hold (a start request),
+        # but its page is still tracked and counted
+        request.meta[HOLD_META_KEY] = (parent.number if parent is not None else 0,
+                                       next(self._holds))
 
     def release(self, request: Request) -> None:
         """A held request is done (its own page, or its download failed for good)."""
-        parent = self._pages.get(request.meta.pop(HOLD_META_KEY, 0))
+        hold = request.meta.pop(HOLD_META_KEY, None)
+        parent = self._pages.get(hold[0]) if hold is not None else None
         if parent is not None:
             parent.in_hand -= 1
             self._maybe_done(parent)
@@ -217,15 +245,16 @@ class PageTracker:
 
         A request with the meta of a page still being parsed (a callback that
         calls ``engine.crawl()`` with ``meta=response.meta`` skips the spider
-        middleware) is a link of that page, not a retry of it: it loses the
-        page's lease and the other keys the middleware would have dropped.
+        middleware), or of a failed request whose errback is running, is a link
+        of that page, not a retry of it: it loses the page's lease (or hold) and
+        the other keys the middleware would have dropped.
 
         A wrapper costs a function call a request, where a ``request_scheduled``
         receiver costs Scrapy's dispatch (2 us) and a timer to tell an ignored
         link from a queued one.
         """
         pages = self._pages
-        by_token = self._by_token
+        by_token, by_hold = self._by_token, self._by_hold
         taking = self._taking
 
         def crawl_counted(request: Request) -> Any:
@@ -237,11 +266,14 @@ class PageTracker:
                 lease = meta.get(LEASE_META_KEY)
                 if lease is not None:
                     parent = by_token.get(lease[1])
-                    if parent is not None:
-                        adopt(request)
-                        parent.in_hand += 1
-                elif HOLD_META_KEY not in meta:
-                    return crawl(request)
+                else:
+                    hold = meta.get(HOLD_META_KEY)
+                    if hold is None:
+                        return crawl(request)
+                    parent = by_hold.get(hold[1])
+                if parent is not None:
+                    adopt(request)
+                    parent.in_hand += 1
             key = id(request)
             taking[key] = (request, parent)  # hold() reads its parent here
             try:
@@ -267,7 +299,10 @@ class PageTracker:
         final once its errback's output, if it has an errback, was handled."""
         errbacks = self._errbacks
         if errbacks is not None and request.errback is not None and tracked(request):
-            errbacks[id(request)] = (request, outcome)
+            # a page until then: a request the errback makes with the failed one's meta
+            # (``failure.request.replace(url=...)``) is its link, not a retry of it
+            page = errbacks[id(request)] = self._track(request)
+            page.outcome = outcome
         else:
             self.finish(request, outcome)
 
@@ -276,7 +311,7 @@ class PageTracker:
         callback's or errback's output was handled (items through the pipeline,
         requests given to the engine); a failed request waiting for its errback
         (:meth:`failed`) is finished then."""
-        errbacks: dict[int, tuple[Request, Outcome]] = {}
+        errbacks: dict[int, Page] = {}
         self._errbacks = errbacks
 
         def enqueue_scrape_followed(result: Any, request: Request, *args: Any,
@@ -284,9 +319,9 @@ class PageTracker:
             d = enqueue_scrape(result, request, *args, **kwargs)
             if errbacks and id(request) in errbacks:
                 def handled(value: Any) -> Any:
-                    waiting = errbacks.pop(id(request), None)
-                    if waiting is not None:
-                        self.finish(*waiting)
+                    page = errbacks.pop(id(request), None)
+                    if page is not None:
+                        self.ended(page, page.outcome)
                     return value
                 d.addBoth(handled)
             return d
@@ -312,10 +347,14 @@ class PageTracker:
         if not page.ended or page.in_hand > 0 or page.number not in self._pages:
             return
         del self._pages[page.number]
+        by_response = self._by_response
         for key in page.responses:
-            self._by_response.pop(key, None)
+            if by_response.get(key) is page:
+                del by_response[key]
         if page.token is not None:
             self._by_token.pop(page.token, None)
+        elif page.hold is not None:
+            self._by_hold.pop(page.hold, None)
         if page.tags:
             origins.forget(page.tags)
         self.finish(page.request, page.outcome)

@@ -63,7 +63,7 @@ from bloomcrawl.crawl.codec import (
     ValueCodec,
     codec_for,
 )
-from bloomcrawl.crawl.lease import INTERNAL_META_KEYS
+from bloomcrawl.crawl.lease import INTERNAL_META_KEYS, VISIT_META_KEY
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -338,7 +338,9 @@ def _entry(request: Request, spider: Spider, codec: ValueCodec) -> dict[str, Any
     if layout.path is not None:
         _check_request_class_path(cls, layout.path, codec.allowed)
         entry["_class"] = layout.path
-    entry["_id"] = os.urandom(8).hex()  # identical dont_filter requests stay distinct in a zset
+    # identical dont_filter requests stay distinct in a zset; one a page crawled twice made
+    # twice is one entry (its visit)
+    entry["_id"] = request.meta.get(VISIT_META_KEY) or os.urandom(8).hex()
     entry[VERSION_KEY] = FORMAT_VERSION
     return entry
 

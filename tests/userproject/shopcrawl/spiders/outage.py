@@ -1,4 +1,5 @@
-"""A spider that records, from its errback, the pages it could not fetch."""
+"""A spider that records, from its errback, the pages it could not fetch, and tries a
+mirror of each."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class OutageSpider(scrapy.Spider):
                  down_url: str = "http://127.0.0.1:9/", *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.urls = [shop_url.rstrip("/") + "/deals", down_url]
+        self.mirror_url = shop_url.rstrip("/") + "/deals?mirror=1"
 
     async def start(self) -> Any:
         for url in self.urls:
@@ -25,3 +27,6 @@ class OutageSpider(scrapy.Spider):
 
     def unreachable(self, failure: Any) -> Any:
         yield {"url": failure.request.url, "error": failure.type.__name__}
+        if failure.request.url != self.mirror_url:
+            # the same request at another address: its meta (and errback) come with it
+            yield failure.request.replace(url=self.mirror_url)
