@@ -142,7 +142,9 @@ def test_a_sitemap_that_moved_is_read_in_every_crawl(
 def test_a_spider_that_starts_itself_refuses_pushed_urls_and_starts_in_every_crawl(
         redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
     """``async start()`` and no ``parse()``: its start requests once per crawl across the
-    workers; a URL pushed to its list has no callback to go to: refused, said, counted."""
+    workers; a URL pushed to its list has no callback to go to: refused, said, counted.
+    The item ``start()`` yields (every worker yields it) and the start pages' items are
+    stored once per crawl, as one ``scrapy crawl`` stores them each time."""
     redis_client.rpush("starter:start_urls", shop.url + "/category/books")
     ws = workers(worker_pool, 2, "starter", redis_server.url, shop)
     run_workers(ws, CRAWL_TIMEOUT_S)
@@ -152,12 +154,14 @@ def test_a_spider_that_starts_itself_refuses_pushed_urls_and_starts_in_every_cra
     stats = shared_stats(redis_client, "starter")
     assert stats["bad_start_urls"] == 1 and stats.get("errors", 0) == 0, stats
     assert "spider 'starter' has no parse() callback" in "".join(w.text() for w in ws)
-    assert sorted(i["category"] for i in stored_items(redis_client, "starter")) == [
-        "books", "games", "tools"]
+    crawl = ["*", "books", "games", "tools"]
+    assert sorted(i["category"] for i in stored_items(redis_client, "starter")) == crawl
     ws = workers(worker_pool, 2, "starter", redis_server.url, shop, first=2)
     run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
     assert_each_once(shop.hits(), once + once)
+    assert sorted(i["category"] for i in stored_items(redis_client, "starter")) == sorted(
+        crawl + crawl)
 
 
 def test_redis_crawl_spider_from_scrapy_redis_with_form_requests(

@@ -98,8 +98,9 @@ class ExchangeLoop:
         self.closing = False
         self.poller = Poller(self, start_urls)
         #: under revisit windows every leased request carries its queue entry's id, else
-        #: only a ``dont_filter`` one (a page fetched again on purpose): its items are
-        #: stored once per visit, not once per page (ENTRY_META_KEY)
+        #: only one fetched again on purpose (``dont_filter``, or a start request: once
+        #: per crawl): its items are stored once per visit, not once per page
+        #: (ENTRY_META_KEY)
         self.by_visit = frontier.bloom.params.windowed
         self._ack_call: Any = None
         self._wake_call: Any = None
@@ -281,7 +282,7 @@ class ExchangeLoop:
                 self.book.take(lease, None)
                 self.ack((lease.partition, lease.token))
                 continue
-            if self.by_visit or request.dont_filter:
+            if self.by_visit or request.dont_filter or "is_start_request" in request.meta:
                 request.meta[ENTRY_META_KEY] = entry_id(lease.payload)
             self.book.take(lease, request)
             got += 1

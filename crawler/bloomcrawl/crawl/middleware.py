@@ -97,6 +97,17 @@ class FrontierSpiderMiddleware(_Reporter):
             fingerprint += "@" + (meta.get(ENTRY_META_KEY) or meta[VISIT_META_KEY])
         return fingerprint
 
+    async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """Tags the items ``start()`` yields (Scrapy 2.13) with the crawl and their
+        position: each worker of the crawl yields them, and they are stored once."""
+        prefix = origins.start_prefix(self.crawler) if origins.wanted(self.crawler) else None
+        position = 0
+        async for output in start:
+            if prefix is not None and output is not None and not isinstance(output, Request):
+                origins.tag(output, "%s:%d" % (prefix, position))
+                position += 1
+            yield output
+
     # ``spider=None``: Scrapy < 2.14 passes the spider, later versions do not
 
     def process_spider_output(self, response: Response, result: Iterable[Any],

@@ -1,5 +1,8 @@
 """Where each item came from: the request whose response yielded it, and its position.
 
+Items ``start()`` yields have no request: their origin is the crawl (every
+worker of a crawl runs ``start()``) and their position among them.
+
 :class:`~bloomcrawl.crawl.middleware.FrontierSpiderMiddleware` tags each item
 a tracked page yields, when :class:`~bloomcrawl.crawl.pipelines.RedisItemsPipeline`
 is enabled (:func:`wanted`); the pipeline stores the item under that id,
@@ -58,3 +61,16 @@ def wanted(crawler: Any) -> bool:
 def want(crawler: Any) -> None:
     """RedisItemsPipeline is enabled in this crawl: tag its items."""
     crawler._bloomcrawl_tag_items = True
+
+
+def joined(crawler: Any, crawl_id: bytes) -> None:
+    """The scheduler joined the crawl ``crawl_id``: the items ``start()`` yields are
+    tagged with it (every worker of the crawl yields them: stored once per crawl)."""
+    crawler._bloomcrawl_crawl_id = crawl_id
+
+
+def start_prefix(crawler: Any) -> str | None:
+    """The start of the ids of the items ``start()`` yields in this crawl (None: no crawl
+    joined, not tagged)."""
+    crawl_id: bytes | None = getattr(crawler, "_bloomcrawl_crawl_id", None)
+    return "start:" + crawl_id.decode("ascii", "replace") if crawl_id else None

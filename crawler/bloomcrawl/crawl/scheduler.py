@@ -58,6 +58,7 @@ from bloomcrawl.core.connection import (
 )
 from bloomcrawl.core.errors import FilterFullError, SettingError
 from bloomcrawl.core.frontier import Frontier
+from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.config import (
     FilterConfig,
     FrontierConfig,
@@ -233,6 +234,7 @@ class Scheduler:
                                      autothrottle=politeness.autothrottle is not None)
         self.outcomes = Outcomes(self.loop)
         self.crawl_id = prepare_frontier(frontier, self.server, self.config, spider)
+        origins.joined(self.crawler, self.crawl_id)
         self.upkeep.count_requeued(frontier.reap())
         self.intake = Intake(loop=self.loop, book=self.book, seen=self.seen, held=self.held,
                              pages=self.pages, engine=self.engine, stats=self.stats,

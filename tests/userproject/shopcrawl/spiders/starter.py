@@ -1,4 +1,5 @@
-"""A spider that starts itself: an async ``start()`` (Scrapy 2.13) and no ``parse()``."""
+"""A spider that starts itself: an async ``start()`` (Scrapy 2.13) that yields an item too,
+and no ``parse()``."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ class StarterSpider(scrapy.Spider):
         self.base = shop_url.rstrip("/")
 
     async def start(self) -> AsyncIterator[Any]:
+        # an item of its own first, as Scrapy 2.13 lets start() yield items
+        yield {"category": "*", "categories": len(self.categories)}
         for name in self.categories:
             yield scrapy.Request("%s/category/%s" % (self.base, name),
                                  callback=self.parse_category, cb_kwargs={"category": name})
