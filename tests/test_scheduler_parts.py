@@ -263,3 +263,33 @@ def test_seen_cache_answers_for_a_request_before_its_host_is_known() -> None:
     # the request's own fingerprint finds it: the host leaves the bytes the cache keys on
     assert own in seen and sent in seen
     assert hashlib.sha1(b"http://a.test/2").digest() not in seen
+
+
+# -- FrontierDownloaderMiddleware: cookies -----------------------------------------
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_response_that_sets_cookies_is_said_once(caplog: pytest.LogCaptureFixture,
+                                                   enabled: bool) -> None:
+    """Each worker keeps its own cookie jar: the first response that sets a cookie says
+    so, once, unless cookies are off."""
+    from scrapy.http import HtmlResponse
+    from scrapy.utils.test import get_crawler
+
+    from bloomcrawl.crawl.middleware import FrontierDownloaderMiddleware
+
+    crawler = get_crawler(settings_dict={"COOKIES_ENABLED": enabled})
+    mw = FrontierDownloaderMiddleware.from_crawler(crawler)
+    plain = HtmlResponse("http://127.0.0.1/a", body=b"<p>a</p>")
+    login = HtmlResponse("http://127.0.0.1/login", body=b"<p>in</p>",
+                         headers={"Set-Cookie": "session=1; Path=/"})
+    with caplog.at_level("WARNING", logger="bloomcrawl.crawl.middleware"):
+        for response in (plain, login, login, plain):
+            assert mw.process_response(Request(response.url), response) is response
+    said = [r.getMessage() for r in caplog.records if "sets cookies" in r.getMessage()]
+    assert said == (["<200 http://127.0.0.1/login> sets cookies: Scrapy keeps cookies in"
+                     " each worker's own jar, and a queued request carries only the cookies"
+                     " set on it (cookies=..., a Cookie header), so other workers fetch it"
+                     " without this one's session (a login on one worker logs in no other)."
+                     " See \"What each worker keeps to itself\" in bloomcrawl's README"]
+                    if enabled else [])

@@ -83,6 +83,7 @@ def test_crawlspider_with_items_in_cb_kwargs_crawls_every_page_once(
     stats = shared_stats(redis_client, "catalog")
     assert stats["pages"] == sum(get_pages(shop).values())
     assert stats.get("errors", 0) == 0 and stats.get("local", 0) == 0, stats
+    assert not any("sets cookies" in w.text() for w in ws)  # no page of it sets one
     assert frontier_left(redis_client, "catalog") == 0
     # the CrawlSpider's rule requests (callback _callback) went through the shared queue
     assert sum(w.stats().get("scheduler/enqueued/redis", 0) for w in ws) >= PRODUCTS

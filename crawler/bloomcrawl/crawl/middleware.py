@@ -4,7 +4,8 @@
   output handled, its requests queued and its items through the item
   pipeline (:mod:`bloomcrawl.crawl.pages`), or the callback raised.
 * :class:`FrontierDownloaderMiddleware`: the download failed for good (no
-  other middleware retried it) or the request was ignored.
+  other middleware retried it) or the request was ignored. It also says,
+  once, that a response set a cookie: each worker keeps its own jar.
 
 Retries and redirects are new requests carrying the original's lease; the
 scheduler queues them, then acks the original.
@@ -13,6 +14,7 @@ scheduler queues them, then acks the original.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,8 @@ from scrapy.exceptions import IgnoreRequest
 from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.lease import ENTRY_META_KEY, INTERNAL_META_KEYS, VISIT_META_KEY, Outcome
 from bloomcrawl.crawl.pages import Page, PageTracker, adopt, tracked
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -139,6 +143,24 @@ class FrontierSpiderMiddleware(_Reporter):
 class FrontierDownloaderMiddleware(_Reporter):
     """Acks the lease of a request whose download failed for good or was ignored (once
     its errback's output is handled, when it has one)."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        self._cookies_said = not crawler.settings.getbool("COOKIES_ENABLED", True)
+
+    def process_response(self, request: Request, response: Response,
+                         spider: Spider | None = None) -> Response:
+        if not self._cookies_said and b"Set-Cookie" in response.headers:
+            # once: from then on this costs one attribute test a response
+            self._cookies_said = True
+            logger.warning(
+                "%s sets cookies: Scrapy keeps cookies in each worker's own jar, and a"
+                " queued request carries only the cookies set on it (cookies=..., a"
+                " Cookie header), so other workers fetch it without this one's session"
+                " (a login on one worker logs in no other). See \"What each worker keeps"
+                " to itself\" in bloomcrawl's README", response,
+                extra={"spider": self.crawler.spider})
+        return response
 
     def process_exception(self, request: Request, exception: Exception,
                           spider: Spider | None = None) -> None:
