@@ -13,6 +13,7 @@ from bloomcrawl.core import keys
 from bloomcrawl.core.errors import SettingError
 from bloomcrawl.crawl.lease import HOLD_META_KEY
 from bloomcrawl.crawl.scheduler import check_middlewares
+from bloomcrawl.crawl.seeds import take_start_items
 
 from test_scheduler import drain, finish, make_scheduler
 
@@ -71,10 +72,14 @@ def test_start_requests_are_queued_once_per_crawl_whichever_workers_start_them(
         finish(s, r)
     for s in workers:
         s.send_pending()
+    # the first worker to ask takes the items start() yields in this crawl, asked twice
+    assert [take_start_items(s.server, "unit", s.crawl_id, s.worker_id)
+            for s in (workers[1], workers[0], workers[1])] == [True, False, True]
     for s in workers:
         s.close("finished")
-    # the crawl ended with its frontier empty: the next one starts its start URLs again
-    assert redis_client.hget(keys.crawl_key("unit"), "id") is None
+    # the crawl ended with its frontier empty: the next one starts its start URLs again,
+    # and its start items are the first asker's again
+    assert redis_client.hgetall(keys.crawl_key("unit")) == {}
     fresh = make_scheduler(redis_server.url)
     assert fresh.crawl_id not in (b"", workers[0].crawl_id)
     fresh.enqueue_request(start_request("http://a.test/"))

@@ -144,8 +144,9 @@ def test_a_spider_that_starts_itself_refuses_pushed_urls_and_starts_in_every_cra
         redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
     """``async start()`` and no ``parse()``: its start requests once per crawl across the
     workers; a URL pushed to its list has no callback to go to: refused, said, counted.
-    The item ``start()`` yields (every worker yields it) and the start pages' items are
-    stored once per crawl, as one ``scrapy crawl`` stores them each time."""
+    The item ``start()`` yields (every worker yields it: one takes it, the other drops its
+    own) and the start pages' items go through the pipelines once per crawl, as one
+    ``scrapy crawl`` stores them each time."""
     redis_client.rpush("starter:start_urls", shop.url + "/category/books")
     ws = workers(worker_pool, 2, "starter", redis_server.url, shop)
     run_workers(ws, CRAWL_TIMEOUT_S)
@@ -157,6 +158,10 @@ def test_a_spider_that_starts_itself_refuses_pushed_urls_and_starts_in_every_cra
     assert "spider 'starter' has no parse() callback" in "".join(w.text() for w in ws)
     crawl = ["*", "books", "games", "tools"]
     assert sorted(i["category"] for i in stored_items(redis_client, "starter")) == crawl
+    assert [w.stats().get("bloomcrawl/start_items_elsewhere", 0) for w in ws].count(1) == 1
+    # through the item pipelines once each, the project's own ones too
+    assert sum(w.stats().get("item_scraped_count", 0) for w in ws) == len(crawl)
+    assert stats["items"] == len(crawl), stats
     ws = workers(worker_pool, 2, "starter", redis_server.url, shop, first=2)
     run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)

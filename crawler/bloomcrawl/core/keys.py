@@ -176,7 +176,9 @@ def filter_name_from_meta(key: str) -> str:
 #   <spider>:stats              hash  pages, items, filtered, requeued, errors,
 #                                     bad_start_urls, unserializable, local (HINCRBY)
 #   <spider>:crawl              hash  id: the crawl under way (crawl_id.lua): dont_filter start
-#                                     requests go through the filter under it
+#                                     requests go through the filter under it;
+#                                     start_items:<crawl id>: the worker that took the
+#                                     items start() yields in that crawl
 #   {<spider>:stats}:applied    hash  worker -> number of its last exchange counted
 #                                     (a resent exchange is counted once)
 #   {<spider>:stats}:pages_by_node

@@ -20,7 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
+from scrapy.utils.defer import maybe_deferred_to_future
+from twisted.internet.threads import deferToThread
 
+from bloomcrawl.core.connection import REDIS_ERRORS
 from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.lease import ENTRY_META_KEY, INTERNAL_META_KEYS, VISIT_META_KEY, Outcome
 from bloomcrawl.crawl.pages import Page, PageTracker, adopt, tracked
@@ -102,15 +105,45 @@ class FrontierSpiderMiddleware(_Reporter):
         return fingerprint
 
     async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        """Tags the items ``start()`` yields (Scrapy 2.13) with the crawl and their
-        position: each worker of the crawl yields them, and they are stored once."""
-        prefix = origins.start_prefix(self.crawler) if origins.wanted(self.crawler) else None
+        """The items ``start()`` yields (Scrapy 2.13), once per crawl.
+
+        Every worker of a crawl runs ``start()``, as plain Scrapy runs it once:
+        the first worker to yield an item takes them all
+        (:func:`~bloomcrawl.crawl.seeds.take_start_items`), and the others drop
+        theirs. They are tagged with the crawl and their position, so
+        RedisItemsPipeline stores each once.
+        """
+        joined = origins.crawl_of(self.crawler)
+        mine: bool | None = None if joined is not None else True
         position = 0
         async for output in start:
-            if prefix is not None and output is not None and not isinstance(output, Request):
-                origins.tag(output, "%s:%d" % (prefix, position))
+            if output is not None and not isinstance(output, Request):
+                if mine is None:
+                    assert joined is not None
+                    mine = await self._take_start_items(joined[1])
+                if not mine:
+                    self.crawler.stats.inc_value("bloomcrawl/start_items_elsewhere")
+                    continue
+                if joined is not None and origins.wanted(self.crawler):
+                    origins.tag(output, "start:%s:%d" % (
+                        joined[0].decode("ascii", "replace"), position))
                 position += 1
             yield output
+
+    async def _take_start_items(self, take: Callable[[], bool]) -> bool:
+        extra = {"spider": self.crawler.spider}
+        try:
+            mine = await maybe_deferred_to_future(deferToThread(take))
+        except REDIS_ERRORS as exc:
+            logger.warning("could not tell whether another worker took the items start()"
+                           " yields in this crawl (%s): this worker keeps its own", exc,
+                           extra=extra)
+            return True
+        if not mine:
+            logger.info("another worker of this crawl took the items start() yields: this"
+                        " worker drops its own (bloomcrawl/start_items_elsewhere)",
+                        extra=extra)
+        return bool(mine)
 
     # ``spider=None``: Scrapy < 2.14 passes the spider, later versions do not
 

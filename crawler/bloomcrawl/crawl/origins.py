@@ -17,7 +17,7 @@ an item a pipeline replaced, or dropped, leaves nothing behind.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 #: item origins by id(item): (the item, its origin)
@@ -63,14 +63,15 @@ def want(crawler: Any) -> None:
     crawler._bloomcrawl_tag_items = True
 
 
-def joined(crawler: Any, crawl_id: bytes) -> None:
-    """The scheduler joined the crawl ``crawl_id``: the items ``start()`` yields are
-    tagged with it (every worker of the crawl yields them: stored once per crawl)."""
-    crawler._bloomcrawl_crawl_id = crawl_id
+def joined(crawler: Any, crawl_id: bytes, take_start_items: Callable[[], bool]) -> None:
+    """The scheduler joined the crawl ``crawl_id``. Every worker of the crawl runs
+    ``start()``: ``take_start_items()`` (blocking on Redis) says whether the items it
+    yields are this worker's, and they are tagged with the crawl."""
+    crawler._bloomcrawl_crawl = (crawl_id, take_start_items)
 
 
-def start_prefix(crawler: Any) -> str | None:
-    """The start of the ids of the items ``start()`` yields in this crawl (None: no crawl
-    joined, not tagged)."""
-    crawl_id: bytes | None = getattr(crawler, "_bloomcrawl_crawl_id", None)
-    return "start:" + crawl_id.decode("ascii", "replace") if crawl_id else None
+def crawl_of(crawler: Any) -> tuple[bytes, Callable[[], bool]] | None:
+    """What :func:`joined` was told (None: no bloomcrawl scheduler in this crawl)."""
+    joined: tuple[bytes, Callable[[], bool]] | None = getattr(
+        crawler, "_bloomcrawl_crawl", None)
+    return joined

@@ -44,6 +44,7 @@ import logging
 import os
 import socket
 import uuid
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
@@ -80,7 +81,13 @@ from bloomcrawl.crawl.pages import PageTracker
 from bloomcrawl.crawl.readiness import PartitionReadiness
 from bloomcrawl.crawl.recovery import Recovery
 from bloomcrawl.crawl.redis_io import RedisIO
-from bloomcrawl.crawl.seeds import StartUrls, claim_start_list, end_crawl, join_crawl
+from bloomcrawl.crawl.seeds import (
+    StartUrls,
+    claim_start_list,
+    end_crawl,
+    join_crawl,
+    take_start_items,
+)
 from bloomcrawl.crawl.seen import SeenCache
 from bloomcrawl.crawl.serialization import (
     ClassAllowList,
@@ -234,7 +241,8 @@ class Scheduler:
                                      autothrottle=politeness.autothrottle is not None)
         self.outcomes = Outcomes(self.loop)
         self.crawl_id = prepare_frontier(frontier, self.server, self.config, spider)
-        origins.joined(self.crawler, self.crawl_id)
+        origins.joined(self.crawler, self.crawl_id, partial(
+            take_start_items, self.server, spider.name, self.crawl_id, self.worker_id))
         self.upkeep.count_requeued(frontier.reap())
         self.intake = Intake(loop=self.loop, book=self.book, seen=self.seen, held=self.held,
                              pages=self.pages, engine=self.engine, stats=self.stats,

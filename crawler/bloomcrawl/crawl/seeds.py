@@ -282,6 +282,18 @@ def join_crawl(server: redis.Redis, spider: str, configured: str) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value or b"")
 
 
+def take_start_items(server: redis.Redis, spider: str, crawl_id: bytes, worker: str) -> bool:
+    """Whether the items ``start()`` yields in crawl ``crawl_id`` are this worker's.
+
+    Every worker of a crawl runs ``start()``; the first to yield an item takes
+    them all, and the others drop theirs, so each goes through the item
+    pipelines once per crawl, as start requests are fetched once.
+    """
+    (holder,) = run_scripts(server, [ScriptCall(
+        _CRAWL_ID, [keys.crawl_key(spider)], ["items", crawl_id, worker])])
+    return bool((holder.decode() if isinstance(holder, bytes) else holder) == worker)
+
+
 def end_crawl(server: redis.Redis, frontier: Frontier, spider: Spider, crawl_id: bytes) -> None:
     """The crawl is over when nothing is queued, leased or seeded anywhere."""
     key = keys.crawl_key(spider.name)
