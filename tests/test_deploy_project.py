@@ -33,7 +33,7 @@ from kit.scrapyd import PASSWORD, USERNAME, ScrapydNode
 from kit.wait import wait_until
 
 USERPROJECT = ROOT / "tests" / "userproject"
-SPIDERS = ["catalog", "deals", "direct", "listing", "news", "outage", "redis_catalog",
+SPIDERS = ["catalog", "deals", "direct", "inline", "listing", "news", "outage", "redis_catalog",
            "redis_seeds", "sitemap", "starter", "stock"]
 NO_PRICEFMT = ("the project's spiders do not import on this node: No module named 'pricefmt'"
                " (add it to requirements.txt)")

@@ -115,6 +115,32 @@ def test_a_worker_without_the_frontier_middlewares_refuses_to_open(redis_server)
     check_middlewares(both.crawler.settings)  # no error
 
 
+def test_a_project_dupefilter_is_asked_first_and_a_bloom_one_refused(redis_server) -> None:
+    from scrapy.dupefilters import RFPDupeFilter
+
+    from bloomcrawl.crawl.dupefilter import RedisBloomDupeFilter
+
+    class NoTracking(RFPDupeFilter):
+        def request_seen(self, request: Request) -> bool:
+            return "utm=" in request.url or bool(super().request_seen(request))
+
+    class BloomOfMine(RedisBloomDupeFilter):
+        pass
+
+    s = make_scheduler(redis_server.url, DUPEFILTER_CLASS=NoTracking)
+    assert s.enqueue_request(Request("http://a.test/x?utm=1")) is False
+    assert s.enqueue_request(Request("http://a.test/x")) is True
+    assert s.enqueue_request(Request("http://a.test/x?utm=2", dont_filter=True)) is True
+    s.intake.flush_counts()
+    assert s.stats.get_value("dupefilter/filtered") == 1
+    with pytest.raises(SettingError, match="subclasses RedisBloomDupeFilter, which"):
+        make_scheduler(redis_server.url, DUPEFILTER_CLASS=BloomOfMine)
+    # Scrapy's, scrapy-redis's and bloomcrawl's own filter by fingerprint: not asked
+    for plain in (RFPDupeFilter, RedisBloomDupeFilter, "scrapy_redis.dupefilter.RFPDupeFilter"):
+        assert make_scheduler(redis_server.url, DUPEFILTER_CLASS=plain).intake.project_filter \
+            is None
+
+
 def test_a_raising_callback_counts_one_error(redis_server, redis_client) -> None:
     """Scrapy sends spider_error, and the middleware reports the outcome: one error."""
     from scrapy import signals

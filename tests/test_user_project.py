@@ -389,6 +389,72 @@ def test_a_response_a_middleware_replaces_with_a_new_request_is_done(
     assert frontier_left(redis_client, "listing") == 0
 
 
+def test_the_project_s_own_dupefilter_is_asked_first(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """DUPEFILTER_CLASS set to the project's RFPDupeFilter subclass, which drops the
+    reviews of two products in three: those requests are dropped as plain Scrapy drops
+    them, and the rest goes through the cluster's filter, each page once."""
+    ws = workers(worker_pool, 2, "catalog", redis_server.url, shop, {
+        "DUPEFILTER_CLASS": "shopcrawl.dupefilters.ReviewsOfEveryThirdProduct"})
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    expected = Counter({page: 1 for page in get_pages(shop)
+                        if not (page.endswith("/reviews") and int(page.split("/")[-2]) % 3)})
+    assert_each_once(shop.hits(), expected)
+    assert sorted(str(i["url"]) for i in stored_items(redis_client, "catalog")) == sorted(
+        "%s/product/%d" % (shop.url, p) for p in range(PRODUCTS) if p % 3 == 0)
+    assert "DUPEFILTER_CLASS shopcrawl.dupefilters.ReviewsOfEveryThirdProduct is asked" \
+        " first" in "".join(w.text() for w in ws)
+    assert frontier_left(redis_client, "catalog") == 0
+
+
+def test_a_response_a_middleware_rejects_is_done(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """The project's RejectReviewsMiddleware raises IgnoreRequest from ``process_response``
+    for every fifth product's reviews, which Scrapy hands to no ``process_exception``:
+    the request is done, ignored, and the workers close by themselves. Left leased,
+    each kept its worker open for good."""
+    middlewares = json.dumps({"bloomcrawl.crawl.middleware.FrontierDownloaderMiddleware": 10,
+                              "shopcrawl.middlewares.RejectReviewsMiddleware": 500})
+    ws = workers(worker_pool, 2, "catalog", redis_server.url, shop,
+                 {"DOWNLOADER_MIDDLEWARES": middlewares})
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    assert_each_once(shop.hits(), get_pages(shop))
+    assert sorted(str(i["url"]) for i in stored_items(redis_client, "catalog")) == sorted(
+        "%s/product/%d" % (shop.url, p) for p in range(PRODUCTS) if p % 5)
+    stats = shared_stats(redis_client, "catalog")
+    # the rejected pages are neither pages nor errors
+    assert stats["pages"] == sum(get_pages(shop).values()) - PRODUCTS // 5, stats
+    assert stats.get("errors", 0) == 0, stats
+    assert frontier_left(redis_client, "catalog") == 0
+
+
+def test_a_callback_s_own_download_with_its_page_meta_that_fails_leaves_the_page_leased(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """The ``inline`` spider's callbacks download from a stock service that is down,
+    through ``engine.download()``, with their page's meta (its lease with it). That
+    failure is the callback's to handle: it finished the page as failed, its lease
+    acked before its item was stored, and a worker killed then lost the page and every
+    page below it."""
+    down = "http://127.0.0.1:%d/" % free_port()  # nothing listens there
+    pipelines = json.dumps({"test_user_project.LeasesWhileStored": 200,
+                            "bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300})
+    ws = workers(worker_pool, 1, "inline", redis_server.url, shop,
+                 {"ITEM_PIPELINES": pipelines}, stock_url=down)
+    run_workers(ws, CRAWL_TIMEOUT_S)
+    check_exits(ws)
+    items = stored_items(redis_client, "inline")
+    assert sorted(str(i["url"]) for i in items) == sorted(
+        "%s/product/%d" % (shop.url, p) for p in range(PRODUCTS))
+    assert all("Refused" in str(i["stock"]) for i in items), items[:3]
+    early = [str(i["url"]) for i in items if not i["url_leased"]]
+    assert not early, early
+    stats = shared_stats(redis_client, "inline")
+    assert stats.get("errors", 0) == 0, stats
+    assert frontier_left(redis_client, "inline") == 0
+
+
 class LeasesWhileStored:
     """Test instrumentation: before an item goes on, waits HOLD_S (past the 50 ms within
     which an ack leaves) and notes in it how many leases its spider holds in Redis, and

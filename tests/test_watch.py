@@ -8,7 +8,6 @@ and only its log says the spider never opened.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import redis
@@ -68,7 +67,10 @@ def test_a_cancelled_job_fails_the_wait_saying_it_was_stopped(
         wait_until(lambda: any(j["id"] == job for j in
                                scrapyd_node.node.request("listjobs.json?project=probe")
                                ["running"]), 30, what="the job to run")
-        time.sleep(1.0)  # its spider open
+        log = scrapyd_node.workdir / "logs" / "probe" / "waiter" / ("%s.log" % job)
+        # its spider open (cancelled before, the job would end as it ends when done)
+        wait_until(lambda: log.exists() and "Spider opened" in log.read_text(), 30,
+                   what="the job's spider to open")
         assert scrapyd_node.post("cancel.json", project="probe", job=job)["status"] == "ok"
 
     canceller = threading.Thread(target=cancel_once_running)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from scrapy.dupefilters import BaseDupeFilter
 
 from bloomcrawl.core.bloom import normalise_fingerprint
+from bloomcrawl.core.errors import SettingError
 from bloomcrawl.core.politeness import filter_fingerprint, host_of
 from bloomcrawl.crawl.config import FilterConfig, redis_from_settings
 from bloomcrawl.crawl.windows import RevisitWindows
@@ -132,3 +133,37 @@ class RedisBloomDupeFilter(BaseDupeFilter):
 
     def close(self, reason: str = "") -> None:
         """The filter stays in Redis: that is what makes the next run incremental."""
+
+
+#: duplicate filters that decide by fingerprint alone: under bloomcrawl's scheduler the
+#: cluster's Bloom filter does their work, so they are not called
+FINGERPRINT_ONLY = frozenset({
+    "scrapy.dupefilters.BaseDupeFilter", "scrapy.dupefilters.RFPDupeFilter",
+    "bloomcrawl.crawl.dupefilter.RedisBloomDupeFilter", "scrapy_redis.dupefilter.RFPDupeFilter",
+})
+
+
+def project_dupefilter(crawler: Crawler) -> BaseDupeFilter | None:
+    """The project's own DUPEFILTER_CLASS, built as Scrapy's scheduler builds it, when it
+    decides more than a fingerprint seen before (a subclass with its own ``request_seen``,
+    say): bloomcrawl's scheduler asks it first, and drops what it says was seen. None
+    for the filters of :data:`FINGERPRINT_ONLY`."""
+    from scrapy.utils.misc import build_from_crawler, load_object
+
+    setting = crawler.settings.get("DUPEFILTER_CLASS")
+    cls = load_object(setting) if isinstance(setting, str) else setting
+    if cls is None or "%s.%s" % (cls.__module__, cls.__qualname__) in FINGERPRINT_ONLY:
+        return None
+    if issubclass(cls, RedisBloomDupeFilter):
+        # its request_seen() would mark in the Bloom filter what the frontier then finds
+        # seen, and drop every request
+        raise SettingError(
+            "DUPEFILTER_CLASS %s.%s subclasses RedisBloomDupeFilter, which bloomcrawl's"
+            " scheduler cannot ask first: drop requests of your own in a downloader"
+            " middleware's process_request (raise IgnoreRequest), or subclass Scrapy's"
+            " RFPDupeFilter" % (cls.__module__, cls.__qualname__))
+    dupefilter: BaseDupeFilter = build_from_crawler(cls, crawler)
+    logger.info("DUPEFILTER_CLASS %s.%s is asked first: what its request_seen() drops is"
+                " dropped (in this worker), the rest goes through the cluster's Bloom"
+                " filter", cls.__module__, cls.__qualname__)
+    return dupefilter

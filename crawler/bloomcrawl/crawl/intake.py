@@ -24,6 +24,7 @@ from bloomcrawl.crawl.serialization import UnserializableRequest, priority_score
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
+    from scrapy.dupefilters import BaseDupeFilter
     from scrapy.statscollectors import StatsCollector
 
     from bloomcrawl.crawl.engine import EngineInterface
@@ -68,7 +69,8 @@ class Intake:
                  held: HeldRequests, pages: PageTracker, engine: EngineInterface,
                  stats: StatsCollector, fingerprinter: Any, spider: Spider,
                  allowed: ClassAllowList | None, partition_by: str, crawl_id: bytes,
-                 strict: bool, windows: RevisitWindows) -> None:
+                 strict: bool, windows: RevisitWindows,
+                 project_filter: BaseDupeFilter | None = None) -> None:
         self.loop = loop
         self.outbox = loop.outbox
         self.duplicates = loop.duplicates
@@ -92,6 +94,8 @@ class Intake:
         self.strict = strict
         #: which revisit window each request goes in
         self.windows = windows
+        #: the project's own DUPEFILTER_CLASS, asked first (None: none of its own)
+        self.project_filter = project_filter
 
     def enqueue(self, request: Request) -> bool:
         """Queue a request in the shared frontier (buffered, sent with the next exchange).
@@ -111,6 +115,13 @@ class Intake:
             return True
         lease = meta.pop(LEASE_META_KEY, None)
         outbox = self.outbox
+        project_filter = self.project_filter
+        if project_filter is not None and not request.dont_filter and (
+                project_filter.request_seen(request)):
+            project_filter.log(request, self.spider)  # counts it, as under Scrapy's scheduler
+            if lease is not None:
+                self.loop.ack(lease)
+            return False
         fp = normalise_fingerprint(self.fingerprinter.fingerprint(request))
         dont_filter = request.dont_filter
         # a start request (start_urls, start(), a SitemapSpider's sitemap_urls): once per

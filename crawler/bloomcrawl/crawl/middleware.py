@@ -4,7 +4,9 @@
   output handled, its requests queued and its items through the item
   pipeline (:mod:`bloomcrawl.crawl.pages`), or the callback raised.
 * :class:`FrontierDownloaderMiddleware`: the download failed for good (no
-  other middleware retried it) or the request was ignored. It also says,
+  other middleware retried it) or the request was ignored, where Scrapy's
+  engine cannot be followed (where it can, :meth:`PageTracker.downloads`
+  hears of every failure, those of ``process_response`` too). It also says,
   once, that a response set a cookie: each worker keeps its own jar.
 
 Retries and redirects are new requests carrying the original's lease; the
@@ -175,7 +177,8 @@ class FrontierSpiderMiddleware(_Reporter):
 
 class FrontierDownloaderMiddleware(_Reporter):
     """Acks the lease of a request whose download failed for good or was ignored (once
-    its errback's output is handled, when it has one)."""
+    its errback's output is handled, when it has one), where the engine's handler of
+    download results cannot be followed."""
 
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
@@ -197,6 +200,11 @@ class FrontierDownloaderMiddleware(_Reporter):
 
     def process_exception(self, request: Request, exception: Exception,
                           spider: Spider | None = None) -> None:
+        # the engine's handler of download results hears of every failure of a scheduled
+        # request (PageTracker.downloads), this one of engine.download()'s too: those of a
+        # request that copied its page's meta must not finish the page
+        if self.pages.follows_downloads:
+            return
         outcome = (Outcome.IGNORED if isinstance(exception, IgnoreRequest)
                    else Outcome.DOWNLOAD_ERROR)
         self.pages.failed(request, outcome)

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request as ScrapyRequest
 from scrapy import signals
+from scrapy.exceptions import IgnoreRequest
+from twisted.python.failure import Failure
 
 from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.lease import (
@@ -117,6 +119,9 @@ class PageTracker:
         # requests the engine is scheduling right now (inside its crawl()): id -> (the
         # request, its parent page), for hold()
         self._taking: dict[int, tuple[Request, Page | None]] = {}
+        #: whether the engine's handler of download results is followed (downloads): it
+        #: hears of every failed scheduled download
+        self.follows_downloads = False
         # failed requests whose errback's output the scraper is handling: id -> their
         # page (ended once that output was handled); only while the scraper is followed
         # (scraping)
@@ -329,11 +334,31 @@ class PageTracker:
         return enqueue_scrape_followed
 
     def downloads(self, handle: Callable[..., Any]) -> Callable[..., Any]:
-        """The engine's handler of each download's result, wrapped: a tracked request a
-        downloader middleware answered with a new request that does not carry its lease
-        (or hold), as a copy made by ``replace()`` does, is finished once the new one
-        was given to the engine: nothing else would ever finish it."""
+        """The engine's handler of each scheduled download's result, wrapped.
+
+        * A failure is final: no downloader middleware turned it into a retry.
+          It may come from the download or a middleware's ``process_request``
+          (which ``process_exception`` hears of too), or from a middleware's
+          ``process_response`` (which nothing else hears of: an IgnoreRequest
+          there, as HttpCompressionMiddleware raises past DOWNLOAD_MAXSIZE). The
+          request :meth:`failed`.
+        * A tracked request a downloader middleware answered with a new request
+          that does not carry its lease (or hold), as a copy made by
+          ``replace()`` does, is finished once the new one was given to the
+          engine: nothing else would ever finish it.
+
+        ``engine.download()`` (a callback's own download, media pipelines) does
+        not come here: such a request that copied its page's meta fails without
+        finishing the page.
+        """
+        self.follows_downloads = True
+
         def handle_followed(result: Any, request: Request, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(result, Failure):
+                if tracked(request):
+                    self.failed(request, Outcome.IGNORED if isinstance(result.value, IgnoreRequest)
+                                else Outcome.DOWNLOAD_ERROR)
+                return handle(result, request, *args, **kwargs)
             replaced = (isinstance(result, ScrapyRequest) and result is not request
                         and tracked(request) and not carries(result, request))
             out = handle(result, request, *args, **kwargs)

@@ -67,6 +67,7 @@ from bloomcrawl.crawl.config import (
     politeness_from_settings,
     redis_from_settings,
 )
+from bloomcrawl.crawl.dupefilter import project_dupefilter
 from bloomcrawl.crawl.engine import EngineInterface
 from bloomcrawl.crawl.exchanges import ExchangeLoop
 from bloomcrawl.crawl.feedback import HostFeedback, retry_after
@@ -250,7 +251,8 @@ class Scheduler:
                              allowed=self.allowed, crawl_id=self.crawl_id,
                              partition_by=frontier.bloom.params.partition_by,
                              strict=self.config.strict,
-                             windows=RevisitWindows(frontier.bloom.params, spider))
+                             windows=RevisitWindows(frontier.bloom.params, spider),
+                             project_filter=project_dupefilter(self.crawler))
         s = self.crawler.signals
         s.connect(self.feedback.reached_downloader, signal=signals.request_reached_downloader)
         # response_downloaded, not response_received: a 429 that RetryMiddleware turns
@@ -307,6 +309,8 @@ class Scheduler:
                          " (%s)", exc, extra={"spider": self.spider})
         self.upkeep.release()
         self.held.clear()
+        if self.intake.project_filter is not None:
+            self.intake.project_filter.close(reason)
         if reason == "finished" and self.crawl_id and not self.config.crawl_id:
             end_crawl(self.server, frontier, self.spider, self.crawl_id)
         if not self.config.persist:
