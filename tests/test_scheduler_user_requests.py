@@ -141,6 +141,29 @@ def test_a_project_dupefilter_is_asked_first_and_a_bloom_one_refused(redis_serve
             is None
 
 
+def test_a_worker_that_flushes_leaves_a_crawl_other_workers_hold_alone(redis_server) -> None:
+    """SCHEDULER_PERSIST = False (a flush when the worker closes) and
+    SCHEDULER_FLUSH_ON_START (a flush when it opens) delete no crawl that another
+    worker holds leases of: the last worker to close flushes it."""
+    busy = make_scheduler(redis_server.url)
+    for n in range(3):
+        busy.enqueue_request(Request("http://a.test/%d" % n))
+    busy.send_pending()
+    leased = busy.next_request()
+    assert leased is not None
+    left = busy.frontier.size(with_leases=True)
+    assert left == 3
+    make_scheduler(redis_server.url, SCHEDULER_PERSIST=False).close("finished")
+    assert busy.frontier.size(with_leases=True) == left
+    make_scheduler(redis_server.url, SCHEDULER_FLUSH_ON_START=True)
+    assert busy.frontier.size(with_leases=True) == left
+    # no lease held: flushed
+    finish(busy, leased)
+    busy.close("finished")
+    make_scheduler(redis_server.url, SCHEDULER_PERSIST=False).close("finished")
+    assert busy.frontier.size(with_leases=True) == 0
+
+
 def test_a_raising_callback_counts_one_error(redis_server, redis_client) -> None:
     """Scrapy sends spider_error, and the middleware reports the outcome: one error."""
     from scrapy import signals

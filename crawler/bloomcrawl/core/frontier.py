@@ -417,6 +417,17 @@ class Frontier:
         pipe.execute()
         return self.reap()
 
+    def live_leases(self) -> int:
+        """Requests and start URLs leased by live workers: expired leases are put back
+        first (:meth:`reap`)."""
+        self.reap()
+        f = self.keys
+        pipe = self.server.pipeline(transaction=False)
+        for p in range(f.partitions):
+            pipe.zcard(f.deadlines(p))
+        pipe.zcard(f.start_deadlines)
+        return int(sum(int(n or 0) for n in pipe.execute()))
+
     def size(self, with_leases: bool = False) -> int:
         """Requests queued (plus, ``with_leases``, leased and waiting as start URLs)."""
         f = self.keys

@@ -314,7 +314,8 @@ class Scheduler:
         if reason == "finished" and self.crawl_id and not self.config.crawl_id:
             end_crawl(self.server, frontier, self.spider, self.crawl_id)
         if not self.config.persist:
-            frontier.flush()
+            flush_unless_shared(frontier, "SCHEDULER_PERSIST is False", self.spider,
+                                "the last worker to close flushes it")
 
     # -- the engine's interface -----------------------------------------------------
 
@@ -425,13 +426,26 @@ def open_frontier(server: redis.Redis, spider: Spider, config: FrontierConfig,
                     politeness=politeness)
 
 
+def flush_unless_shared(frontier: Frontier, why: str, spider: Spider, then: str) -> bool:
+    """Flush the frontier (queue, leases, filter) unless other workers hold leases in it:
+    a crawl under way is not deleted under them. Whether it was flushed."""
+    others = frontier.live_leases()
+    if others:
+        logger.warning("%s, but other workers hold %d leases of this frontier: it is kept"
+                       " for the crawl under way (%s)", why, others, then,
+                       extra={"spider": spider})
+        return False
+    frontier.flush()
+    return True
+
+
 def prepare_frontier(frontier: Frontier, server: redis.Redis, config: FrontierConfig,
                      spider: Spider) -> bytes:
     """Record the layout, flush if asked, move old queues; returns the crawl's id."""
     extra = {"spider": spider}
     frontier.record_layout()
-    if config.flush_on_start:
-        frontier.flush()
+    if config.flush_on_start and flush_unless_shared(
+            frontier, "SCHEDULER_FLUSH_ON_START is set", spider, "this worker joins it"):
         server.delete(keys.crawl_key(spider.name))
     crawl_id = join_crawl(server, spider.name, config.crawl_id)
     moved = frontier.migrate()
