@@ -141,7 +141,8 @@ def test_a_project_dupefilter_is_asked_first_and_a_bloom_one_refused(redis_serve
             is None
 
 
-def test_a_worker_that_flushes_leaves_a_crawl_other_workers_hold_alone(redis_server) -> None:
+def test_a_worker_that_flushes_leaves_a_crawl_other_workers_hold_alone(
+        redis_server, redis_client) -> None:
     """SCHEDULER_PERSIST = False (a flush when the worker closes) and
     SCHEDULER_FLUSH_ON_START (a flush when it opens) delete no crawl that another
     worker holds leases of: the last worker to close flushes it."""
