@@ -417,17 +417,6 @@ class Frontier:
         pipe.execute()
         return self.reap()
 
-    def live_leases(self) -> int:
-        """Requests and start URLs leased by live workers: expired leases are put back
-        first (:meth:`reap`)."""
-        self.reap()
-        f = self.keys
-        pipe = self.server.pipeline(transaction=False)
-        for p in range(f.partitions):
-            pipe.zcard(f.deadlines(p))
-        pipe.zcard(f.start_deadlines)
-        return int(sum(int(n or 0) for n in pipe.execute()))
-
     def size(self, with_leases: bool = False) -> int:
         """Requests queued (plus, ``with_leases``, leased and waiting as start URLs)."""
         f = self.keys
@@ -466,3 +455,15 @@ class Frontier:
                           [self.worker_id + ":", self.lease_ms, most, *acks])
         reply = self.bloom.run_scripts([call])[0]
         return [(reply[i].decode(), reply[i + 1]) for i in range(0, len(reply), 2)]
+
+
+def live_leases(frontier: Frontier) -> int:
+    """Requests and start URLs leased by live workers: expired leases are put back first
+    (:meth:`Frontier.reap`)."""
+    frontier.reap()
+    f = frontier.keys
+    pipe = frontier.server.pipeline(transaction=False)
+    for p in range(f.partitions):
+        pipe.zcard(f.deadlines(p))
+    pipe.zcard(f.start_deadlines)
+    return int(sum(int(n or 0) for n in pipe.execute()))

@@ -58,7 +58,7 @@ from bloomcrawl.core.connection import (
     server_infos,
 )
 from bloomcrawl.core.errors import FilterFullError, SettingError
-from bloomcrawl.core.frontier import Frontier
+from bloomcrawl.core.frontier import Frontier, live_leases
 from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.config import (
     FilterConfig,
@@ -429,7 +429,7 @@ def open_frontier(server: redis.Redis, spider: Spider, config: FrontierConfig,
 def flush_unless_shared(frontier: Frontier, why: str, spider: Spider, then: str) -> bool:
     """Flush the frontier (queue, leases, filter) unless other workers hold leases in it:
     a crawl under way is not deleted under them. Whether it was flushed."""
-    others = frontier.live_leases()
+    others = live_leases(frontier)
     if others:
         logger.warning("%s, but other workers hold %d leases of this frontier: it is kept"
                        " for the crawl under way (%s)", why, others, then,
