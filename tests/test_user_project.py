@@ -46,6 +46,10 @@ USERPROJECT = TESTS / "userproject"
 PRICEFMT = USERPROJECT / "vendor" / "pricefmt"
 PRODUCTS = 60
 CRAWL_TIMEOUT_S = 120
+#: items through LeasesWhileStored (which notes the leases held as each is stored), then
+#: stored
+LEASE_CHECKS = json.dumps({"test_user_project.LeasesWhileStored": 200,
+                           "bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300})
 
 
 @pytest.fixture
@@ -61,6 +65,27 @@ def workers(pool: WorkerPool, n: int, spider: str, redis_url: str, shop: Running
     args = {} if spider.startswith("redis_") else {"shop_url": shop.url, **spider_args}
     return pool.start_many(n, redis_url, settings, first=first, spider=spider, args=args,
                            project=USERPROJECT, pythonpath=(PRICEFMT,))
+
+
+def killed_and_finished(pool: WorkerPool, spider: str, redis_url: str, client: Any,
+                        shop: RunningShop, settings: dict[str, str], stored: int
+                        ) -> tuple[int, list[Worker]]:
+    """A worker of ``spider`` SIGKILLed once ``stored`` of its items are in Redis (its
+    pipeline holding more), then a second one that crawls to the end: the items stored
+    at the kill, and the second worker."""
+    [first] = workers(pool, 1, spider, redis_url, shop, settings)
+
+    def enough_stored() -> bool:
+        assert first.running, first.tail()
+        return bool(client.llen("%s:items" % spider) >= stored)
+
+    wait_until(enough_stored, CRAWL_TIMEOUT_S, what="%d items stored" % stored)
+    first.kill()
+    at_kill = int(client.llen("%s:items" % spider))
+    second = workers(pool, 1, spider, redis_url, shop, settings, first=1)
+    run_workers(second, CRAWL_TIMEOUT_S)
+    check_exits(second)
+    return at_kill, second
 
 
 def get_pages(shop: RunningShop) -> Counter[str]:
@@ -345,10 +370,8 @@ def test_requests_a_held_page_hands_the_engine_with_its_meta_are_its_links(
     meta are links of that page too: taken for retries of it, each one let go of the
     page's parent once more, and the start page's lease went before the crawl was
     done."""
-    pipelines = json.dumps({"test_user_project.LeasesWhileStored": 200,
-                            "bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300})
     ws = workers(worker_pool, 2, "direct", redis_server.url, shop,
-                 {"ITEM_PIPELINES": pipelines}, held="1")
+                 {"ITEM_PIPELINES": LEASE_CHECKS}, held="1")
     run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
     expected = get_pages(shop) + Counter({"GET /search": 1, "GET /": 1})
@@ -438,10 +461,8 @@ def test_a_callback_s_own_download_with_its_page_meta_that_fails_leaves_the_page
     acked before its item was stored, and a worker killed then lost the page and every
     page below it."""
     down = "http://127.0.0.1:%d/" % free_port()  # nothing listens there
-    pipelines = json.dumps({"test_user_project.LeasesWhileStored": 200,
-                            "bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300})
     ws = workers(worker_pool, 1, "inline", redis_server.url, shop,
-                 {"ITEM_PIPELINES": pipelines}, stock_url=down)
+                 {"ITEM_PIPELINES": LEASE_CHECKS}, stock_url=down)
     run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
     items = stored_items(redis_client, "inline")
@@ -494,10 +515,8 @@ def test_a_failed_request_is_acked_after_what_its_errback_yields_is_stored(
     request of that page's, not a retry of the failed one, which would ack its lease as
     soon as it was queued."""
     down = "http://127.0.0.1:%d/" % free_port()  # nothing listens there
-    pipelines = json.dumps({"test_user_project.LeasesWhileStored": 200,
-                            "bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300})
     ws = workers(worker_pool, 1, "outage", redis_server.url, shop,
-                 {"ITEM_PIPELINES": pipelines}, down_url=down)
+                 {"ITEM_PIPELINES": LEASE_CHECKS}, down_url=down)
     run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
     items = {str(i["url"]): i for i in stored_items(redis_client, "outage")}
@@ -542,19 +561,9 @@ def test_no_item_is_lost_when_a_worker_dies_with_items_in_its_pipeline(
                                               "bloomcrawl.crawl.pipelines.RedisItemsPipeline":
                                               300}),
                 "EXTENSIONS": TAGS_AT_CLOSE}
-    [first] = workers(worker_pool, 1, "catalog", redis_server.url, shop, settings)
-
-    def ten_stored() -> bool:
-        assert first.running, first.tail()
-        return bool(redis_client.llen("catalog:items") >= 10)
-
-    wait_until(ten_stored, CRAWL_TIMEOUT_S, what="10 items stored")
-    first.kill()
-    stored_at_kill = redis_client.llen("catalog:items")
+    stored_at_kill, second = killed_and_finished(worker_pool, "catalog", redis_server.url,
+                                                 redis_client, shop, settings, 10)
     assert 10 <= stored_at_kill < PRODUCTS
-    second = workers(worker_pool, 1, "catalog", redis_server.url, shop, settings, first=1)
-    run_workers(second, CRAWL_TIMEOUT_S)
-    check_exits(second)
     items = stored_items(redis_client, "catalog")
     urls = Counter(str(i["url"]) for i in items)
     missing = {"%s/product/%d" % (shop.url, p) for p in range(PRODUCTS)} - set(urls)
@@ -581,17 +590,8 @@ def test_a_page_fetched_again_on_purpose_stores_its_items_once_each_visit(
                 "ITEM_PIPELINES": json.dumps({"shopcrawl.pipelines.EnrichPipeline": 100,
                                               "bloomcrawl.crawl.pipelines.RedisItemsPipeline":
                                               300})}
-    [first] = workers(worker_pool, 1, "stock", redis_server.url, shop, settings)
-
-    def some_stored() -> bool:
-        assert first.running, first.tail()
-        return bool(redis_client.llen("stock:items") >= 20)
-
-    wait_until(some_stored, CRAWL_TIMEOUT_S, what="20 items stored")
-    first.kill()
-    second = workers(worker_pool, 1, "stock", redis_server.url, shop, settings, first=1)
-    run_workers(second, CRAWL_TIMEOUT_S)
-    check_exits(second)
+    killed_and_finished(worker_pool, "stock", redis_server.url, redis_client, shop, settings,
+                        20)
     stored = Counter((str(i["url"]), str(i["kind"]))
                      for i in stored_items(redis_client, "stock"))
     expected = Counter({("%s/product/%d" % (shop.url, p), kind): 1
