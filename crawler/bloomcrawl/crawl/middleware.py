@@ -21,14 +21,13 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
-from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.threads import deferToThread
 
 from bloomcrawl.core.connection import REDIS_ERRORS
 from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.lease import ENTRY_META_KEY, INTERNAL_META_KEYS, VISIT_META_KEY, Outcome
-from bloomcrawl.crawl.pages import Page, PageTracker, adopt, tracked
+from bloomcrawl.crawl.pages import Page, PageTracker, adopt, failure_outcome, tracked
 
 logger = logging.getLogger(__name__)
 
@@ -205,6 +204,4 @@ class FrontierDownloaderMiddleware(_Reporter):
         # request that copied its page's meta must not finish the page
         if self.pages.follows_downloads:
             return
-        outcome = (Outcome.IGNORED if isinstance(exception, IgnoreRequest)
-                   else Outcome.DOWNLOAD_ERROR)
-        self.pages.failed(request, outcome)
+        self.pages.failed(request, failure_outcome(exception))

@@ -97,6 +97,11 @@ def carries(other: Request, request: Request) -> bool:
             or (HOLD_META_KEY in meta and meta[HOLD_META_KEY] == own.get(HOLD_META_KEY)))
 
 
+def failure_outcome(exception: BaseException | None) -> Outcome:
+    """The outcome of a download that failed for good with ``exception``."""
+    return Outcome.IGNORED if isinstance(exception, IgnoreRequest) else Outcome.DOWNLOAD_ERROR
+
+
 def tracked(request: Request | None) -> bool:
     """Whether the page of ``request`` must report when it is done (leased or held)."""
     return request is not None and (LEASE_META_KEY in request.meta
@@ -356,8 +361,7 @@ class PageTracker:
         def handle_followed(result: Any, request: Request, *args: Any, **kwargs: Any) -> Any:
             if isinstance(result, Failure):
                 if tracked(request):
-                    self.failed(request, Outcome.IGNORED if isinstance(result.value, IgnoreRequest)
-                                else Outcome.DOWNLOAD_ERROR)
+                    self.failed(request, failure_outcome(result.value))
                 return handle(result, request, *args, **kwargs)
             replaced = (isinstance(result, ScrapyRequest) and result is not request
                         and tracked(request) and not carries(result, request))
