@@ -190,6 +190,10 @@ class Outcome:
     exporter_log: str = ""
     logs: dict[str, str] = field(default_factory=dict)  # name -> log tail
     log_files: dict[str, Path] = field(default_factory=dict)
+    #: the pages fetched with no item stored
+    items_lost_pages: list[int] = field(default_factory=list)
+    #: :meth:`FaultRun.moment`: a moment's label -> {page: GETs the site had served}
+    moments: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def log_text(self, worker: str) -> str:
         return self.log_files[worker].read_text(errors="replace")
@@ -228,7 +232,8 @@ class Outcome:
         if lost and self.lost:
             out.append("%d of %d pages never crawled" % (self.lost, self.pages))
         if items and self.items_lost:
-            out.append("%d crawled pages have no item stored" % self.items_lost)
+            out.append("%d crawled pages have no item stored: %s" % (
+                self.items_lost, self.describe_pages(self.items_lost_pages)))
         if items and self.items_duplicated > self.fetched_twice:
             out.append("%d extra items stored, but only %d pages fetched twice"
                        % (self.items_duplicated, self.fetched_twice))
@@ -261,6 +266,16 @@ class Outcome:
         if problems:
             raise AssertionError("%s under %s:\n  %s\n%s" % (
                 self.contender, self.scenario, "\n  ".join(problems), self.log_tails()))
+
+    def describe_pages(self, pages: list[int], most: int = 10) -> str:
+        """Each page's GETs at the end and at each recorded moment: when it was fetched."""
+        hits = self.site.get("hits") or {}
+        out = []
+        for page in sorted(pages)[:most]:
+            at = "".join(", %d by %s" % (seen.get(page, 0), label)
+                          for label, seen in self.moments.items())
+            out.append("page %d (%d GETs%s)" % (page, int(hits.get(str(page), 0)), at))
+        return "; ".join(out) + ("; ..." if len(pages) > most else "")
 
     def log_tails(self) -> str:
         return "\n".join("--- %s\n%s" % (name, tail) for name, tail in self.logs.items())
@@ -325,6 +340,8 @@ class FaultRun:
         self.samples: list[tuple[float, int, int]] = []  # (monotonic, GETs, distinct)
         self.started = 0.0
         self.fault_end: float | None = None
+        #: :meth:`moment`'s records
+        self.moments: dict[str, dict[int, int]] = {}
         #: what :meth:`finish` measured
         self.outcome: Outcome | None = None
         self._stop = threading.Event()
@@ -401,6 +418,11 @@ class FaultRun:
                                  % (self.scenario, self.distinct(), self.pages, want,
                                     self._tails())) from None
 
+    def moment(self, label: str) -> None:
+        """Record which pages the site has served now (a failure names them by it)."""
+        hits = self.site.counts().get("hits") or {}
+        self.moments[label] = {int(page): int(n) for page, n in hits.items()}
+
     def fault_over(self) -> None:
         """The fault is gone (or, for an instant one, was injected) now."""
         self.fault_end = time.monotonic()
@@ -451,7 +473,8 @@ class FaultRun:
             client.close()
         per_page = Counter(_item_page(raw) for raw in raw_items)
         items_duplicated = sum(n - 1 for page, n in per_page.items() if page is not None)
-        items_lost = sum(1 for page in hits if int(page) not in per_page)
+        items_lost_pages = sorted(int(page) for page in hits if int(page) not in per_page)
+        items_lost = len(items_lost_pages)
         outcome = Outcome(
             scenario=self.scenario, contender=self.contender.label, pages=self.pages,
             lost=int(site["missing"]), fetched_twice=fetched_twice,
@@ -465,7 +488,8 @@ class FaultRun:
             scrape_results=list(self.exporter.scrapes) if self.exporter else [],
             exporter_log=self.exporter.text() if self.exporter else "",
             logs={w.name: w.tail() for w in self.workers},
-            log_files={w.name: w.log for w in self.workers})
+            log_files={w.name: w.log for w in self.workers},
+            items_lost_pages=items_lost_pages, moments=self.moments)
         if self.contender.shared_stats:
             outcome.stats_error = (abs(shared.get("pages", 0) - outcome.site_responses)
                                    + abs(shared.get("items", 0) - outcome.page_responses))

@@ -97,10 +97,13 @@ class Scenario:
 def inject_rollback(run: FaultRun, facts: dict[str, Any]) -> None:
     """BGSAVE at 1/4 of the pages; at 1/2, SIGKILL Redis and start it from that RDB at once."""
     run.wait_pages(0.25)
+    run.moment("BGSAVE")
     run.redis.bgsave()
+    run.moment("its end")
     facts["snapshot_at"] = run.distinct()
     run.wait_pages(0.5)
     run.redis.kill()
+    run.moment("kill")
     facts["killed_at"] = run.distinct()
     run.redis.start()
     run.fault_over()
