@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+from scrapy import Request
 from scrapy.settings import Settings
 
 from bloomcrawl.core.bloom import BloomFilter, partition_of
@@ -28,6 +29,7 @@ from bloomcrawl.core.politeness import (
     set_policy,
 )
 from bloomcrawl.crawl.config import FilterConfig, politeness_from_settings
+from bloomcrawl.crawl.feedback import named_slot
 from bloomcrawl.crawl.scheduler import retry_after
 
 PARTITIONS = 4
@@ -317,6 +319,25 @@ def test_politeness_comes_from_scrapys_settings() -> None:
                       ({"DOWNLOAD_SLOTS": {"a.test": {"concurrency": 0}}}, "DOWNLOAD_SLOTS")):
         with pytest.raises(SettingError, match=name):
             politeness_from_settings(Settings(bad))
+
+
+def test_which_download_slots_a_spider_named() -> None:
+    """Only a slot that is no host's keeps its delay in the worker (named_slot)."""
+    def request(url: str, **meta: Any) -> Request:
+        return Request(url, meta=meta)
+
+    assert named_slot(request("https://Shop.example/a")) is None  # before the downloader
+    assert named_slot(request("https://Shop.example/a", download_slot="shop.example")) is None
+    assert named_slot(request("https://shop.example/a", download_slot="shop-api")) == "shop-api"
+    # a redirect keeps the slot Scrapy gave the URL it came from
+    moved = request("https://cdn.example/a", download_slot="shop.example",
+                    redirect_urls=["https://shop.example/a"])
+    assert named_slot(moved) is None
+    assert named_slot(request("https://cdn.example/a", download_slot="shop-api",
+                              redirect_urls=["https://shop.example/a"])) == "shop-api"
+    # CONCURRENT_REQUESTS_PER_IP: Scrapy's slots are addresses
+    assert named_slot(request("https://shop.example/a", download_slot="127.0.0.1"),
+                      per_ip=True) is None
 
 
 class _Response:

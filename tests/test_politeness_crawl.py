@@ -25,6 +25,8 @@ its own User-Agent, which tells the site who fetched what.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import re
 import sys
@@ -214,6 +216,33 @@ def test_one_domain_three_workers_keep_the_delay(redis_server: RedisServer,
     assert max_outstanding(arrivals)["h0.localhost"] == 1
     assert span(arrivals) <= pages * delay * SPAN_FACTOR, (span(arrivals), per_agent(arrivals))
     check_exits(workers)
+
+
+@pytest.mark.slow
+def test_a_named_download_slot_keeps_its_delay(redis_server: RedisServer,
+                                               redis_client: redis.Redis,
+                                               worker_pool: WorkerPool) -> None:
+    """Requests of three hosts in one download slot the spider names, whose
+    DOWNLOAD_SLOTS entry has a delay (the hosts have none): one worker sends them
+    that delay apart, as one Scrapy process does. The cluster's budgets are per
+    host; the worker used to clear the slot's delay as it does a host's, and the
+    site got them all at once."""
+    delay, pages = 0.3, 6
+    specs = [HostSpec(name, pages=pages, fanout=FANOUT) for name in host_names(3)]
+    with RunningHostsSite(specs).start() as site:
+        settings = {**crawl_settings(0.0), "SPIDER_MODULES": "testspiders",
+                    "TEST_DOWNLOAD_SLOT": "shop-api",
+                    "DOWNLOAD_SLOTS": json.dumps({"shop-api": {"delay": delay}})}
+        worker = worker_pool.start("w0", redis_server.url, settings, spider="slotted")
+        redis_client.rpush("slotted:start_urls", *[site.url(host) for host in site.hosts])
+        run_workers([worker], POLITE_CRAWL_TIMEOUT_S)
+        arrivals = site.arrivals()
+    assert_pages_once(site, arrivals)
+    starts = sorted(a.start for a in pages_only(arrivals))
+    closest_gap = min(b - a for a, b in itertools.pairwise(starts))
+    assert closest_gap >= GAP_FACTOR * delay, (closest_gap, per_agent(arrivals))
+    assert "download slot 'shop-api'" in worker.text()
+    check_exits([worker])
 
 
 @pytest.mark.slow

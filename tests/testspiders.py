@@ -42,3 +42,22 @@ class LinkSpider(scrapy.Spider):
             links = links[: self.max_links]
         for link in links:
             yield response.follow(link.url)
+
+
+class SlottedSiteSpider(SiteSpider):
+    """The site spider with every request in one download slot of its own naming
+    (``meta["download_slot"]``, TEST_DOWNLOAD_SLOT), as a spider does to give several
+    hosts one delay (DOWNLOAD_SLOTS)."""
+
+    name = "slotted"
+
+    def make_request_from_start_entry(self, entry: dict[str, Any]) -> scrapy.Request:
+        return self._slotted(super().make_request_from_start_entry(entry))
+
+    def parse(self, response: scrapy.http.Response, **kwargs: Any) -> Any:
+        for out in super().parse(response, **kwargs):
+            yield self._slotted(out) if isinstance(out, scrapy.Request) else out
+
+    def _slotted(self, request: scrapy.Request) -> scrapy.Request:
+        request.meta["download_slot"] = self.settings.get("TEST_DOWNLOAD_SLOT")
+        return request

@@ -19,6 +19,9 @@ import email.utils
 import logging
 import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from scrapy.utils.httpobj import urlparse_cached
 
 from bloomcrawl.core.bloom import partition_of
 from bloomcrawl.core.politeness import (
@@ -61,6 +64,21 @@ def retry_after(response: Any, now: float | None = None) -> float:
     return DEFAULT_BACKOFF_S
 
 
+def named_slot(request: Request, *, per_ip: bool = False) -> str | None:
+    """The download slot ``request`` names, when it is no host's slot; else None.
+
+    Scrapy sets ``meta["download_slot"]`` to the host on every request it
+    downloads, and a redirect keeps the slot of the URL it came from. With
+    CONCURRENT_REQUESTS_PER_IP (``per_ip``) the slots are the hosts' addresses: None.
+    """
+    slot = request.meta.get("download_slot")
+    if slot is None or per_ip or slot == (urlparse_cached(request).hostname or ""):
+        return None
+    if any(slot == urlsplit(url).hostname for url in request.meta.get("redirect_urls", ())):
+        return None
+    return str(slot)
+
+
 class HostFeedback:
     """Turns the engine's signals about leased requests into :class:`Feedback` for Redis."""
 
@@ -74,18 +92,35 @@ class HostFeedback:
         self.stats = stats
         self.settings = settings
         self.autothrottle = autothrottle
+        #: Scrapy keys the downloader's slots by IP address, not by host
+        self._per_ip = settings.getint("CONCURRENT_REQUESTS_PER_IP") > 0
+        #: the named download slots seen (each logged once)
+        self._named_slots: set[str] = set()
 
     def reached_downloader(self, request: Request, spider: Spider) -> None:
         """The cluster keeps the host's delay: the leased request goes out now.
 
         The downloader's slot would add the process's own DOWNLOAD_DELAY (or
         DOWNLOAD_SLOTS' or AutoThrottle's) on top, late by a delay another
-        worker may already have used.
+        worker may already have used. A slot the spider named
+        (``meta["download_slot"]``, not the host) keeps its delay: the cluster
+        spaces requests by host, and such a slot may span hosts.
         """
         lease = request.meta.get(LEASE_META_KEY)
         if lease is None:
             return
-        self.engine.clear_slot_delay(request)
+        slot = named_slot(request, per_ip=self._per_ip)
+        if slot is None:
+            self.engine.clear_slot_delay(request)
+        elif slot not in self._named_slots:
+            self._named_slots.add(slot)
+            self.stats.inc_value("bloomcrawl/named_download_slots")
+            logger.warning(
+                "Requests name the download slot %r (meta download_slot, not their host):"
+                " its delay and concurrency are kept by each worker, as one Scrapy process"
+                " keeps them, so N workers may send N times its rate. The cluster-wide"
+                " budget is per host (DOWNLOAD_DELAY, DOWNLOAD_SLOTS keyed by host name)",
+                slot, extra={"spider": spider})
         self.went_out(request, lease[1], time.monotonic())
 
     def went_out(self, request: Request, token: str, when: float) -> None:
