@@ -69,6 +69,7 @@ from _crawl import (  # noqa: E402
     redis_sample,
     run_crawl,
 )
+from _exchange_floor import ExchangeFloor, measure_exchange_floor  # noqa: E402
 from _redis import CpuSample  # noqa: E402
 from _report import emit, table  # noqa: E402
 from _site import SiteProcess  # noqa: E402
@@ -726,6 +727,8 @@ class Extras:
     calls: CallCost
     queue: QueueMemory
     exporter: list[ExporterCost]
+    #: the least Redis spends on a page's exchange (bench/_exchange_floor.py)
+    floor: ExchangeFloor
 
 
 def measure_extras(plan: Plan) -> Extras:
@@ -736,7 +739,8 @@ def measure_extras(plan: Plan) -> Extras:
                           measure_stats_calls(client, plan.stats_calls),
                           measure_call_cost(client, plan.stats_calls),
                           measure_queue_memory(client, plan.queued),
-                          measure_exporter(client, plan.exporter_partitions, EXPORTER_SCRAPES))
+                          measure_exporter(client, plan.exporter_partitions, EXPORTER_SCRAPES),
+                          measure_exchange_floor(client))
         finally:
             client.close()
 
@@ -840,6 +844,7 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
     biggest = max(clusters, key=lambda r: r.masters)
     rtt = extras.stats.us_alone - extras.stats.us_pipelined
     per_fp = extras.calls.per_fingerprint_us
+    half = EXCHANGE_LINKS // 2
     lines = [f"ESTIMATE for {ESTIMATE_MASTERS} masters and {ESTIMATE_PARTITIONS} partitions,"
              f" one exchange a page (arithmetic on the {biggest.label} of {biggest.masters}"
              f" above, {per_fp:.2f} us a fingerprint and a round trip of {rtt:.1f} us,"
@@ -857,6 +862,16 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
         lines.append(f"  {name}: {calls:.1f} calls a page x {per_call:.1f} us + {fingerprints:.0f}"
                      f" us of fingerprints = {low:,.0f} us; + {extra:.1f} more masters reached"
                      f" x {rtt:.1f} us = {high:,.0f} us a page")
+        floor = extras.floor
+        least = floor.page_us(calls - 1, half, half) + extras.stats.us_pipelined
+        lines.append(f"    FLOOR, the same page's commands with no Lua work"
+                     f" (bench/_exchange_floor.py): {calls - 1:.1f} partition calls"
+                     f" x {floor.call_us:.1f} us + {half} new links x {floor.new_us:.1f}"
+                     f" + {half} seen x {floor.seen_us:.1f} + a lease"
+                     f" and an ack {floor.lease_ack_us:.1f} + the stats call"
+                     f" {extras.stats.us_pipelined:.1f} = {least:,.0f} us; + the same"
+                     f" {extra:.1f} round trips = {least + extra * rtt:,.0f} us a page"
+                     f"; the estimate is {high / (least + extra * rtt):.1f}x it")
     return lines
 
 
@@ -1062,6 +1077,11 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
             f" {cc.calls:,} calls of {SMALL_CALL} and of {LARGE_CALL} new fingerprints):"
             f" {cc.us_small:.1f} and {cc.us_large:.1f} us, i.e. {cc.fixed_us:.1f} us a call"
             f" + {cc.per_fingerprint_us:.2f} us a fingerprint")
+        fl = extras.floor
+        emit(f"  exchange floor (bench/_exchange_floor.py: only the commands a partition call"
+            f" needs, no Lua work): {fl.call_us:.1f} us a call + {fl.new_us:.2f} a new link"
+            f" (its block read and written, its payload queued) + {fl.seen_us:.2f} a seen"
+            f" link; a lease and an ack {fl.lease_ack_us:.1f}")
         emit(f"  queue memory: {q.requests:,} serialized requests of {q.payload_bytes:.0f} bytes"
             f" (JSON, ~95-char URL and Referer): {q.zset_bytes:.0f} bytes each in a priority"
             f" queue (zset), {q.list_bytes:.0f} in a fifo/lifo queue (list), MEMORY USAGE;"
@@ -1171,6 +1191,7 @@ def as_json(plan: Plan, results: list[TargetResult], extras: Extras | None,
                               "per_fingerprint_us": extras.calls.per_fingerprint_us}
         out["queue_memory"] = asdict(extras.queue)
         out["exporter"] = [asdict(e) for e in extras.exporter]
+        out["exchange_floor"] = asdict(extras.floor)
     return out
 
 

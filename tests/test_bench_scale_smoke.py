@@ -45,7 +45,7 @@ def test_quick_run_prints_every_target(tmp_path: Path, env_no_state: dict[str, s
     assert "FAIL" not in "\n".join(lines[header:header + 2 + len(TARGETS)])
     for name in ("MEASURED here", "* PROJECTED, not measured", "PROJECTED (arithmetic",
                  "stats slot:", "partition script call", "queue memory:",
-                 "exporter snapshot"):
+                 "exporter snapshot", "exchange floor", "FLOOR, the same page"):
         assert any(name in line for line in lines), (name, proc.stdout)
 
     numbers = json.loads(out.read_text())
@@ -69,3 +69,6 @@ def test_quick_run_prints_every_target(tmp_path: Path, env_no_state: dict[str, s
             assert crawl["missing"] == 0 and crawl["duplicates"] == 0, crawl
             assert crawl["pages_per_second"] > 0 and crawl["round_trips_per_page"] > 0
     assert numbers["queue_memory"]["zset_bytes"] > numbers["queue_memory"]["payload_bytes"]
+    floor = numbers["exchange_floor"]
+    # a new link is read, written and queued: more than a seen link's one read
+    assert floor["new_us"] > floor["seen_us"] > 0 and floor["call_us"] > 0, floor
