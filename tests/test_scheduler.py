@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -482,3 +483,17 @@ def test_counts_redis_lost_in_a_restart_are_sent_again_once(tmp_path) -> None:
         s.server.connection_pool.disconnect()
     finally:
         server.stop()
+
+
+def test_settings_the_frontier_does_not_use_are_named_when_it_opens(
+        redis_server, tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="bloomcrawl.crawl.scheduler"):
+        make_scheduler(redis_server.url, JOBDIR=str(tmp_path / "job"),
+                       SCHEDULER_SERIALIZER="scrapy_redis.picklecompat")
+    said = caplog.text
+    assert "JOBDIR is set (%s)" % (tmp_path / "job") in said
+    assert "SCHEDULER_SERIALIZER is not used" in said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bloomcrawl.crawl.scheduler"):
+        make_scheduler(redis_server.url)
+    assert "JOBDIR" not in caplog.text and "SCHEDULER_SERIALIZER" not in caplog.text

@@ -469,3 +469,18 @@ def check_middlewares(settings: Any) -> None:
             raise SettingError("SCHEDULER is bloomcrawl's, but %s lacks %s: add %s ="
                                " {%r: 10} to the project's settings" % (setting, path, setting,
                                                                          path))
+
+
+def unused_settings(settings: Any) -> list[str]:
+    """What the project set that the shared frontier does not use, to be logged once."""
+    notes = []
+    jobdir = settings.get("JOBDIR")
+    if jobdir:
+        notes.append("JOBDIR is set (%s), but this crawl's queue and filter are in Redis:"
+                      " a worker resumes from there, not from JOBDIR. Scrapy still keeps the"
+                      " spider's state (spider.state) in it, one file for every worker that"
+                      " shares the directory" % jobdir)
+    if settings.get("SCHEDULER_SERIALIZER"):
+        notes.append("SCHEDULER_SERIALIZER is not used: the queue's entries are JSON that"
+                     " bloomcrawl reads and writes itself (no pickle)")
+    return notes

@@ -66,6 +66,7 @@ from bloomcrawl.crawl.config import (
     check_middlewares,
     politeness_from_settings,
     redis_from_settings,
+    unused_settings,
 )
 from bloomcrawl.crawl.dupefilter import project_dupefilter
 from bloomcrawl.crawl.engine import EngineInterface
@@ -205,6 +206,8 @@ class Scheduler:
         if self.allowed is not None:  # the spider's own package (scrapy runspider) too
             self.allowed = self.allowed.extended(type(spider).__module__.partition(".")[0])
         self.errors.extra = extra
+        for note in unused_settings(self.crawler.settings):
+            logger.warning(note, extra=extra)
         politeness = politeness_from_settings(self.crawler.settings, spider)
         infos = server_infos(self.server)
         for info in infos.values():
