@@ -538,6 +538,48 @@ def test_a_failed_request_is_acked_after_what_its_errback_yields_is_stored(
     assert frontier_left(redis_client, "outage") == 0
 
 
+@pytest.mark.skipif(scrapy.version_info < (2, 13, 2),
+                    reason="Scrapy 2.13.0 and 2.13.1 drop what an errback returns")
+def test_what_errbacks_yield_is_stored_once_when_their_pages_are_crawled_again(
+        redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """``outage`` with 20 unreachable pages: each errback yields an item and a mirror
+    page of its own, fetched again on purpose (``dont_filter``). The first worker is
+    SIGKILLed with items in its pipeline, and a second crawls its leased pages again,
+    their errbacks too: each item is stored once. Scrapy hands an errback's output to no
+    spider middleware: its items were stored under random ids (and a warning blamed a
+    pipeline), its dont_filter requests were new visits, and both came twice."""
+    pages = 20
+    down = "http://127.0.0.1:%d/" % free_port()  # nothing listens there
+    settings = {"ENRICH_DELAY": "0.3", "SCHEDULER_LEASE_TIMEOUT": "3",
+                "ITEM_PIPELINES": json.dumps({"shopcrawl.pipelines.EnrichPipeline": 100,
+                                              "bloomcrawl.crawl.pipelines.RedisItemsPipeline":
+                                              300})}
+    [first] = workers(worker_pool, 1, "outage", redis_server.url, shop, settings,
+                      down_url=down, down_pages=str(pages))
+
+    def enough_stored() -> bool:
+        assert first.running, first.tail()
+        return bool(redis_client.llen("outage:items") >= 8)
+
+    wait_until(enough_stored, CRAWL_TIMEOUT_S, what="8 items stored")
+    first.kill()
+    second = workers(worker_pool, 1, "outage", redis_server.url, shop, settings, first=1,
+                     down_url=down, down_pages=str(pages))
+    run_workers(second, CRAWL_TIMEOUT_S)
+    check_exits(second)
+    stored = Counter(str(i["url"]) for i in stored_items(redis_client, "outage"))
+    mirror = shop.url + "/deals?mirror=1"
+    expected = Counter([shop.url + "/deals", down, mirror]
+                       + ["%s?page=%d" % (down, i) for i in range(pages)]
+                       + ["%s&page=%d" % (mirror, i) for i in range(pages)])
+    assert stored == expected, (expected - stored, stored - expected)
+    stats = second[0].stats()
+    # the second worker crawled again pages whose items the first had stored
+    assert stats.get("bloomcrawl/items_stored_before", 0) > 0, stats
+    assert "bloomcrawl/items_without_origin" not in stats, stats
+    assert frontier_left(redis_client, "outage") == 0
+
+
 def test_strict_mode_closes_the_spider_on_a_request_it_cannot_share(
         redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
     ws = workers(worker_pool, 1, "deals", redis_server.url, shop, {"FRONTIER_STRICT": "True"})

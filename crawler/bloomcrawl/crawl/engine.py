@@ -68,6 +68,15 @@ class EngineInterface:
         was handled."""
         return _wrap(getattr(self._engine(), "scraper", None), "enqueue_scrape", wrap)
 
+    def wrap_spider_output(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+                           ) -> bool:
+        """The scraper's ``handle_spider_output_async()`` (2.13 on), which a callback's
+        output (after the spider middlewares) and an errback's (before none) go through,
+        ``(result, request, response or failure)``, replaced by ``wrap(handler)`` for this
+        crawl; False: not there."""
+        return _wrap(getattr(self._engine(), "scraper", None), "handle_spider_output_async",
+                     wrap)
+
     def wrap_downloader_output(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
                                ) -> bool:
         """The engine's handler of each download's result, ``(result, request)``: a

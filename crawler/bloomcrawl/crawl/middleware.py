@@ -15,7 +15,6 @@ scheduler queues them, then acks the original.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -26,8 +25,8 @@ from twisted.internet.threads import deferToThread
 
 from bloomcrawl.core.connection import REDIS_ERRORS
 from bloomcrawl.crawl import origins
-from bloomcrawl.crawl.lease import ENTRY_META_KEY, INTERNAL_META_KEYS, VISIT_META_KEY, Outcome
-from bloomcrawl.crawl.pages import Page, PageTracker, adopt, failure_outcome, tracked
+from bloomcrawl.crawl.lease import INTERNAL_META_KEYS, Outcome
+from bloomcrawl.crawl.pages import Page, PageTracker, adopt, failure_outcome, labels, tracked
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +57,9 @@ class FrontierSpiderMiddleware(_Reporter):
     def _outputs(self, response: Response) -> tuple[Callable[[Any], Any], Page | None]:
         request = response.request
         page = self.pages.open(response) if tracked(request) else None
-        tags = page is not None and origins.wanted(self.crawler)
-        position = requests = 0
-        prefix = ""
+        label = labels(self.crawler, page) if page is not None else None
 
         def child(output: Any) -> Any:
-            nonlocal position, requests, prefix
             if isinstance(output, Request):
                 # a child request must not carry its parent's lease nor be a start
                 # request (fetched once in every crawl) when it copied the page's meta
@@ -72,38 +68,11 @@ class FrontierSpiderMiddleware(_Reporter):
                     adopt(output)
                 if page is not None:
                     self.pages.child_request(page, output)
-                    if output.dont_filter:
-                        # a page fetched again on purpose: a visit of its own, the same
-                        # one when this page is crawled twice
-                        if not prefix:
-                            prefix = self._origin(page.request)
-                        meta[VISIT_META_KEY] = hashlib.sha1(
-                            b"%s>%d" % (prefix.encode(), requests)).hexdigest()[:16]
-                requests += 1
-            elif output is not None:
-                if tags and page is not None:
-                    if not prefix:
-                        prefix = self._origin(page.request)
-                    page.tags.append(origins.tag(output, "%s:%d" % (prefix, position)))
-                position += 1
-                if page is not None:
-                    self.pages.child_item(page)
-            return output
+            elif output is not None and page is not None:
+                self.pages.child_item(page)
+            return output if label is None else label(output)
 
         return child, page
-
-    def _origin(self, request: Request) -> str:
-        """The id of a page's visit, which its items' ids start with."""
-        fingerprint: str = self.crawler.request_fingerprinter.fingerprint(request).hex()
-        meta = request.meta
-        if ENTRY_META_KEY in meta or VISIT_META_KEY in meta:
-            # a page fetched again on purpose (a dont_filter request; under revisit
-            # windows, any page queued again) is a new visit, whose items are stored
-            # again; one crawled twice for one queue entry (its first worker died) is the
-            # same visit, stored once
-            # (a request this worker kept, not queued, has its visit's id only)
-            fingerprint += "@" + (meta.get(ENTRY_META_KEY) or meta[VISIT_META_KEY])
-        return fingerprint
 
     async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
         """The items ``start()`` yields (Scrapy 2.13), once per crawl.

@@ -17,13 +17,40 @@ an item a pipeline replaced, or dropped, leaves nothing behind.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from bloomcrawl.crawl.lease import ENTRY_META_KEY, VISIT_META_KEY
+
+#: after a failed request's origin: its errback's outputs, apart from what its callback
+#: yields when the page is crawled again and answers
+ERRBACK = "!errback"
 
 #: item origins by id(item): (the item, its origin)
 _ORIGINS: dict[int, tuple[Any, str]] = {}
 #: whether this process tagged an item (an item without a tag then was replaced)
 tagged_any = False
+
+
+def origin_of(crawler: Any, request: Any) -> str:
+    """The id of a page's visit, which its items' ids start with."""
+    fingerprint: str = crawler.request_fingerprinter.fingerprint(request).hex()
+    meta = request.meta
+    if ENTRY_META_KEY in meta or VISIT_META_KEY in meta:
+        # a page fetched again on purpose (a dont_filter request; under revisit
+        # windows, any page queued again) is a new visit, whose items are stored
+        # again; one crawled twice for one queue entry (its first worker died) is the
+        # same visit, stored once
+        # (a request this worker kept, not queued, has its visit's id only)
+        fingerprint += "@" + (meta.get(ENTRY_META_KEY) or meta[VISIT_META_KEY])
+    return fingerprint
+
+
+def visit_id(origin: str, position: int) -> str:
+    """The visit of the ``position``-th request a visit made that fetches a page again on
+    purpose (``dont_filter``): the same one when that visit is crawled twice."""
+    return hashlib.sha1(b"%s>%d" % (origin.encode(), position)).hexdigest()[:16]
 
 
 def tag(item: Any, origin: str) -> int:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -47,13 +48,12 @@ from bloomcrawl.crawl.lease import (
     INTERNAL_META_KEYS,
     LEASE_META_KEY,
     PARENT_META_KEY,
+    VISIT_META_KEY,
     Outcome,
     request_finished,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from scrapy import Request
     from scrapy.crawler import Crawler
 
@@ -108,6 +108,44 @@ def tracked(request: Request | None) -> bool:
                                     or HOLD_META_KEY in request.meta)
 
 
+def labels(crawler: Crawler, page: Page, after: str = "") -> Callable[[Any], Any]:
+    """What names each output of ``page``'s visit, in order, the same way each time the
+    page is crawled: an item's id (when items are tagged, :mod:`origins`), and the visit
+    of a request that fetches a page again on purpose (``dont_filter``). ``after`` sets
+    apart the ids of another output of the same visit (its errback's)."""
+    tags = origins.wanted(crawler)
+    position = requests = 0
+    prefix = ""
+
+    def label(output: Any) -> Any:
+        nonlocal position, requests, prefix
+        if isinstance(output, ScrapyRequest):
+            if output.dont_filter:
+                # a page fetched again on purpose: a visit of its own, the same one when
+                # this page is crawled twice
+                if not prefix:
+                    prefix = origins.origin_of(crawler, page.request) + after
+                output.meta[VISIT_META_KEY] = origins.visit_id(prefix, requests)
+            requests += 1
+        elif output is not None:
+            if tags:
+                if not prefix:
+                    prefix = origins.origin_of(crawler, page.request) + after
+                page.tags.append(origins.tag(output, "%s:%d" % (prefix, position)))
+            position += 1
+        return output
+
+    return label
+
+
+def labelled(result: Iterable[Any] | AsyncIterator[Any],
+             label: Callable[[Any], Any]) -> Iterable[Any] | AsyncIterator[Any]:
+    """``result`` (a callback's or errback's output as Scrapy iterates it), labelled."""
+    if isinstance(result, AsyncIterator):
+        return _labelled_async(result, label)
+    return (label(output) for output in result)
+
+
 class PageTracker:
     """Counts each tracked page's outputs in hand; one per crawler (:meth:`of`)."""
 
@@ -128,8 +166,7 @@ class PageTracker:
         #: hears of every failed scheduled download
         self.follows_downloads = False
         # failed requests whose errback's output the scraper is handling: id -> their
-        # page (ended once that output was handled); only while the scraper is followed
-        # (scraping)
+        # page (ended once that output was handled), while the scraper is followed
         self._errbacks: dict[int, Page] | None = None
         #: called for each item scraped (the scheduler counts them): one receiver of
         #: ``item_scraped`` does both, as each receiver of an asynchronous signal costs
@@ -259,9 +296,8 @@ class PageTracker:
         of that page, not a retry of it: it loses the page's lease (or hold) and
         the other keys the middleware would have dropped.
 
-        A wrapper costs a function call a request, where a ``request_scheduled``
-        receiver costs Scrapy's dispatch (2 us) and a timer to tell an ignored
-        link from a queued one.
+        (A function call a request: a ``request_scheduled`` receiver cost 2 us, and a
+        timer to tell an ignored link from a queued one.)
         """
         pages = self._pages
         by_token, by_hold = self._by_token, self._by_hold
@@ -338,6 +374,22 @@ class PageTracker:
 
         return enqueue_scrape_followed
 
+    def errback_output(self, handle: Callable[..., Any]) -> Callable[..., Any]:
+        """The scraper's ``handle_spider_output_async()``, wrapped: what a tracked request's
+        errback returns, which Scrapy hands to no spider middleware, is named as a
+        callback's output is (:func:`labels`), apart from it: stored once when the
+        page is crawled twice, and apart from what its callback yields if it answers then.
+        """
+        def handle_labelled(result: Any, request: Request, response: Any, *args: Any,
+                            **kwargs: Any) -> Any:
+            errbacks = self._errbacks
+            if errbacks and isinstance(response, Failure) and id(request) in errbacks:
+                result = labelled(result, labels(self.crawler, errbacks[id(request)],
+                                                 origins.ERRBACK))
+            return handle(result, request, response, *args, **kwargs)
+
+        return handle_labelled
+
     def downloads(self, handle: Callable[..., Any]) -> Callable[..., Any]:
         """The engine's handler of each scheduled download's result, wrapped.
 
@@ -394,3 +446,9 @@ class PageTracker:
             self.crawler.signals.send_catch_log(request_finished, request=request,
                                                 outcome=outcome)
             self.release(request)
+
+
+async def _labelled_async(result: AsyncIterator[Any],
+                          label: Callable[[Any], Any]) -> AsyncIterator[Any]:
+    async for output in result:
+        yield label(output)

@@ -267,6 +267,7 @@ class Scheduler:
         # errback's output is handled (no engine: nothing to track)
         self.engine.wrap_crawl(self.pages.scheduling)
         self.engine.wrap_scrape(self.pages.scraping)
+        self.engine.wrap_spider_output(self.pages.errback_output)
         if self.engine.available() and not self.engine.wrap_downloader_output(
                 self.pages.downloads):
             logger.warning("this Scrapy's engine has no _handle_downloader_output: a request"
