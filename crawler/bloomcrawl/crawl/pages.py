@@ -138,9 +138,21 @@ def labels(crawler: Crawler, page: Page, after: str = "") -> Callable[[Any], Any
     return label
 
 
-def labelled(result: Iterable[Any] | AsyncIterator[Any],
-             label: Callable[[Any], Any]) -> Iterable[Any] | AsyncIterator[Any]:
-    """``result`` (a callback's or errback's output as Scrapy iterates it), labelled."""
+def labelled(result: Iterable[Any] | AsyncIterator[Any], label: Callable[[Any], Any], *,
+             adopting: bool = False) -> Iterable[Any] | AsyncIterator[Any]:
+    """``result`` (a callback's or errback's output as Scrapy iterates it), labelled;
+    ``adopting``: a request in it that copied its page's meta is adopted first (the
+    spider middleware adopts a callback's), or it would lose its label with the copy."""
+    if adopting:
+        plain = label
+
+        def label(output: Any) -> Any:
+            if isinstance(output, ScrapyRequest) and (
+                    "is_start_request" in output.meta
+                    or not INTERNAL_META_KEYS.isdisjoint(output.meta)):
+                adopt(output)
+            return plain(output)
+
     if isinstance(result, AsyncIterator):
         return _labelled_async(result, label)
     return (label(output) for output in result)
@@ -385,7 +397,7 @@ class PageTracker:
             errbacks = self._errbacks
             if errbacks and isinstance(response, Failure) and id(request) in errbacks:
                 result = labelled(result, labels(self.crawler, errbacks[id(request)],
-                                                 origins.ERRBACK))
+                                                 origins.ERRBACK), adopting=True)
             return handle(result, request, response, *args, **kwargs)
 
         return handle_labelled

@@ -34,7 +34,9 @@ class OutageSpider(scrapy.Spider):
         yield {"url": failure.request.url, "error": failure.type.__name__}
         if "?page=" in failure.request.url:
             page = failure.request.url.rsplit("=", 1)[1]
-            yield scrapy.Request("%s&page=%s" % (self.mirror_url, page), dont_filter=True)
+            # its meta comes with it too
+            yield failure.request.replace(url="%s&page=%s" % (self.mirror_url, page),
+                                          dont_filter=True)
         elif failure.request.url != self.mirror_url:
             # the same request at another address: its meta (and errback) come with it
             yield failure.request.replace(url=self.mirror_url)
