@@ -95,7 +95,10 @@ def _cpu(client: redis.Redis) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
-def measure_exchange_floor(client: redis.Redis) -> ExchangeFloor:
+def measure_exchange_floor(client: redis.Redis, calls: int = CALLS) -> ExchangeFloor:
+    """The probes, ``calls`` calls each (a multiple of PER_PIPELINE), each best of
+    :data:`ROUNDS`."""
+    calls = max(PER_PIPELINE, calls - calls % PER_PIPELINE)
     client.flushall()
     client.setrange(KEYS[0], 1 << 20, "\0")  # a 1 MiB chunk of blocks
     shas = {name: client.script_load(src) for name, src in (
@@ -124,12 +127,12 @@ def measure_exchange_floor(client: redis.Redis) -> ExchangeFloor:
     for _ in range(ROUNDS):
         for name, args in probes.items():
             before = _cpu(client)
-            for start in range(0, CALLS, PER_PIPELINE):
+            for start in range(0, calls, PER_PIPELINE):
                 pipe = client.pipeline(transaction=False)
                 for i in range(start, start + PER_PIPELINE):
                     pipe.execute_command("EVALSHA", *args(i))
                 pipe.execute()
-            us = (_cpu(client) - before) / CALLS * 1e6
+            us = (_cpu(client) - before) / calls * 1e6
             best[name] = min(us, best.get(name, us))
     client.flushall()
     new_us = (best["many"] - best["few"]) / (MANY - FEW)

@@ -740,7 +740,7 @@ def measure_extras(plan: Plan) -> Extras:
                           measure_call_cost(client, plan.stats_calls),
                           measure_queue_memory(client, plan.queued),
                           measure_exporter(client, plan.exporter_partitions, EXPORTER_SCRAPES),
-                          measure_exchange_floor(client))
+                          measure_exchange_floor(client, plan.stats_calls))
         finally:
             client.close()
 
