@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import redis
+from _redis import cpu_sample
 
 ROUNDS = 3
 CALLS = 4000
@@ -90,11 +91,6 @@ class ExchangeFloor:
         return calls * self.call_us + new * self.new_us + seen * self.seen_us + self.lease_ack_us
 
 
-def _cpu(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-
 def measure_exchange_floor(client: redis.Redis, calls: int = CALLS) -> ExchangeFloor:
     """The probes, ``calls`` calls each (a multiple of PER_PIPELINE), each best of
     :data:`ROUNDS`."""
@@ -126,13 +122,13 @@ def measure_exchange_floor(client: redis.Redis, calls: int = CALLS) -> ExchangeF
     best: dict[str, float] = {}
     for _ in range(ROUNDS):
         for name, args in probes.items():
-            before = _cpu(client)
+            before = cpu_sample(client).process_s
             for start in range(0, calls, PER_PIPELINE):
                 pipe = client.pipeline(transaction=False)
                 for i in range(start, start + PER_PIPELINE):
                     pipe.execute_command("EVALSHA", *args(i))
                 pipe.execute()
-            us = (_cpu(client) - before) / calls * 1e6
+            us = (cpu_sample(client).process_s - before) / calls * 1e6
             best[name] = min(us, best.get(name, us))
     client.flushall()
     new_us = (best["many"] - best["few"]) / (MANY - FEW)

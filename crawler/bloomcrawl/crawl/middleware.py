@@ -25,8 +25,8 @@ from twisted.internet.threads import deferToThread
 
 from bloomcrawl.core.connection import REDIS_ERRORS
 from bloomcrawl.crawl import origins
-from bloomcrawl.crawl.lease import INTERNAL_META_KEYS, Outcome
-from bloomcrawl.crawl.pages import Page, PageTracker, adopt, failure_outcome, labels, tracked
+from bloomcrawl.crawl.lease import Outcome
+from bloomcrawl.crawl.pages import Page, PageTracker, adopted, failure_outcome, labels, tracked
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +63,7 @@ class FrontierSpiderMiddleware(_Reporter):
             if isinstance(output, Request):
                 # a child request must not carry its parent's lease nor be a start
                 # request (fetched once in every crawl) when it copied the page's meta
-                meta = output.meta
-                if "is_start_request" in meta or not INTERNAL_META_KEYS.isdisjoint(meta):
-                    adopt(output)
+                adopted(output)
                 if page is not None:
                     self.pages.child_request(page, output)
             elif output is not None and page is not None:

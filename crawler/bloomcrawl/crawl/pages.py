@@ -90,6 +90,16 @@ def adopt(request: Request) -> None:
     meta.pop("is_start_request", None)
 
 
+def adopted(output: Any) -> Any:
+    """``output`` of a page; a request that copied the page's meta (``meta=response.meta``,
+    ``failure.request.replace(...)``) goes through :func:`adopt` first."""
+    if isinstance(output, ScrapyRequest):
+        meta = output.meta
+        if "is_start_request" in meta or not INTERNAL_META_KEYS.isdisjoint(meta):
+            adopt(output)
+    return output
+
+
 def carries(other: Request, request: Request) -> bool:
     """Whether ``other`` carries the lease (or hold) of ``request``: a retry or redirect."""
     meta, own = other.meta, request.meta
@@ -138,21 +148,9 @@ def labels(crawler: Crawler, page: Page, after: str = "") -> Callable[[Any], Any
     return label
 
 
-def labelled(result: Iterable[Any] | AsyncIterator[Any], label: Callable[[Any], Any], *,
-             adopting: bool = False) -> Iterable[Any] | AsyncIterator[Any]:
-    """``result`` (a callback's or errback's output as Scrapy iterates it), labelled;
-    ``adopting``: a request in it that copied its page's meta is adopted first (the
-    spider middleware adopts a callback's), or it would lose its label with the copy."""
-    if adopting:
-        plain = label
-
-        def label(output: Any) -> Any:
-            if isinstance(output, ScrapyRequest) and (
-                    "is_start_request" in output.meta
-                    or not INTERNAL_META_KEYS.isdisjoint(output.meta)):
-                adopt(output)
-            return plain(output)
-
+def labelled(result: Iterable[Any] | AsyncIterator[Any],
+             label: Callable[[Any], Any]) -> Iterable[Any] | AsyncIterator[Any]:
+    """``result`` (an output as Scrapy iterates it), each element through ``label``."""
     if isinstance(result, AsyncIterator):
         return _labelled_async(result, label)
     return (label(output) for output in result)
@@ -388,16 +386,16 @@ class PageTracker:
 
     def errback_output(self, handle: Callable[..., Any]) -> Callable[..., Any]:
         """The scraper's ``handle_spider_output_async()``, wrapped: what a tracked request's
-        errback returns, which Scrapy hands to no spider middleware, is named as a
-        callback's output is (:func:`labels`), apart from it: stored once when the
-        page is crawled twice, and apart from what its callback yields if it answers then.
-        """
+        errback returns, which Scrapy hands to no spider middleware, is adopted and named
+        as a callback's output is (:func:`adopted`, :func:`labels`; adopted first, or the
+        label would go with copied meta), apart from it: stored once when the page is
+        crawled twice, and apart from what its callback yields if it answers then."""
         def handle_labelled(result: Any, request: Request, response: Any, *args: Any,
                             **kwargs: Any) -> Any:
             errbacks = self._errbacks
             if errbacks and isinstance(response, Failure) and id(request) in errbacks:
-                result = labelled(result, labels(self.crawler, errbacks[id(request)],
-                                                 origins.ERRBACK), adopting=True)
+                label = labels(self.crawler, errbacks[id(request)], origins.ERRBACK)
+                result = labelled(result, lambda output: label(adopted(output)))
             return handle(result, request, response, *args, **kwargs)
 
         return handle_labelled
