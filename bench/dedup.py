@@ -59,6 +59,7 @@ from _report import emit, ratio, table  # noqa: E402
 from bloomcrawl.core import defaults  # noqa: E402
 from bloomcrawl.core.bloom import BloomFilter  # noqa: E402
 from bloomcrawl.core.bloom_creation import create_or_open  # noqa: E402
+from bloomcrawl.core.scripts import Script  # noqa: E402
 from bloomcrawl.core.sizing import FilterParams, allocation_bytes  # noqa: E402
 from bloomcrawl.ops.cluster.processes import redisbloom_module  # noqa: E402
 
@@ -540,11 +541,21 @@ PROBE_SCRIPTS = {
 }
 
 
-def probe_partition(client: redis.Redis) -> tuple[str, str]:
-    """The probes' stand-in partition, written: its state hash and its one chunk."""
-    state, chunk = PROBE_KEY + ":state", PROBE_KEY + ":s0:c0"
+#: bloomcrawl's own check-and-set on the stand-in partition, a filter of one slice that
+#: never fills (the ``one_slice`` probes): the bit layout's own cost per item, its block
+#: read, its k lanes and, for a new item, its changed bytes built into the write, with no
+#: other slice to look in and the call's fixed work shared by a batch
+ONE_SLICE_SCRIPT = Script.for_backend("bitmap", "bloom_add.lua")
+ONE_SLICE_KEY = "{bench:slice}"
+
+
+def probe_partition(client: redis.Redis, lanes: int = 14,
+                    key: str = PROBE_KEY) -> tuple[str, str]:
+    """The probes' stand-in partition, written: its state hash and its one chunk (a slice
+    of ``lanes`` hashes that never fills)."""
+    state, chunk = key + ":state", key + ":s0:c0"
     client.hset(state, mapping={"slices": 1, "block_bytes": 256, "chunk_blocks": 4096,
-                                "max_slices": 24, "plan:0": "1000 14 4096", "items:0": 0,
+                                "max_slices": 1, "plan:0": f"1000000000 {lanes} 4096", "items:0": 0,
                                 "hashing": 2})
     client.set(chunk, bytes(PROBE_CHUNK_BYTES))
     return state, chunk
@@ -557,6 +568,8 @@ class Probes:
     us: dict[str, float] = field(default_factory=dict)  # per call, or per item of a batch
     single_slices: int = 1  # the slices the single_new probe reads
     lanes: int = 14  # k of the lanes probes: the newest slice's of the add_many filter
+    #: what the one_slice probes' filter counted: (items added, duplicates found)
+    one_slice_counts: tuple[int, int] = (0, 0)
 
     def get(self, key: str) -> float | None:
         return self.us.get(key)
@@ -572,11 +585,14 @@ def bench_probes(client: redis.Redis, sizes: Sizes, module: bool,
     probe it meets (one round's costs can differ by 2x here).
     """
     out = Probes(single_slices=single_slices, lanes=lanes)
-    state, chunk = probe_partition(client)
+    state, chunk = probe_partition(client, lanes)
+    # the one_slice probes' own, which their script's counters are written to alone
+    one_slice, one_slice_chunk = probe_partition(client, lanes, ONE_SLICE_KEY)
     n = max(1, sizes.probe_calls // PROBE_ROUNDS)  # calls per probe and round
     calls = max(1, n // 10)  # batched calls per probe and round
     fps = fingerprints(PROBE_ROUNDS * (n + calls * PROBE_BATCH), "probe:")
     shas = {name: client.script_load(body) for name, body in PROBE_SCRIPTS.items()}
+    client.script_load(ONE_SLICE_SCRIPT.source)
     evalsha, command, sadd = client.evalsha, client.execute_command, client.sadd
     if module:
         command("BF.RESERVE", PROBE_KEY + ":bf", ERROR_RATE, PROBE_ROUNDS * n)
@@ -601,6 +617,9 @@ def bench_probes(client: redis.Redis, sizes: Sizes, module: bool,
         for name in ("lanes_new", "lanes_dup"):
             per(name, calls * PROBE_BATCH, lambda name=name: [
                 evalsha(shas[name], 2, state, chunk, blob, lanes) for blob in blobs])
+        for name in ("one_slice_new", "one_slice_dup"):  # new, then the same again
+            per(name, calls * PROBE_BATCH, lambda: [
+                evalsha(ONE_SLICE_SCRIPT.sha, 1, one_slice, blob) for blob in blobs])
         per("sadd", n, lambda: [sadd(PROBE_KEY + ":set", fp.hex()) for fp in singles])
         if module:
             per("bf_add", n, lambda: [command("BF.ADD", PROBE_KEY + ":bf", fp)
@@ -613,7 +632,10 @@ def bench_probes(client: redis.Redis, sizes: Sizes, module: bool,
     for r in range(PROBE_ROUNDS):
         first = r * (n + calls * PROBE_BATCH)
         one_round(fps[first:first + n], fps[first + n:first + n + calls * PROBE_BATCH])
-    client.delete(state, chunk, PROBE_KEY + ":set", PROBE_KEY + ":bf", PROBE_KEY + ":bfm")
+    items, filtered = client.hmget(one_slice, "items:0", "filtered")
+    out.one_slice_counts = (int(items or 0), int(filtered or 0))
+    client.delete(one_slice, one_slice_chunk, state, chunk, PROBE_KEY + ":set",
+                  PROBE_KEY + ":bf", PROBE_KEY + ":bfm")
     return out
 
 
@@ -1318,6 +1340,11 @@ def report_probes(probes: Probes) -> None:
                      f" {probes.lanes} lanes (not a floor), per item",
         "lanes_dup": f"the same duplicate, with a Lua loop computing and testing its k ="
                      f" {probes.lanes} lanes (not a floor), per item",
+        "one_slice_new": "the same new item through bloomcrawl's own script, a filter of one"
+                         f" slice (k = {probes.lanes}; not a floor: the bit layout's cost),"
+                         " per item",
+        "one_slice_dup": "the same duplicate through bloomcrawl's own script, one slice,"
+                         " per item",
         "bf_add": "BF.ADD, per call",
         "sadd": "SADD of the hex fingerprint, per call",
         "bf_madd": f"BF.MADD of {PROBE_BATCH}, new items, per item",
@@ -1520,9 +1547,20 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
     emit_targets("Targets (issue: bitmap decisions at most 15x BF.MADD's Redis CPU, a single"
                  " request_seen at most 1.5x BF.ADD's and at SADD's rate); printed, not"
                  " asserted", item3)
+    layout = {name: floor("one_slice_" + name, bf) for name, bf in
+              (("new", "bf_madd"), ("dup", "bf_madd_dup"))}
+    if layout["new"] is not None and layout["dup"] is not None:
+        emit(f"the bit layout itself, bloomcrawl's own script on a filter of one slice (no"
+             f" other slice to look in): a new item {layout['new']:.2f}x BF.MADD, a duplicate"
+             f" {layout['dup']:.2f}x. Above 15x, no change to how slices are looked through"
+             f" can meet the target: a new item's k lanes are k bytes of its block, read and"
+             f" then written back as one string built in Lua (the bytes changed, the bytes"
+             f" between); BLOOMFILTER_BACKEND=redisbloom decides in native code.")
 
     return {
         "targets_cpu": [t.as_json() for t in item3],
+        "layout_x_bf_madd": layout,
+        "one_slice_counts": probes.one_slice_counts,
         "sizes": asdict(sizes),
         "environment": env,
         "redisbloom_skipped": skipped or None,

@@ -96,6 +96,12 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
         assert {"bf_add", "bf_madd", "bf_madd_dup", "add_rb", "add_many_rb",
                 "add_many_rb_dup"} <= keys
         assert {"bloomcrawl_rb", "bloomcrawl_rb_batched"} <= seen_keys
+        # the bit layout's own cost, beside BF.MADD: bloomcrawl's script on one slice
+        assert all(x > 1 for x in numbers["layout_x_bf_madd"].values()), numbers
+        assert "the bit layout itself" in stdout
+    # its probe added every item once and found each one again
+    added, found = numbers["one_slice_counts"]
+    assert added == found > 0, numbers["one_slice_counts"]
     for row in numbers["contenders"]:
         assert row["decisions_per_second"] > 0, row
         if row["key"].endswith("_dup"):

@@ -157,6 +157,7 @@ end
 -- delay: its request reached the site before its response came back, however late it
 -- left its worker. The leases' hosts are counted once each, whatever how many ended.
 local function end_leases(leases, deadlines, first, last)
+  if first > last then return 0 end
   local tokens, agos, dup = {}, {}, {}
   for i = first, last do
     local token, ago = string.match(ARGV[i], '^(.*)|(%d+)$')
