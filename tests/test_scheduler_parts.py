@@ -20,6 +20,7 @@ from bloomcrawl.core.connection import ServerWatch
 from bloomcrawl.core.errors import RedisUnavailableError
 from bloomcrawl.core.frontier import Frontier, Lease, Outgoing
 from bloomcrawl.core.keys import FrontierKeys
+from bloomcrawl.crawl.exchanges import PACE_WINDOW_S, Pace
 from bloomcrawl.crawl.held import HeldRequests
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LeaseRef, Outcome
 from bloomcrawl.crawl.lease_book import LeaseBook
@@ -146,6 +147,22 @@ def test_readiness_leases_first_where_acks_wait_then_in_rotation() -> None:
     ready.ready_in(0, None)
     ready.ready_in(3, None)
     assert ready.soonest() == INF
+
+
+def test_the_pace_is_the_last_complete_windows_rate() -> None:
+    """What a lease takes ahead of the free slots follows the worker's recent pace."""
+    start = 1000.0
+    pace = Pace(start)
+    pace.done += 100
+    assert pace.per_second(start + PACE_WINDOW_S / 2) == 0.0  # no window complete yet
+    assert pace.per_second(start + PACE_WINDOW_S) == pytest.approx(100 / PACE_WINDOW_S,
+                                                                   rel=0.01)
+    pace.done += 10
+    # within the next window, the last complete one's rate
+    assert pace.per_second(start + PACE_WINDOW_S * 1.5) == pytest.approx(100 / PACE_WINDOW_S,
+                                                                         rel=0.01)
+    # a stalled worker: the window that ends after a long wait counts the wait
+    assert pace.per_second(start + PACE_WINDOW_S + 10.0) == pytest.approx(1.0, rel=0.01)
 
 
 def test_outcomes_are_the_strings_the_signal_always_carried() -> None:

@@ -276,13 +276,14 @@ class Frontier:
 
     def exchange(self, outgoing: Sequence[Outgoing], acks: Mapping[int, Sequence[str]],
                  stats: Sequence[tuple[int, Mapping[str, int]]] = (), *,
-                 lease_from: int | None = None, want: int = 1,
+                 lease_from: int | None = None, want: int = 1, ahead: int = 0,
                  feedback: Mapping[int, Feedback] | None = None,
                  peek: Sequence[int] = ()) -> Exchanged:
         """One round trip: enqueue-if-new, acks, shared stats and, optionally, a lease.
 
         With ``lease_from``, that partition's acks ride in the same script call
-        as the lease of up to ``want`` requests from it. ``stats`` are
+        as the lease of up to ``want`` requests from it (and ``ahead`` more from hosts
+        without a delay: those may wait in the worker). ``stats`` are
         ``(number, counts)`` of this worker's exchanges, numbered 1, 2, 3...:
         each number is added to the shared stats once, however often it is
         sent (resend the counts of a failed exchange under its own number).
@@ -311,7 +312,7 @@ class Frontier:
             partitions.append(lease_from)
             calls.append(self._partition_call(lease_from, seen.get(lease_from),
                                               by_partition.get(lease_from, ()),
-                                              acks.get(lease_from, ()), want))
+                                              acks.get(lease_from, ()), want, ahead))
         if not calls:
             return Exchanged()
         sent = time.monotonic()
@@ -342,7 +343,7 @@ class Frontier:
 
     def _partition_call(self, partition: int, seen: Sequence[Any] | None,
                         outgoing: Sequence[Outgoing], acks: Sequence[str],
-                        want: int) -> ScriptCall:
+                        want: int, ahead: int = 0) -> ScriptCall:
         """The one call of an exchange on ``partition``: what this worker saw of its hosts
         (:meth:`Feedback.args`), requests, acks, lease."""
         f = self.keys
@@ -351,7 +352,7 @@ class Frontier:
                            want, self.lease_ms,
                            # tokens: "<worker>:<partition>:<number from Redis>", unique
                            "%s:%d:" % (self.worker_id, partition), repr(random.random()),
-                           *seen, *ack_args(acks)]
+                           ahead, *seen, *ack_args(acks)]
         script = _LEASE
         if outgoing:
             script = _ENQUEUE[self.bloom.params.backend, self.bloom.params.windowed]

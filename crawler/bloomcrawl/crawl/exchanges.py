@@ -14,6 +14,7 @@ Nothing here blocks the reactor: the exchange itself runs on the I/O thread.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,12 @@ FIRST_POLL_DELAY = 0.05
 FLOWING_S = 0.25
 #: acks wait at most this long for an exchange to ride with
 ACK_DELAY = 0.05
+#: a lease may hold this many seconds of the worker's recent pace beyond the engine's
+#: free slots, from hosts without a delay: a fast crawl's exchanges each carry more
+#: pages, and so are fewer (each costs Redis a wake-up and a script call's fixed work)
+LEASE_AHEAD_S = 0.2
+#: the pace is the requests finished over the last window this long
+PACE_WINDOW_S = 0.5
 
 
 class ExchangeLoop:
@@ -106,6 +113,7 @@ class ExchangeLoop:
         self._wake_call: Any = None
         self._wake_at = 0.0
         self._retry_call: Any = None
+        self.pace = Pace()
 
     # -- starting and stopping -----------------------------------------------------------
 
@@ -133,6 +141,7 @@ class ExchangeLoop:
         """The request of lease ``ref`` is done: its ack goes with the next exchange."""
         ack = self.book.finish(ref)
         if ack is not None:
+            self.pace.done += 1
             self.outbox.ack(int(ref[0]), ack)
 
     def flush_soon(self, delay: float = ACK_DELAY) -> None:
@@ -167,7 +176,8 @@ class ExchangeLoop:
             lease_from, probe = order[0], order[1:]
         elif lease and not self.book.ready():
             self._wake_when_ready()  # no host is ready yet: ask when the first one is
-        self._send(lease_from, want=self._demand(), check_idle=check_idle, probe=probe)
+        want, ahead = self._demand()
+        self._send(lease_from, want=want, ahead=ahead, check_idle=check_idle, probe=probe)
 
     def send_now(self) -> None:
         """Send until nothing is owed, inline (the I/O thread is stopped or never ran).
@@ -179,32 +189,32 @@ class ExchangeLoop:
             if not self.outbox.owes():
                 return
             failures: list[Failure] = []
-            self._send(None, want=1, check_idle=False, probe=[], failures=failures)
+            self._send(None, want=1, ahead=0, check_idle=False, probe=[], failures=failures)
             if failures:
                 failures[0].raiseException()
 
-    def _send(self, lease_from: int | None, *, want: int, check_idle: bool, probe: list[int],
-              failures: list[Failure] | None = None) -> None:
-        d = self.outbox.send(lease_from, want=want, check_idle=check_idle, probe=probe)
+    def _send(self, lease_from: int | None, *, want: int, ahead: int, check_idle: bool,
+              probe: list[int], failures: list[Failure] | None = None) -> None:
+        d = self.outbox.send(lease_from, want=want, ahead=ahead, check_idle=check_idle,
+                             probe=probe)
         if d is None:
             return
         d.addCallbacks(self._exchanged, self._failed if failures is None else failures.append)
         d.addErrback(log_unexpected, logger, self.log_extra)
 
-    def _demand(self) -> int:
-        """How many requests to lease: SCHEDULER_PREFETCH, or the engine's free slots.
-
-        The engine asks for one request at a time and waits for the lease to
-        reach it; leasing only one per exchange would leave download slots
-        idle for a round trip each.
-        """
+    def _demand(self) -> tuple[int, int]:
+        """How many to lease: SCHEDULER_PREFETCH or the engine's free slots (leasing
+        one per exchange would leave slots idle a round trip each); and how many
+        more from hosts without a delay, up to LEASE_AHEAD_S of the recent pace."""
         if not self.io.threaded:
-            return self.prefetch
+            return self.prefetch, 0
         active = self.engine.active_downloads()
         if active is None:  # no engine (yet)
-            return self.prefetch
-        free = self.concurrency - active
-        return max(self.prefetch, min(free - self.book.ready(), MAX_LEASE))
+            return self.prefetch, 0
+        ready = self.book.ready()
+        want = max(self.prefetch, min(self.concurrency - active - ready, MAX_LEASE))
+        pace = math.ceil(self.pace.per_second(time.monotonic()) * LEASE_AHEAD_S)
+        return want, max(0, min(pace, MAX_LEASE) - want - ready)
 
     # -- replies ---------------------------------------------------------------------------
 
@@ -425,3 +435,19 @@ class Poller:
             self.loop.errors.ok()
             self._delay = FIRST_POLL_DELAY
             self.loop.exchange(lease=self.loop.starved)
+
+
+class Pace:
+    """Requests a worker finished per second, over its last complete window."""
+
+    def __init__(self, now: float | None = None) -> None:
+        self.done = 0
+        self._since = time.monotonic() if now is None else now
+        self._rate = 0.0
+
+    def per_second(self, now: float) -> float:
+        elapsed = now - self._since
+        if elapsed >= PACE_WINDOW_S:
+            self._rate = self.done / elapsed
+            self._since, self.done = now, 0
+        return self._rate

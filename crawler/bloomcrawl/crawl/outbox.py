@@ -65,6 +65,8 @@ class Batch:
     duplicates: int = 0
     #: (fingerprint, URL) of the start URLs' requests among them (see Outbox.watch_seeds)
     seeds: list[tuple[bytes, str]] = field(default_factory=list)
+    #: how many more to lease from ``lease_from``'s hosts without a delay
+    ahead: int = 0
 
 
 @dataclass
@@ -234,7 +236,8 @@ class Outbox:
 
     # -- sending -------------------------------------------------------------------------
 
-    def send(self, lease_from: int | None = None, *, want: int = 1, check_idle: bool = False,
+    def send(self, lease_from: int | None = None, *, want: int = 1, ahead: int = 0,
+             check_idle: bool = False,
              probe: list[int] | None = None) -> Deferred[Reply] | None:
         """Start one exchange with all that is owed (None: nothing to do, or one is under
         way). The Deferred fires on the reactor with the :class:`Reply`, or with the
@@ -251,7 +254,7 @@ class Outbox:
                                        at_once=not self.io.threaded)
         batch = Batch(outgoing, self._acks, stats, self._start_waiting, self._dropped,
                       lease_from, want, check_idle, self.watch.epoch, probe or [],
-                      self._feedback, duplicates, self._seeds)
+                      self._feedback, duplicates, self._seeds, ahead)
         self._outgoing, self._acks, self._feedback = [], defaultdict(list), {}
         self._start_waiting, self._dropped, self._seeds = [], [], []
         self.exchanging = True
@@ -323,7 +326,7 @@ class Outbox:
         probe = batch.probe if batch.lease_from is not None else []
         done = frontier.exchange(batch.outgoing, batch.acks, batch.stats,
                                  lease_from=batch.lease_from, want=batch.want,
-                                 feedback=batch.feedback, peek=probe)
+                                 ahead=batch.ahead, feedback=batch.feedback, peek=probe)
         reply = Reply(batch, done, list(done.leases))
         if batch.lease_from is not None:
             if len(done.leases) < batch.want:

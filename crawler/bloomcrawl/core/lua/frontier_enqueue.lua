@@ -3,7 +3,7 @@
 -- crash leaves a request seen but not queued; a host that gets work and has a free
 -- slot becomes ready), with what frontier_lease.lua does in the same call: what the
 -- worker saw of hosts first, its finished leases and a lease after.
--- KEYS and ARGV[1..8] as frontier_lease.lua's (KEYS[1] is read: the filter's state),
+-- KEYS and ARGV[1..9] as frontier_lease.lua's (KEYS[1] is read: the filter's state),
 -- then the feedback triples, the tokens to ack, and:
 --   the fingerprints (20 bytes each), the flags, one per request: '0' filter it,
 --   '1' dont_filter (queued without touching the filter), '-' record it in the filter

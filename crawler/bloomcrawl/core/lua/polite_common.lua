@@ -272,20 +272,24 @@ end
 -- the queue. Nothing is lost either way.
 -- A host without a delay that is the only one ready gives all it may at once (up to
 -- its free slots) in one command each; with several ready, each gives one in turn.
+-- Beyond `want`, up to `ahead` more come from hosts without a delay only: a worker
+-- keeps those for its next free slots (fewer exchanges), and a request that waits in a
+-- worker cannot break a delay its host does not have.
 -- u: a random number in [0, 1) for the delay jitter. Appends token, payload, paced, ...
 -- to out; paced is '1' when the host has a delay (when its request left matters to its
 -- next lease: a worker reports it if late), '0' when it has none.
-local function lease_ready(leases, deadlines, counter, want, lease_ms, prefix, u, out)
-  local n = 0
-  while n < want do
+local function lease_ready(leases, deadlines, counter, want, ahead, lease_ms, prefix, u, out)
+  local n, most = 0, want + ahead
+  while n < most do
     local r = redis.call('ZRANGEBYSCORE', PR.ready, '-inf', PR.now, 'LIMIT', 0, 2)
     if #r == 0 then break end
     local host = r[1]
     local delay, conc, hold = host_policy(host)
+    if delay > 0 and n >= want then break end
     local take = 1
-    if #r == 1 and delay == 0 and want - n > 1 then
+    if #r == 1 and delay == 0 and most - n > 1 then
       local free = conc - tonumber(redis.call('HGET', PR.busy, host) or '0')
-      take = math.max(1, math.min(want - n, free))
+      take = math.max(1, math.min(most - n, free))
     end
     local got = hq_pop(host, take)
     local count = #got / 2
@@ -344,14 +348,15 @@ end
 -- counter, KEYS[5..10] politeness (polite_init)
 -- ARGV[1] cfg, ARGV[2] queue type, ARGV[3] feedback triples, ARGV[4] acks, ARGV[5] want,
 -- ARGV[6] lease ms, ARGV[7] token prefix (the worker), ARGV[8] a random number in [0, 1),
--- then the feedback triples, the acks, and what enqueue reads.
+-- ARGV[9] ahead (lease_ready), then the feedback triples, the acks, and what enqueue
+-- reads.
 -- Returns {decisions, wait, token1, payload1, paced1, ...}; wait as ready_wait() ('' when
 -- want is 0).
 local function exchange(enqueue)
   polite_init(5, ARGV[1])
   PR.qtype = ARGV[2]
   local feedback, acks, want = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-  local at = 9
+  local at = 10
   apply_feedback(at, at + 3 * feedback - 1)
   at = at + 3 * feedback
   local ack_from = at
@@ -359,8 +364,8 @@ local function exchange(enqueue)
   local out = {enqueue and enqueue(at) or '', ''}
   end_leases(KEYS[2], KEYS[3], ack_from, at - 1)
   if want > 0 then
-    lease_ready(KEYS[2], KEYS[3], KEYS[4], want, tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]),
-                out)
+    lease_ready(KEYS[2], KEYS[3], KEYS[4], want, tonumber(ARGV[9]), tonumber(ARGV[6]), ARGV[7],
+                tonumber(ARGV[8]), out)
     out[2] = ready_wait()
   end
   return out
