@@ -210,29 +210,29 @@ def test_a_lease_says_whether_its_host_has_a_delay(redis_client: redis.Redis) ->
 
 
 def test_a_lease_ahead_comes_only_from_hosts_without_a_delay(redis_client: redis.Redis) -> None:
-    """``ahead`` leases beyond ``want`` from unpaced hosts, never a paced host's second
-    request, nor past a host's concurrency."""
-    polite = Politeness(delay=0.0, concurrency=3)
+    """``ahead`` leases beyond ``want`` only from hosts without a delay, and at most half
+    a host's free slots: the rest stay for the other workers."""
+    polite = Politeness(delay=0.0, concurrency=8)
     a = worker(redis_client, "a", polite)
-    hosts = [h for h in ("h%d.test" % i for i in range(40)) if home(h) == home("h0.test")][:3]
-    slow, fast, other = hosts
-    set_policy(redis_client, a.keys, polite, home(slow), slow, delay=5.0)
-    a.exchange(outgoing(a, *("http://%s/%d" % (h, i) for h in hosts for i in range(5))), {})
-    # every host paced: one request (h0.test: equal ready times go by name), no ahead
-    set_policy(redis_client, a.keys, polite, home(fast), fast, delay=5.0)
-    set_policy(redis_client, a.keys, polite, home(other), other, delay=5.0)
-    got = a.exchange((), {}, lease_from=home(slow), want=1, ahead=10).leases
-    assert [host_of(json.loads(x.payload)["url"]) for x in got] == [slow]  # all paced now
-    set_policy(redis_client, a.keys, polite, home(fast), fast, clear=True)
-    set_policy(redis_client, a.keys, polite, home(other), other, clear=True)
-    got = a.exchange((), {}, lease_from=home(slow), want=1, ahead=10).leases
-    by_host = [host_of(json.loads(x.payload)["url"]) for x in got]
-    # 1 asked + up to 10 ahead, each unpaced host up to its 3 slots; the paced one waits
-    assert sorted(by_host) == sorted([fast] * 3 + [other] * 3)
-    assert all(not x.paced for x in got)
-    # without ahead, `want` is the most a lease gives, as before
-    ack(a, got)
-    assert len(a.exchange((), {}, lease_from=home(slow), want=2).leases) == 2
+    shared = sorted(h for h in ("h%d.test" % i for i in range(60)) if home(h) == home("h0.test"))
+    slow, fast, other, slow2 = shared[:4]
+    for host in (slow, slow2):
+        set_policy(redis_client, a.keys, polite, home(host), host, delay=5.0)
+    a.exchange(outgoing(a, *("http://%s/%d" % (h, i) for h in shared[:4] for i in range(10))),
+               {})
+    got = a.exchange((), {}, lease_from=home(slow), want=1, ahead=20).leases
+    hosts = [host_of(json.loads(x.payload)["url"]) for x in got]
+    assert [x.paced for x in got].count(True) == 1 and hosts[0] == slow  # `want`: as before
+    assert slow2 not in hosts  # a paced host gives nothing ahead
+    assert len(got) > 1 and all(hosts.count(h) <= 4 for h in (fast, other))  # half of 8
+    # alone in its partition, a host gives `want` and half its other free slots
+    solo = next(h for h in ("s%d.test" % i for i in range(60)) if home(h) != home(slow))
+    a.exchange(outgoing(a, *("http://%s/%d" % (solo, i) for i in range(10))), {})
+    got = a.exchange((), {}, lease_from=home(solo), want=2, ahead=20).leases
+    assert len(got) == 2 + 3  # 8 slots: 2 due, then half of the 6 left
+    # no ahead asked: `want` is the most a lease gives
+    assert len(a.exchange((), {}, lease_from=home(solo), want=1).leases) == 1
+
 
 def test_one_slot_hosts_wait_from_the_response_of_their_last_request(
         redis_client: redis.Redis) -> None:

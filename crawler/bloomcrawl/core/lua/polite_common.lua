@@ -272,24 +272,36 @@ end
 -- the queue. Nothing is lost either way.
 -- A host without a delay that is the only one ready gives all it may at once (up to
 -- its free slots) in one command each; with several ready, each gives one in turn.
--- Beyond `want`, up to `ahead` more come from hosts without a delay only: a worker
--- keeps those for its next free slots (fewer exchanges), and a request that waits in a
--- worker cannot break a delay its host does not have.
+-- Beyond `want`, up to `ahead` more come from hosts without a delay only, each giving
+-- at most half its free slots: a worker keeps those for its engine's next free slots
+-- (fewer exchanges); a request that waits in a worker cannot break a delay its host
+-- does not have, and the host keeps slots for the other workers.
 -- u: a random number in [0, 1) for the delay jitter. Appends token, payload, paced, ...
 -- to out; paced is '1' when the host has a delay (when its request left matters to its
 -- next lease: a worker reports it if late), '0' when it has none.
 local function lease_ready(leases, deadlines, counter, want, ahead, lease_ms, prefix, u, out)
-  local n, most = 0, want + ahead
+  local n, most, spare = 0, want + ahead, {}
   while n < most do
     local r = redis.call('ZRANGEBYSCORE', PR.ready, '-inf', PR.now, 'LIMIT', 0, 2)
     if #r == 0 then break end
     local host = r[1]
     local delay, conc, hold = host_policy(host)
     if delay > 0 and n >= want then break end
-    local take = 1
-    if #r == 1 and delay == 0 and most - n > 1 then
+    local take, need = 1, want - n
+    if delay == 0 and most - n > 1 and (#r == 1 or need <= 0) then
       local free = conc - tonumber(redis.call('HGET', PR.busy, host) or '0')
-      take = math.max(1, math.min(most - n, free))
+      local due = math.max(0, math.min(need, free))
+      -- ahead, at most half the free slots the host had when this call first took
+      -- from it: requests held in a worker must not keep the others from its slots
+      local left = spare[host] or math.floor((free - due) / 2)
+      -- several hosts ready (need <= 0 then): one each in turn
+      local extra = math.max(0, math.min(left, #r > 1 and 1 or most - n - due))
+      spare[host] = left - extra
+      take = due + extra
+      if take < 1 then
+        if need <= 0 then break end
+        take = 1
+      end
     end
     local got = hq_pop(host, take)
     local count = #got / 2
