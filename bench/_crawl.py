@@ -391,6 +391,9 @@ def pick_contenders(parser: argparse.ArgumentParser, spec: str,
 
 #: requests in the floor probe, and the pages per exchange it tries
 FLOOR_PAGES = 2000
+#: requests of each run at a crawl's rate (about 10 s at 200 pages/s: a VM's wake-up
+#: costs vary from second to second)
+FLOOR_PACED_PAGES = 2000
 FLOOR_BATCHES = (1, 8)
 #: how long Redis is left idle to measure what it spends doing nothing
 FLOOR_IDLE_S = 2.0
@@ -412,6 +415,12 @@ class Floor:
     per_page_us: dict[int, float]
     #: the Bloom filter's part of a new link (bloom_add.lua, same filter settings)
     decision_us: float
+    #: pages per exchange -> us per page, idle included, the exchanges sent at a crawl's
+    #: rate (a sleep between them) instead of back to back: what a Redis woken for each
+    #: exchange pays, which a crawl pays too (empty: no crawl to take the rate from)
+    paced_us: dict[int, float] = field(default_factory=dict)
+    #: the rate (pages/s) the paced runs went at
+    paced_rate: float = 0.0
 
     def per_exchange_us(self) -> tuple[float, float]:
         """(fixed us per exchange, us per page) fitted to the pages-per-exchange runs."""
@@ -430,13 +439,17 @@ def _main_cpu(client: redis.Redis) -> float:
     return cpu_sample(client).main_thread_s
 
 
-def measure_floor(client: redis.Redis, error_rate: float = 1e-6) -> Floor:
+def measure_floor(client: redis.Redis, error_rate: float = 1e-6,
+                  pace: tuple[float, float] | None = None) -> Floor:
     """What this Redis spends on the least a page needs (a fresh keyspace; flushed after).
 
     The frontier's own calls (:class:`~bloomcrawl.core.frontier.Frontier`), one
     host partitioned by host as the demo crawl, CONCURRENT_REQUESTS_PER_DOMAIN
     64 as bloomcrawl's contender: a page sends one new link, acks its lease and
-    leases the next, one exchange per page (an I/O-bound worker) or several.
+    leases the next, one exchange per page (an I/O-bound worker) or several,
+    back to back. ``pace``: (pages/s, exchanges a page) of a crawl; the same
+    exchanges are then also sent at that rate, with that many pages in each
+    and with twice as many (:attr:`Floor.paced_us`).
     """
     import hashlib
 
@@ -468,8 +481,13 @@ def measure_floor(client: redis.Redis, error_rate: float = 1e-6) -> Floor:
     call = (_main_cpu(client) - before) / calls * 1e6
 
     per_page: dict[int, float] = {}
+    paced: dict[int, float] = {}
     host = "127.0.0.1"
-    for batch in FLOOR_BATCHES:
+    runs: list[tuple[int, float | None]] = [(batch, None) for batch in FLOOR_BATCHES]
+    if pace is not None:
+        batch = max(1, round(1 / max(pace[1], 1e-6)))
+        runs += [(batch, pace[0]), (2 * batch, pace[0])]
+    for batch, rate in runs:
         client.flushall()
         frontier_keys = keys.FrontierKeys("floor")
         bloom = BloomFilter(client, frontier_keys.filter, error_rate=error_rate)
@@ -490,12 +508,18 @@ def measure_floor(client: redis.Redis, error_rate: float = 1e-6) -> Floor:
         home = partition_of(first[0].fingerprint, frontier_keys.partitions)
         frontier.exchange(first, {})
         acks: dict[int, list[str]] = {}
+        pages = FLOOR_PAGES if rate is None else FLOOR_PACED_PAGES
         before = _main_cpu(client)
-        for number, start in enumerate(range(0, FLOOR_PAGES, batch), 1):
+        due = time.monotonic()
+        for number, start in enumerate(range(0, pages, batch), 1):
+            if rate is not None:  # Redis sleeps between exchanges, as in the crawl
+                due += batch / rate
+                time.sleep(max(0.0, due - time.monotonic()))
             done = frontier.exchange([outgoing(i) for i in range(start, start + batch)], acks,
                                      [(number, {"pages": batch})], lease_from=home, want=batch)
             acks = {home: [lease.token for lease in done.leases]}
-        per_page[batch] = (_main_cpu(client) - before) / FLOOR_PAGES * 1e6
+        (per_page if rate is None else paced)[batch] = (
+            _main_cpu(client) - before) / pages * 1e6
 
     # the filter's share: the same number of new fingerprints through bloom_add.lua
     client.flushall()
@@ -509,4 +533,5 @@ def measure_floor(client: redis.Redis, error_rate: float = 1e-6) -> Floor:
                            for fp in fps[start:start + 100]])
     decision = (_main_cpu(client) - before) / FLOOR_PAGES * 1e6 - call
     client.flushall()
-    return Floor(idle, round_trip, call, per_page, decision)
+    return Floor(idle, round_trip, call, per_page, decision, paced,
+                 pace[0] if pace is not None else 0.0)

@@ -155,7 +155,12 @@ def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
                         print(str(exc), file=sys.stderr)
             if BLOOMCRAWL in contenders:
                 print("  measuring Redis's floor ...", file=sys.stderr, flush=True)
-                floor = measure_floor(client)
+                mine = next((r for r in runs if r.contender is BLOOMCRAWL and r.workers == 1),
+                            None)
+                pace = None
+                if mine is not None and mine.round_trips and mine.pages_per_second > 0:
+                    pace = (mine.pages_per_second, mine.per_page(mine.round_trips))
+                floor = measure_floor(client, pace=pace)
         finally:
             client.close()
     return runs, failures, floor
@@ -354,7 +359,19 @@ def print_floor(floor: Floor, run: CrawlRun) -> None:
                         for n, us in sorted(floor.per_page_us.items())),
               fixed, per_page, floor.decision_us))
     print("    floor = idle a page + %.2f exchanges a page (this crawl's round trips) x %.0f"
-          " + %.0f = %.0f us" % (exchanges, fixed, per_page, least))
+          " + %.0f = %.0f us, the exchanges sent back to back (Redis kept busy)" % (
+              exchanges, fixed, per_page, least))
+    if floor.paced_us:
+        batch = min(floor.paced_us)
+        print("    the same exchanges at this crawl's %.0f pages/s, Redis idle between them as"
+              " in the crawl, us a page (idle included): %s: on this machine a Redis woken"
+              " for each exchange pays about %.1fx what it does kept busy, and so does the"
+              " crawl (%.0f us)" % (
+                  floor.paced_rate,
+                  ", ".join("%.0f with %d pages an exchange" % (us, n)
+                            for n, us in sorted(floor.paced_us.items())),
+                  floor.paced_us[batch] / least if least > 0 else float("nan"),
+                  run.per_page(run.redis_cpu_s) * 1e6))
 
 
 def as_json(plan: Plan, runs: list[CrawlRun], failures: list[str],
@@ -367,7 +384,9 @@ def as_json(plan: Plan, runs: list[CrawlRun], failures: list[str],
         "floor": None if floor is None else {
             "idle_us_per_s": floor.idle_us_per_s, "round_trip_us": floor.round_trip_us,
             "call_us": floor.call_us, "decision_us": floor.decision_us,
-            "per_page_us": {str(k): v for k, v in floor.per_page_us.items()}},
+            "per_page_us": {str(k): v for k, v in floor.per_page_us.items()},
+            "paced_rate": floor.paced_rate,
+            "paced_us": {str(k): v for k, v in floor.paced_us.items()}},
         "runs": [{
             "contender": r.contender.key,
             "workers": r.workers,

@@ -73,6 +73,11 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
 
     numbers = json.loads(out.read_text())
     assert numbers["failures"] == []
+    # the floor's exchanges also sent at the crawl's rate: its batching and twice it
+    paced = {int(k): v for k, v in numbers["floor"]["paced_us"].items()}
+    assert len(paced) == 2 and min(paced) * 2 == max(paced), paced
+    assert all(us > 0 for us in paced.values()) and numbers["floor"]["paced_rate"] > 0
+    assert "the same exchanges at this crawl's" in proc.stdout
     runs = {(r["contender"], r["workers"]) for r in numbers["runs"]}
     assert runs == {("memory", 1), ("memory", 2), ("bloomcrawl", 1), ("bloomcrawl", 2),
                     ("scrapy_redis", 1), ("scrapy_redis", 2), ("recipe", 1), ("recipe", 2)}
