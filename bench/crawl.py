@@ -155,8 +155,7 @@ def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
                         print(str(exc), file=sys.stderr)
             if BLOOMCRAWL in contenders:
                 print("  measuring Redis's floor ...", file=sys.stderr, flush=True)
-                mine = next((r for r in runs if r.contender is BLOOMCRAWL and r.workers == 1),
-                            None)
+                mine = run_of(runs, BLOOMCRAWL)
                 pace = None
                 if mine is not None and mine.round_trips and mine.pages_per_second > 0:
                     pace = (mine.pages_per_second, mine.per_page(mine.round_trips))
@@ -166,11 +165,14 @@ def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
     return runs, failures, floor
 
 
+def run_of(runs: list[CrawlRun], contender: Contender, workers: int = 1) -> CrawlRun | None:
+    """The run of ``contender`` with ``workers`` processes (None: not run, or failed)."""
+    return next((r for r in runs if r.contender is contender and r.workers == workers), None)
+
+
 def ceiling_of(runs: list[CrawlRun]) -> float | None:
-    for run in runs:
-        if run.contender is MEMORY and run.workers == 1:
-            return run.pages_per_second
-    return None
+    memory = run_of(runs, MEMORY)
+    return memory.pages_per_second if memory is not None else None
 
 
 def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
@@ -185,8 +187,7 @@ def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
     print("-" * len(header))
     for workers in plan.workers:
         for contender in contenders:
-            run = next((r for r in runs if r.contender is contender and r.workers == workers),
-                       None)
+            run = run_of(runs, contender, workers)
             if run is None:
                 reason = "n/a (one process only)" if not contender.shared and workers > 1 \
                     else "FAILED (see stderr)"
@@ -238,8 +239,8 @@ def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
 
 
 def print_targets(runs: list[CrawlRun], ceiling: float | None, floor: Floor | None) -> None:
-    mine = next((r for r in runs if r.contender is BLOOMCRAWL and r.workers == 1), None)
-    memory = next((r for r in runs if r.contender is MEMORY and r.workers == 1), None)
+    mine = run_of(runs, BLOOMCRAWL)
+    memory = run_of(runs, MEMORY)
     print("targets, bloomcrawl with 1 process:")
     if mine is None:
         print("  (bloomcrawl was not run)")
@@ -270,7 +271,7 @@ def print_targets(runs: list[CrawlRun], ceiling: float | None, floor: Floor | No
 def print_worker_cpu(runs: list[CrawlRun],
                      worker_cpu: dict[tuple[str, int], profile.WorkerCpu | None]) -> None:
     """bloomcrawl's worker CPU per page beside the in-memory scheduler's, and its floor."""
-    memory = next((r for r in runs if r.contender is MEMORY and r.workers == 1), None)
+    memory = run_of(runs, MEMORY)
     rows = [profile.CpuRow(
         r.workers, r.distinct, r.worker_cpu_s, r.pages_per_second,
         sum(float(p.get("stats", {}).get("scheduler/enqueued/redis") or 0) for p in r.probes),

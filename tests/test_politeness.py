@@ -208,7 +208,6 @@ def test_a_lease_says_whether_its_host_has_a_delay(redis_client: redis.Redis) ->
                                                                      "http://y.test/1"]
 
 
-
 def test_a_lease_ahead_comes_only_from_hosts_without_a_delay(redis_client: redis.Redis) -> None:
     """``ahead`` leases beyond ``want`` only from hosts without a delay, and at most half
     a host's free slots: the rest stay for the other workers."""
