@@ -20,7 +20,7 @@ from bloomcrawl.core.connection import ServerWatch
 from bloomcrawl.core.errors import RedisUnavailableError
 from bloomcrawl.core.frontier import Frontier, Lease, Outgoing
 from bloomcrawl.core.keys import FrontierKeys
-from bloomcrawl.crawl.exchanges import PACE_WINDOW_S, Pace
+from bloomcrawl.crawl.exchanges import PACE_WINDOW_S, Pace, SoonestCall
 from bloomcrawl.crawl.held import HeldRequests
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LeaseRef, Outcome
 from bloomcrawl.crawl.lease_book import LeaseBook
@@ -163,6 +163,28 @@ def test_the_pace_is_the_last_complete_windows_rate() -> None:
                                                                          rel=0.01)
     # a stalled worker: the window that ends after a long wait counts the wait
     assert pace.per_second(start + PACE_WINDOW_S + 10.0) == pytest.approx(1.0, rel=0.01)
+
+
+def test_a_flush_timer_only_ever_moves_earlier() -> None:
+    """An ack of a host with a delay must not wait for a later ack's longer timer, and a
+    later ack must not push back the one set."""
+    from twisted.internet.task import Clock
+
+    clock, fired = Clock(), []
+    timer = SoonestCall(lambda: fired.append(clock.seconds()), later=clock.callLater)
+    timer.within(0.15)
+    timer.within(0.05)  # sooner: moved
+    timer.within(0.3)  # later: kept
+    clock.advance(0.04)
+    assert not fired and timer.pending()
+    clock.advance(0.02)
+    assert len(fired) == 1 and not timer.pending()
+    clock.advance(1)  # neither the 0.15 nor the 0.3 s call is left
+    assert len(fired) == 1 and not clock.getDelayedCalls()
+    timer.within(0.15)
+    timer.cancel()
+    clock.advance(1)
+    assert len(fired) == 1 and not timer.pending()
 
 
 def test_outcomes_are_the_strings_the_signal_always_carried() -> None:

@@ -58,8 +58,12 @@ FIRST_POLL_DELAY = 0.05
 #: a worker that got leases this recently has work: it reads start URLs once a
 #: MAX_POLL_DELAY, not at every poll
 FLOWING_S = 0.25
-#: acks wait at most this long for an exchange to ride with
+#: an ack of a host with a delay waits at most this long for an exchange to ride with:
+#: the host's next lease may wait on the slot it frees
 ACK_DELAY = 0.05
+#: an ack of a host without one waits longer, for a lease to ride with: each exchange
+#: costs Redis a wake-up, and a worker with requests ready does not lease for a while
+ACK_DELAY_UNPACED = 0.15
 #: a lease may hold this many seconds of the worker's recent pace beyond the engine's
 #: free slots, from hosts without a delay: a fast crawl's exchanges each carry more
 #: pages, and so are fewer (each costs Redis a wake-up and a script call's fixed work)
@@ -109,9 +113,10 @@ class ExchangeLoop:
         #: per crawl): its items are stored once per visit, not once per page
         #: (ENTRY_META_KEY)
         self.by_visit = frontier.bloom.params.windowed
-        self._ack_call: Any = None
-        self._wake_call: Any = None
-        self._wake_at = 0.0
+        #: what is owed leaves by then at the latest (ack and feedback timer)
+        self._flush_call = SoonestCall(lambda: self.exchange(lease=self.starved))
+        #: starved: when the soonest host is ready
+        self._wake_call = SoonestCall(lambda: self.exchange(lease=self.starved))
         self._retry_call: Any = None
         self.pace = Pace()
 
@@ -126,10 +131,11 @@ class ExchangeLoop:
         """No more timers or retries: the scheduler is closing."""
         self.closing = True
         self.poller.stop()
-        for call in (self._ack_call, self._wake_call, self._retry_call):
-            if call is not None:
-                call.cancel()
-        self._ack_call = self._wake_call = self._retry_call = None
+        self._flush_call.cancel()
+        self._wake_call.cancel()
+        if self._retry_call is not None:
+            self._retry_call.cancel()
+            self._retry_call = None
 
     def busy_here(self) -> bool:
         """Leased requests wait for the engine, or Redis is owed something or answering."""
@@ -138,20 +144,23 @@ class ExchangeLoop:
     # -- what the scheduler and its parts ask for ----------------------------------------
 
     def ack(self, ref: LeaseRef | tuple[int, str]) -> None:
-        """The request of lease ``ref`` is done: its ack goes with the next exchange."""
+        """The request of lease ``ref`` is done: its ack goes with the next exchange, within
+        ACK_DELAY (a host with a delay) or ACK_DELAY_UNPACED (one without)."""
+        paced = self.book.leased_at(ref[1]) is not None
         ack = self.book.finish(ref)
         if ack is not None:
             self.pace.done += 1
             self.outbox.ack(int(ref[0]), ack)
+            self.flush_soon(ACK_DELAY if paced else ACK_DELAY_UNPACED)
 
     def flush_soon(self, delay: float = ACK_DELAY) -> None:
         """Send what is owed within ``delay`` s (with the next lease, if one comes first)."""
-        if self._ack_call is None and self.started:
-            self._ack_call = call_later(delay, self._flush)
+        if self.started:
+            self._flush_call.within(delay)
 
-    def _flush(self) -> None:
-        self._ack_call = None
-        self.exchange(lease=self.starved)
+    def flush_pending(self) -> bool:
+        """What is owed leaves by a timer already set."""
+        return self._flush_call.pending()
 
     def exchange(self, *, lease: bool = True, check_idle: bool = False) -> None:
         """Start an exchange of all that is owed, leasing when this worker wants work.
@@ -354,18 +363,8 @@ class ExchangeLoop:
         if self.closing or not self.starved or not self.io.threaded:
             return
         soonest = self.readiness.soonest()
-        if soonest == float("inf"):
-            return
-        if self._wake_call is not None:
-            if self._wake_at <= soonest + 0.001:
-                return
-            self._wake_call.cancel()
-        self._wake_at = soonest
-        self._wake_call = call_later(max(0.0, soonest - time.monotonic()), self._wake)
-
-    def _wake(self) -> None:
-        self._wake_call = None
-        self.exchange(lease=self.starved)
+        if soonest != float("inf"):
+            self._wake_call.within(max(0.0, soonest - time.monotonic()), slack=0.001)
 
 
 class Poller:
@@ -426,7 +425,10 @@ class Poller:
             d = self.start_urls.read()
             d.addCallbacks(self._read, loop.redis_failed)
             d.addErrback(log_unexpected, logger, loop.log_extra)
-        loop.exchange(lease=loop.starved, check_idle=loop.starved)
+        if loop.starved or not loop.flush_pending():
+            # a worker with work sends what it owes by the ack timer or with its next
+            # lease: a poll's exchange would only wake Redis once more
+            loop.exchange(lease=loop.starved, check_idle=loop.starved)
         self._schedule(self._delay)
         self._delay = min(MAX_POLL_DELAY, self._delay * 2)
 
@@ -435,6 +437,38 @@ class Poller:
             self.loop.errors.ok()
             self._delay = FIRST_POLL_DELAY
             self.loop.exchange(lease=self.loop.starved)
+
+
+class SoonestCall:
+    """A one-shot timer that only moves earlier: asked for a later time than it is set
+    for (give or take ``slack`` s), it keeps its own."""
+
+    def __init__(self, fire: Callable[[], None], later: Callable[..., Any] = call_later) -> None:
+        self._fire = fire
+        self._later = later
+        self._call: Any = None
+        self._at = 0.0
+
+    def within(self, delay: float, slack: float = 0.0) -> None:
+        at = time.monotonic() + delay
+        if self._call is not None:
+            if self._at <= at + slack:
+                return
+            self._call.cancel()
+        self._at = at
+        self._call = self._later(delay, self._run)
+
+    def pending(self) -> bool:
+        return self._call is not None
+
+    def cancel(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    def _run(self) -> None:
+        self._call = None
+        self._fire()
 
 
 class Pace:

@@ -35,10 +35,9 @@ class Outcomes:
             # a raising callback is counted once, by the spider_error signal
             self.outbox.count("errors")
         if lease is not None:
-            # sent with the next lease (next_request), or within ACK_DELAY anyway:
-            # a worker killed now must not leave finished pages to be crawled again
+            # sent with the next lease (next_request), or by a timer anyway (ExchangeLoop.ack):
+            # a worker killed now must not leave many finished pages to be crawled again
             self.loop.ack(lease)
-            self.loop.flush_soon()
 
     def item_scraped(self) -> None:
         """An item was scraped (called by the PageTracker's ``item_scraped`` receiver)."""
