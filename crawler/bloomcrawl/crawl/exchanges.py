@@ -114,10 +114,11 @@ class ExchangeLoop:
         #: (ENTRY_META_KEY)
         self.by_visit = frontier.bloom.params.windowed
         #: what is owed leaves by then at the latest (ack and feedback timer)
-        self._flush_call = SoonestCall(lambda: self.exchange(lease=self.starved))
+        self._flush_call = SoonestCall(self._exchange_owed)
         #: starved: when the soonest host is ready
-        self._wake_call = SoonestCall(lambda: self.exchange(lease=self.starved))
-        self._retry_call: Any = None
+        self._wake_call = SoonestCall(self._exchange_owed)
+        #: after a failed exchange, once its back-off passed (none starts meanwhile)
+        self._retry_call = SoonestCall(self._exchange_owed)
         self.pace = Pace()
 
     # -- starting and stopping -----------------------------------------------------------
@@ -131,11 +132,8 @@ class ExchangeLoop:
         """No more timers or retries: the scheduler is closing."""
         self.closing = True
         self.poller.stop()
-        self._flush_call.cancel()
-        self._wake_call.cancel()
-        if self._retry_call is not None:
-            self._retry_call.cancel()
-            self._retry_call = None
+        for timer in (self._flush_call, self._wake_call, self._retry_call):
+            timer.cancel()
 
     def busy_here(self) -> bool:
         """Leased requests wait for the engine, or Redis is owed something or answering."""
@@ -153,7 +151,7 @@ class ExchangeLoop:
             self.outbox.ack(int(ref[0]), ack)
             self.flush_soon(ACK_DELAY if paced else ACK_DELAY_UNPACED)
 
-    def flush_soon(self, delay: float = ACK_DELAY) -> None:
+    def flush_soon(self, delay: float) -> None:
         """Send what is owed within ``delay`` s (with the next lease, if one comes first)."""
         if self.started:
             self._flush_call.within(delay)
@@ -168,7 +166,7 @@ class ExchangeLoop:
         Nothing starts while one is under way (its reply starts the next) or
         while a retry waits out its back-off (it will).
         """
-        if self.outbox.exchanging or self._retry_call is not None:
+        if self.outbox.exchanging or self._retry_call.pending():
             return
         if self.recovery.needed():
             # the stats Redis lost go first, in order, before any newer number
@@ -328,16 +326,16 @@ class ExchangeLoop:
             if self.closing:
                 return
             if self.io.threaded:
-                self._retry_call = call_later(0, self._retry)
+                self._retry_call.within(0)
             else:
-                self._retry()
+                self._exchange_owed()
             return
         delay = redis_failed(failure, self.stats, self.errors)
         if not self.closing and self.io.threaded:
-            self._retry_call = call_later(delay, self._retry)
+            self._retry_call.within(delay)
 
-    def _retry(self) -> None:
-        self._retry_call = None
+    def _exchange_owed(self) -> None:
+        """The timers' exchange: what is owed, and a lease if the engine is starved."""
         self.exchange(lease=self.starved)
 
     def redis_failed(self, failure: Failure) -> None:
@@ -346,7 +344,7 @@ class ExchangeLoop:
     def _recovered(self, dropped: list[Request]) -> None:
         for request in dropped:
             self.requeue(request)
-        self.exchange(lease=self.starved)
+        self._exchange_owed()
 
     def _filter_full(self, exc: FilterFullError) -> None:
         """The filter refuses new items: stop the crawl, loudly, rather than drop URLs."""
