@@ -78,7 +78,7 @@ from bloomcrawl.core import defaults, keys  # noqa: E402
 from bloomcrawl.core.bloom import BloomFilter, partition_of  # noqa: E402
 from bloomcrawl.core.connection import redis_from_url  # noqa: E402
 from bloomcrawl.core.frontier import Frontier, Outgoing  # noqa: E402
-from bloomcrawl.core.politeness import filter_fingerprint  # noqa: E402
+from bloomcrawl.core.politeness import filter_fingerprint, host_partition  # noqa: E402
 from bloomcrawl.core.scripts import Script, ScriptCall  # noqa: E402
 from bloomcrawl.crawl.config import default_partitions  # noqa: E402
 from bloomcrawl.crawl.scheduler import CLUSTER_STATS_INTERVAL  # noqa: E402
@@ -477,21 +477,45 @@ def synthetic_pages(count: int, by_host: bool) -> list[list[Outgoing]]:
             for i in range(count)]
 
 
-def partition_calls(pages: list[list[Outgoing]], partitions: int) -> float:
+#: on a cluster a worker sends its counts at most once a CLUSTER_STATS_INTERVAL
+#: (one Redis: with every exchange); a worker of the slowest WORKER_RATES, one exchange
+#: a page, then sends them with one exchange in this many
+CLUSTER_STATS_EVERY = max(1, round(min(WORKER_RATES) * CLUSTER_STATS_INTERVAL))
+
+
+def lease_partitions(count: int, partitions: int, by_host: bool) -> list[int]:
+    """The partition synthetic exchange ``i`` leases from (and the next one acks).
+
+    A worker asks first the partition its acks go to (``lease_order``), so by host a
+    page's ack and its next lease ride in the call of its own site's partition: the
+    lease is modelled as bringing the next page, of the site after every
+    ``SITE_PAGES`` pages (from the partition of that site then), which makes one
+    more call a page than a worker that keeps leasing where it acks. By
+    fingerprint a page's partitions are random: round robin.
+    """
+    if not by_host:
+        return [i % partitions for i in range(count)]
+    return [host_partition(synthetic_host(i + 1, 0), partitions) for i in range(count)]
+
+
+def partition_calls(pages: list[list[Outgoing]], partitions: int, by_host: bool,
+                    stats_every: int) -> float:
     """Script calls per page as :func:`measure_exchanges` sends them with ``partitions``:
     one per partition its links, the previous lease's ack and its lease touch, and
-    the stats call."""
+    the stats call of one page in ``stats_every``."""
+    leases = lease_partitions(len(pages), partitions, by_host)
     total = 0
     for i, links in enumerate(pages):
         touched = {partition_of(e.fingerprint, partitions) for e in links}
-        touched |= {i % partitions, (i - 1) % partitions}
-        total += len(touched) + 1
+        touched |= {leases[i], leases[i - 1]} if i else {leases[i]}
+        total += len(touched) + (i % stats_every == 0)
     return total / len(pages)
 
 
 def measure_exchanges(target: Target, count: int, by_host: bool = False) -> Exchanges:
-    """``count`` exchanges (:func:`synthetic_pages`), each with the previous lease's ack,
-    the page's stats and a lease from the next partition in rotation; one after another."""
+    """``count`` exchanges (:func:`synthetic_pages`), one after another, each with the
+    previous lease's ack, a lease (:func:`lease_partitions`) and the worker's stats
+    (on a cluster with one exchange in CLUSTER_STATS_EVERY, as a worker sends them)."""
     target.client.flushall()
     frontier_keys = keys.FrontierKeys("synthetic", partitions=target.partitions)
     bloom = BloomFilter(target.client, frontier_keys.filter, capacity=count * EXCHANGE_LINKS,
@@ -501,6 +525,8 @@ def measure_exchanges(target: Target, count: int, by_host: bool = False) -> Exch
     frontier.record_layout()
     half = EXCHANGE_LINKS // 2
     pages = synthetic_pages(count, by_host)
+    leases = lease_partitions(count, frontier.partitions, by_host)
+    stats_every = CLUSTER_STATS_EVERY if target.name == "cluster" else 1
     frontier.exchange(pages[0][:half], {})  # the first page's "seen" links; scripts loaded
     first = len(target.sampler.history)
     before = target.sampler()
@@ -508,8 +534,10 @@ def measure_exchanges(target: Target, count: int, by_host: bool = False) -> Exch
     acks: dict[int, list[str]] = {}
     leased = 0
     for i, links in enumerate(pages):
-        done = frontier.exchange(links, acks, [(i + 1, {"pages": 1, "filtered": half})],
-                                 lease_from=i % frontier.partitions)
+        stats = [] if i % stats_every else [(i // stats_every + 1,
+                                             {"pages": stats_every,
+                                              "filtered": half * stats_every})]
+        done = frontier.exchange(links, acks, stats, lease_from=leases[i])
         acks = {lease.partition: [lease.token] for lease in done.leases}
         leased += len(done.leases)
     seconds, client_cpu = time.perf_counter() - started, time.process_time() - cpu
@@ -834,7 +862,8 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
     work for the page's fingerprints (the partition-call slope measured on one
     Redis) is the calls' fixed cost, all in (scripts, their pipelines); times the
     calls a page makes with ESTIMATE_PARTITIONS partitions (counted on the synthetic
-    pages themselves), plus the fingerprints' work again. The high end adds one round
+    pages themselves, as :func:`measure_exchanges` sends them on a cluster), plus the
+    fingerprints' work again. The high end adds one round
     trip (a stats call alone less one pipelined) for each master a page reaches
     beyond those it reached in the measurement.
     """
@@ -855,7 +884,7 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
         fingerprints = EXCHANGE_LINKS * per_fp
         per_call = max(0.0, e.redis_us - fingerprints) / scripts
         calls = partition_calls(synthetic_pages(min(plan.exchanges, 2000), by_host),
-                                ESTIMATE_PARTITIONS)
+                                ESTIMATE_PARTITIONS, by_host, CLUSTER_STATS_EVERY)
         extra = max(0.0, spread(ESTIMATE_MASTERS, calls) - spread(biggest.masters, scripts))
         low = calls * per_call + fingerprints
         high = low + extra * rtt
@@ -863,13 +892,14 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
                      f" us of fingerprints = {low:,.0f} us; + {extra:.1f} more masters reached"
                      f" x {rtt:.1f} us = {high:,.0f} us a page")
         floor = extras.floor
-        least = floor.page_us(calls - 1, half, half) + extras.stats.us_pipelined
+        stats = 1 / CLUSTER_STATS_EVERY  # stats calls a page
+        least = floor.page_us(calls - stats, half, half) + stats * extras.stats.us_pipelined
         lines.append(f"    FLOOR, the same page's commands with no Lua work"
-                     f" (bench/_exchange_floor.py): {calls - 1:.1f} partition calls"
+                     f" (bench/_exchange_floor.py): {calls - stats:.1f} partition calls"
                      f" x {floor.call_us:.1f} us + {half} new links x {floor.new_us:.1f}"
                      f" + {half} seen x {floor.seen_us:.1f} + a lease"
-                     f" and an ack {floor.lease_ack_us:.1f} + the stats call"
-                     f" {extras.stats.us_pipelined:.1f} = {least:,.0f} us; + the same"
+                     f" and an ack {floor.lease_ack_us:.1f} + {stats:.2f} stats call"
+                     f" x {extras.stats.us_pipelined:.1f} = {least:,.0f} us; + the same"
                      f" {extra:.1f} round trips = {least + extra * rtt:,.0f} us a page"
                      f"; the estimate is {high / (least + extra * rtt):.1f}x it")
     return lines
@@ -991,7 +1021,9 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
     emit(f"Synthetic pages: one Frontier.exchange per page, one after another from one process"
         f" ({plan.exchanges:,} pages; each: {EXCHANGE_LINKS} links with their ~450-byte"
         f" requests, {EXCHANGE_LINKS // 2} new and {EXCHANGE_LINKS // 2} seen, the previous"
-        f" lease's ack, the stats, a lease), as an I/O-bound worker sends them")
+        f" lease's ack, a lease, and the stats: with every page on one Redis, with one in"
+        f" {CLUSTER_STATS_EVERY} on a cluster, a {min(WORKER_RATES)} pages/s worker's"
+        f" once a {CLUSTER_STATS_INTERVAL:g} s), as an I/O-bound worker sends them")
     header = ["target", "masters", "ms/page", "client us", "Redis us/page", "cmds/page",
               "scripts/page", "GETKEYS/page", "hottest", "leased", "reap us/partition",
               "GETKEYS/partition"]
@@ -1013,7 +1045,9 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
     emit()
     emit(f"The same pages partitioned by host (the default for new filters): of each page's"
         f" {EXCHANGE_LINKS} links, {2 * OWN_HOST_LINKS} on its own site ({SITE_PAGES} pages"
-        f" of a site in a row), the others each on another of {SYNTHETIC_HOSTS} sites")
+        f" of a site in a row), the others each on another of {SYNTHETIC_HOSTS} sites; a"
+        f" page's ack and next lease go to its site's partition, as a worker leases first"
+        f" where its acks go, but the lease before a site's first page from that site's")
     header = ["target", "masters", "ms/page", "client us", "Redis us/page", "cmds/page",
               "scripts/page", "us/script", "hottest", "leased"]
     rows = []
