@@ -80,6 +80,7 @@ from bloomcrawl.core.connection import redis_from_url  # noqa: E402
 from bloomcrawl.core.frontier import Frontier, Outgoing  # noqa: E402
 from bloomcrawl.core.politeness import filter_fingerprint, host_partition  # noqa: E402
 from bloomcrawl.core.scripts import Script, ScriptCall  # noqa: E402
+from bloomcrawl.core.sizing import HASHING, FilterParams  # noqa: E402
 from bloomcrawl.crawl.config import default_partitions  # noqa: E402
 from bloomcrawl.crawl.scheduler import CLUSTER_STATS_INTERVAL  # noqa: E402
 
@@ -412,6 +413,8 @@ class Exchanges:
     reap_calls: int = 0
     reap_cpu_s: float = 0.0
     reap_getkeys: int = 0
+    #: slices a new link looked into, on average over the run (:func:`lookup_depth`)
+    new_depth: float = 0.0
 
     @property
     def reap_us(self) -> float:
@@ -512,6 +515,83 @@ def partition_calls(pages: list[list[Outgoing]], partitions: int, by_host: bool,
     return total / len(pages)
 
 
+def lookup_depth(client: Any, name: str, partitions: int) -> float:
+    """Slices a new item of filter ``name`` looked into, on average over its items so
+    far: one written while slice j was the newest looked into j + 1 (a new item is
+    looked up in every slice)."""
+    items = depth = 0
+    for p in range(partitions):
+        state = client.hgetall(keys.state_key(name, p))
+        for key, value in state.items():
+            if key.startswith(b"items:"):
+                n = int(value)
+                items += n
+                depth += n * (int(key[6:]) + 1)
+    return depth / items if items else 0.0
+
+
+def design_depth(partitions: int) -> float:
+    """:func:`lookup_depth` of a filter made with the defaults (BLOOMFILTER_CAPACITY's
+    items over ``partitions``, the bench's error rate) once it holds its capacity."""
+    params = FilterParams(capacity=defaults.FILTER_CAPACITY, error_rate=ERROR_RATE,
+                          partitions=partitions, partition_by="host", hashing=HASHING,
+                          initial_capacity=defaults.FILTER_INITIAL_CAPACITY)
+    left, items, depth = defaults.FILTER_CAPACITY / partitions, 0.0, 0.0
+    for j, plan in enumerate(params.plan()):
+        n = min(plan.capacity, left)
+        items, depth, left = items + n, depth + n * (j + 1), left - n
+        if left <= 0:
+            break
+    return depth / items
+
+
+#: the slices deep a filter is in the two runs of :func:`measure_slice_cost`
+SLICE_DEPTHS = (6, 10)
+SLICE_ITEMS = 5000  # new items each run decides (fewer than slice 5 holds)
+SLICE_CALL = 10  # items a call, as a page's own site's call sends its new links
+
+
+@dataclass
+class SliceCost:
+    """Redis CPU per new item (bloom_add.lua) with the filter SLICE_DEPTHS slices deep."""
+
+    us: tuple[float, float]
+
+    @property
+    def per_slice_us(self) -> float:
+        return (self.us[1] - self.us[0]) / (SLICE_DEPTHS[1] - SLICE_DEPTHS[0])
+
+
+def measure_slice_cost(client: redis.Redis) -> SliceCost:
+    """A new item is looked up in every slice: its cost per slice, from one partition
+    filled to SLICE_DEPTHS[0] and to SLICE_DEPTHS[1] slices (the defaults' first slice
+    and growth), then SLICE_ITEMS new items in calls of SLICE_CALL, 100 a pipeline."""
+    script = Script.for_backend("bitmap", "bloom_add.lua")
+    name = "scale-depth:bloomfilter"
+    out = []
+    for depth in SLICE_DEPTHS:
+        client.flushall()
+        bloom = BloomFilter(client, name, capacity=defaults.FILTER_CAPACITY, partitions=1,
+                            error_rate=ERROR_RATE, backend="bitmap", partition_by="fingerprint",
+                            initial_capacity=defaults.FILTER_INITIAL_CAPACITY)
+        before = sum(plan.capacity for plan in bloom.params.plan()[:depth - 1])
+        fill = fingerprints(before, "depth-%d:" % depth)
+        for start in range(0, before, BATCH):
+            bloom.add_many(fill[start:start + BATCH])
+        new = fingerprints(SLICE_ITEMS, "depth-new-%d:" % depth)
+        calls = [ScriptCall(script, [keys.state_key(name, 0)],
+                            [b"".join(new[i:i + SLICE_CALL])])
+                 for i in range(0, SLICE_ITEMS, SLICE_CALL)]
+        cpu = _cpu(client)
+        for start in range(0, len(calls), CALLS_PER_PIPELINE):
+            bloom.run_scripts(calls[start:start + CALLS_PER_PIPELINE])
+        out.append((_cpu(client) - cpu) / SLICE_ITEMS * 1e6)
+        slices = int(client.hget(keys.state_key(name, 0), "slices") or 0)
+        assert slices == depth, (depth, slices)  # the new items stayed in the newest slice
+    client.flushall()
+    return SliceCost((out[0], out[1]))
+
+
 def measure_exchanges(target: Target, count: int, by_host: bool = False) -> Exchanges:
     """``count`` exchanges (:func:`synthetic_pages`), one after another, each with the
     previous lease's ack, a lease (:func:`lease_partitions`) and the worker's stats
@@ -545,7 +625,9 @@ def measure_exchanges(target: Target, count: int, by_host: bool = False) -> Exch
     span, per_master = target.sampler.since(first)
     done = Exchanges(count, EXCHANGE_LINKS, seconds, sum(per_master),
                      target.idle_cpu_per_s * span, client_cpu, per_master,
-                     command_delta(before, after), leased)
+                     command_delta(before, after), leased,
+                     new_depth=lookup_depth(target.client, frontier_keys.filter,
+                                            frontier.partitions))
     # what every worker does every SCHEDULER_REAP_INTERVAL: one script call per partition
     reaps = max(3, REAP_CALLS // frontier.partitions)
     first = len(target.sampler.history)
@@ -757,6 +839,7 @@ class Extras:
     exporter: list[ExporterCost]
     #: the least Redis spends on a page's exchange (bench/_exchange_floor.py)
     floor: ExchangeFloor
+    depth: SliceCost
 
 
 def measure_extras(plan: Plan) -> Extras:
@@ -768,7 +851,8 @@ def measure_extras(plan: Plan) -> Extras:
                           measure_call_cost(client, plan.stats_calls),
                           measure_queue_memory(client, plan.queued),
                           measure_exporter(client, plan.exporter_partitions, EXPORTER_SCRAPES),
-                          measure_exchange_floor(client, plan.stats_calls))
+                          measure_exchange_floor(client, plan.stats_calls),
+                          measure_slice_cost(client))
         finally:
             client.close()
 
@@ -863,9 +947,12 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
     Redis) is the calls' fixed cost, all in (scripts, their pipelines); times the
     calls a page makes with ESTIMATE_PARTITIONS partitions (counted on the synthetic
     pages themselves, as :func:`measure_exchanges` sends them on a cluster), plus the
-    fingerprints' work again. The high end adds one round
-    trip (a stats call alone less one pipelined) for each master a page reaches
-    beyond those it reached in the measurement.
+    fingerprints' work again. The high end adds one round trip (a stats call alone
+    less one pipelined) for each master a page reaches beyond those it reached in
+    the measurement. The synthetic filter holds a few thousand items a partition,
+    so a new link is looked up in one or two slices; at the default capacity's depth
+    (:func:`design_depth`) each slice more costs what :func:`measure_slice_cost`
+    measured.
     """
     clusters = [r for r in results if r.name == "cluster"]
     if not clusters or extras is None:
@@ -892,16 +979,30 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
                      f" us of fingerprints = {low:,.0f} us; + {extra:.1f} more masters reached"
                      f" x {rtt:.1f} us = {high:,.0f} us a page")
         floor = extras.floor
+        deep = design_depth(ESTIMATE_PARTITIONS)
+        deeper = max(0.0, deep - e.new_depth)  # more slices each new link is looked up in
+        more = deeper * half * extras.depth.per_slice_us
+        lines.append(f"    AT THE DEFAULT CAPACITY'S DEPTH: a new link is looked up in every"
+                     f" slice; a partition filling to BLOOMFILTER_CAPACITY's default"
+                     f" ({defaults.FILTER_CAPACITY:,} URLs over {ESTIMATE_PARTITIONS}) has"
+                     f" each look into {deep:.1f} on average, these pages' {e.new_depth:.1f}:"
+                     f" + {half} new links x {deeper:.1f} more slices x"
+                     f" {extras.depth.per_slice_us:.2f} us = {high + more:,.0f} us a page")
         stats = 1 / CLUSTER_STATS_EVERY  # stats calls a page
         least = floor.page_us(calls - stats, half, half) + stats * extras.stats.us_pipelined
+        least += extra * rtt
+        # a slice more is one block read more: what a seen link's floor is
+        least_deep = least + deeper * half * floor.seen_us
         lines.append(f"    FLOOR, the same page's commands with no Lua work"
                      f" (bench/_exchange_floor.py): {calls - stats:.1f} partition calls"
                      f" x {floor.call_us:.1f} us + {half} new links x {floor.new_us:.1f}"
                      f" + {half} seen x {floor.seen_us:.1f} + a lease"
                      f" and an ack {floor.lease_ack_us:.1f} + {stats:.2f} stats call"
-                     f" x {extras.stats.us_pipelined:.1f} = {least:,.0f} us; + the same"
-                     f" {extra:.1f} round trips = {least + extra * rtt:,.0f} us a page"
-                     f"; the estimate is {high / (least + extra * rtt):.1f}x it")
+                     f" x {extras.stats.us_pipelined:.1f} + the same {extra:.1f} round trips"
+                     f" = {least:,.0f} us a page; at that depth + {half} new links x"
+                     f" {deeper:.1f} block reads x {floor.seen_us:.1f} = {least_deep:,.0f} us."
+                     f" The estimate is {high / least:.1f}x the floor, at that depth"
+                     f" {(high + more) / least_deep:.1f}x")
     return lines
 
 
@@ -1116,6 +1217,11 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
             f" needs, no Lua work): {fl.call_us:.1f} us a call + {fl.new_us:.2f} a new link"
             f" (its block read and written, its payload queued) + {fl.seen_us:.2f} a seen"
             f" link; a lease and an ack {fl.lease_ack_us:.1f}")
+        dc = extras.depth
+        emit(f"  a new item's decision with the filter {SLICE_DEPTHS[0]} and {SLICE_DEPTHS[1]}"
+            f" slices deep (bloom_add.lua, {SLICE_CALL} items a call, 100 calls a pipeline,"
+            f" {SLICE_ITEMS:,} items each): {dc.us[0]:.1f} and {dc.us[1]:.1f} us, i.e."
+            f" {dc.per_slice_us:.2f} us a slice it is looked up in")
         emit(f"  queue memory: {q.requests:,} serialized requests of {q.payload_bytes:.0f} bytes"
             f" (JSON, ~95-char URL and Referer): {q.zset_bytes:.0f} bytes each in a priority"
             f" queue (zset), {q.list_bytes:.0f} in a fifo/lifo queue (list), MEMORY USAGE;"
@@ -1226,6 +1332,8 @@ def as_json(plan: Plan, results: list[TargetResult], extras: Extras | None,
         out["queue_memory"] = asdict(extras.queue)
         out["exporter"] = [asdict(e) for e in extras.exporter]
         out["exchange_floor"] = asdict(extras.floor)
+        out["slice_cost"] = {**asdict(extras.depth), "per_slice_us": extras.depth.per_slice_us,
+                             "design_depth": design_depth(ESTIMATE_PARTITIONS)}
     return out
 
 
