@@ -530,13 +530,17 @@ def lookup_depth(client: Any, name: str, partitions: int) -> float:
     return depth / items if items else 0.0
 
 
-def design_depth(partitions: int) -> float:
-    """:func:`lookup_depth` of a filter made with the defaults (BLOOMFILTER_CAPACITY's
-    items over ``partitions``, the bench's error rate) once it holds its capacity."""
-    params = FilterParams(capacity=defaults.FILTER_CAPACITY, error_rate=ERROR_RATE,
+def design_depth(partitions: int, first_slices: int | None = None) -> float:
+    """:func:`lookup_depth` of a filter made for docs/scale.md's crawl, once it holds it:
+    ESTIMATE_URLS over ``partitions``, the bench's error rate, BLOOMFILTER_CAPACITY set to
+    ESTIMATE_URLS; BLOOMFILTER_INITIAL_CAPACITY ``first_slices`` (None: not set, the
+    default first slice of each partition)."""
+    first = (defaults.FILTER_INITIAL_CAPACITY if first_slices is None
+             else -(-first_slices // partitions))
+    params = FilterParams(capacity=ESTIMATE_URLS, error_rate=ERROR_RATE,
                           partitions=partitions, partition_by="host", hashing=HASHING,
-                          initial_capacity=defaults.FILTER_INITIAL_CAPACITY)
-    left, items, depth = defaults.FILTER_CAPACITY / partitions, 0.0, 0.0
+                          initial_capacity=first)
+    left, items, depth = ESTIMATE_URLS / partitions, 0.0, 0.0
     for j, plan in enumerate(params.plan()):
         n = min(plan.capacity, left)
         items, depth, left = items + n, depth + n * (j + 1), left - n
@@ -929,8 +933,10 @@ def run_target(masters: int, plan: Plan, site: SiteProcess, workdir: Path,
 # --- output -----------------------------------------------------------------------
 
 
-#: the plan of docs/scale.md: masters and partitions the per-page estimate is for
+#: the plan of docs/scale.md: masters and partitions the per-page estimate is for, and
+#: the URLs its filter holds (BLOOMFILTER_CAPACITY)
 ESTIMATE_MASTERS, ESTIMATE_PARTITIONS = 64, 512
+ESTIMATE_URLS = 10**10
 
 
 def spread(bins: int, draws: float) -> float:
@@ -950,8 +956,8 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
     fingerprints' work again. The high end adds one round trip (a stats call alone
     less one pipelined) for each master a page reaches beyond those it reached in
     the measurement. The synthetic filter holds a few thousand items a partition,
-    so a new link is looked up in one or two slices; at the default capacity's depth
-    (:func:`design_depth`) each slice more costs what :func:`measure_slice_cost`
+    so a new link is looked up in one or two slices; at the depth of docs/scale.md's
+    filter (:func:`design_depth`) each slice more costs what :func:`measure_slice_cost`
     measured.
     """
     clusters = [r for r in results if r.name == "cluster"]
@@ -979,15 +985,21 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
                      f" us of fingerprints = {low:,.0f} us; + {extra:.1f} more masters reached"
                      f" x {rtt:.1f} us = {high:,.0f} us a page")
         floor = extras.floor
+        slice_us = extras.depth.per_slice_us
         deep = design_depth(ESTIMATE_PARTITIONS)
         deeper = max(0.0, deep - e.new_depth)  # more slices each new link is looked up in
-        more = deeper * half * extras.depth.per_slice_us
-        lines.append(f"    AT THE DEFAULT CAPACITY'S DEPTH: a new link is looked up in every"
-                     f" slice; a partition filling to BLOOMFILTER_CAPACITY's default"
-                     f" ({defaults.FILTER_CAPACITY:,} URLs over {ESTIMATE_PARTITIONS}) has"
-                     f" each look into {deep:.1f} on average, these pages' {e.new_depth:.1f}:"
-                     f" + {half} new links x {deeper:.1f} more slices x"
-                     f" {extras.depth.per_slice_us:.2f} us = {high + more:,.0f} us a page")
+        more = deeper * half * slice_us
+        lines.append(f"    AT THE PLAN'S DEPTH: a new link is looked up in every slice; filling"
+                     f" to {ESTIMATE_URLS:.0e} URLs over {ESTIMATE_PARTITIONS} partitions"
+                     f" (BLOOMFILTER_CAPACITY={ESTIMATE_URLS}) a partition has each look"
+                     f" into {deep:.1f} on average, these pages' {e.new_depth:.1f}: + {half}"
+                     f" new links x {deeper:.1f} more slices x {slice_us:.2f} us ="
+                     f" {high + more:,.0f} us a page")
+        sized = design_depth(ESTIMATE_PARTITIONS, ESTIMATE_URLS)
+        sized_more = max(0.0, sized - e.new_depth) * half * slice_us
+        lines.append(f"    with BLOOMFILTER_INITIAL_CAPACITY={ESTIMATE_URLS} too (a first slice"
+                     f" a partition for its share): {sized:.1f} slices,"
+                     f" {high + sized_more:,.0f} us a page")
         stats = 1 / CLUSTER_STATS_EVERY  # stats calls a page
         least = floor.page_us(calls - stats, half, half) + stats * extras.stats.us_pipelined
         least += extra * rtt
@@ -1333,7 +1345,9 @@ def as_json(plan: Plan, results: list[TargetResult], extras: Extras | None,
         out["exporter"] = [asdict(e) for e in extras.exporter]
         out["exchange_floor"] = asdict(extras.floor)
         out["slice_cost"] = {**asdict(extras.depth), "per_slice_us": extras.depth.per_slice_us,
-                             "design_depth": design_depth(ESTIMATE_PARTITIONS)}
+                             "plan_depth": design_depth(ESTIMATE_PARTITIONS),
+                             "plan_depth_sized": design_depth(ESTIMATE_PARTITIONS,
+                                                              ESTIMATE_URLS)}
     return out
 
 

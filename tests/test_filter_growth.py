@@ -25,7 +25,7 @@ from scrapy.utils.test import get_crawler
 from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.bloom import BloomFilter, partition_of
 from bloomcrawl.core.bloom_creation import create_or_open, write_partitions
-from bloomcrawl.core.errors import FilterMismatchError
+from bloomcrawl.core.errors import FilterMismatchError, SettingError
 from bloomcrawl.core.sizing import BLOCK_BITS, FilterParams, SlicePlan
 from bloomcrawl.crawl.config import FilterConfig
 from bloomcrawl.crawl.scheduler import Scheduler
@@ -326,3 +326,57 @@ def test_a_partition_whose_state_was_lost_goes_on_with_its_slices(
     assert not any(bf.add_many(items))
     assert sum(bf.add_many(fingerprints(5000, salt="after-"))) >= 4990
     assert bf.info().slices >= before.slices
+
+
+# --- BLOOMFILTER_INITIAL_CAPACITY: a crawl that knows its size ----------------------------
+
+
+def test_an_initial_capacity_sizes_the_first_slice_over_all_partitions(
+        redis_client: redis.Redis) -> None:
+    """Set to the capacity, each partition's first slice holds its share of it: a new
+    URL is looked up in one slice, not in one per doubling since 256."""
+    cfg = config(BLOOMFILTER_CAPACITY=40_000, BLOOMFILTER_INITIAL_CAPACITY=40_000,
+                 BLOOMFILTER_PARTITIONS=4)
+    bf = cfg.open(redis_client, "sized")
+    assert bf.params.initial_capacity == 10_000
+    assert bf.params.plan()[0].capacity >= 10_000
+    grown = config(BLOOMFILTER_CAPACITY=40_000, BLOOMFILTER_PARTITIONS=4).open(
+        redis_client, "grown")
+    assert grown.params.plan()[0].capacity < 1000
+    items = fingerprints(20_000, salt="sized-")
+    assert sum(bf.add_many(items)) >= 19_990
+    assert sum(grown.add_many(items)) >= 19_990
+    slices = [int(redis_client.hget(keys.state_key("sized:bloomfilter", p), "slices") or 0)
+              for p in range(4)]
+    assert slices == [1, 1, 1, 1]
+    grown_slices = [int(redis_client.hget(keys.state_key("grown:bloomfilter", p), "slices")
+                        or 0) for p in range(4)]
+    assert min(grown_slices) >= 4, grown_slices
+    assert bf.contains_many(items) == [True] * len(items)
+
+
+def test_an_initial_capacity_of_another_filter_is_logged_and_the_stored_one_kept(
+        redis_client: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    made = config(BLOOMFILTER_PARTITIONS=4).open(redis_client, "demo")
+    caplog.set_level(logging.WARNING)
+    bf = config(BLOOMFILTER_PARTITIONS=4, BLOOMFILTER_INITIAL_CAPACITY=4000).open(
+        redis_client, "demo")
+    assert bf.params == made.params
+    assert bf.params.initial_capacity == defaults.FILTER_INITIAL_CAPACITY
+    warnings = sizing_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert "initial_capacity: stored 256, asked for 1000" in warnings[0]
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"BLOOMFILTER_INITIAL_CAPACITY": 0}, "BLOOMFILTER_INITIAL_CAPACITY"),
+    ({"BLOOMFILTER_INITIAL_CAPACITY": "many"}, "BLOOMFILTER_INITIAL_CAPACITY"),
+    ({"BLOOMFILTER_INITIAL_CAPACITY": 1000, "BLOOMFILTER_BIT": 20},
+     "not of one that BLOOMFILTER_BIT sizes"),
+    ({"BLOOMFILTER_INITIAL_CAPACITY": 1000, "BLOOMFILTER_BACKEND": "redisbloom"},
+     "not of one that BLOOMFILTER_BACKEND sizes"),
+])
+def test_a_wrong_initial_capacity_is_refused_by_name(settings: dict[str, Any],
+                                                     message: str) -> None:
+    with pytest.raises(SettingError, match=message):
+        config(**settings)

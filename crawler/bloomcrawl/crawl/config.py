@@ -181,7 +181,7 @@ class FilterConfig:
 
     An existing filter is opened with the parameters stored with it: sizing
     settings that differ (BLOOMFILTER_CAPACITY, _ERROR_RATE, _GROWTH,
-    _TIGHTENING, _BIT, _HASH_NUMBER) are logged once; BLOOMFILTER_STRICT_PARAMS
+    _TIGHTENING, _INITIAL_CAPACITY, _BIT, _HASH_NUMBER) are logged once; BLOOMFILTER_STRICT_PARAMS
     makes them an error, as other partitions, partitioning or backend always are.
     """
 
@@ -205,6 +205,8 @@ class FilterConfig:
     generations: int = defaults.FILTER_GENERATIONS
     #: BLOOMFILTER_REVISIT_WINDOWS: named windows, (name, seconds) sorted by name
     windows: tuple[tuple[str, float], ...] = ()
+    #: BLOOMFILTER_INITIAL_CAPACITY: URLs a new filter's first slices hold, all partitions
+    initial_capacity: int | None = None
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, spider: str | None = None) -> FilterConfig:
@@ -225,6 +227,11 @@ class FilterConfig:
         if backend not in (*BACKENDS, "auto"):
             raise SettingError("BLOOMFILTER_BACKEND must be bitmap, redisbloom or auto, got %r"
                                % (backend,))
+        initial_capacity = get_optional_int(settings, "BLOOMFILTER_INITIAL_CAPACITY", minimum=1)
+        fixed = "BLOOMFILTER_BIT" if bit_exponent is not None else "BLOOMFILTER_BACKEND"
+        if initial_capacity is not None and (bit_exponent is not None or backend == "redisbloom"):
+            raise SettingError("BLOOMFILTER_INITIAL_CAPACITY sizes the first slice of a filter"
+                               " that grows, not of one that %s sizes" % fixed)
         partition_by = settings.get("BLOOMFILTER_PARTITION_BY") or None
         if partition_by is not None and partition_by not in PARTITION_BY:
             raise SettingError("BLOOMFILTER_PARTITION_BY must be host or fingerprint, got %r"
@@ -248,6 +255,7 @@ class FilterConfig:
             generations=get_int(settings, "BLOOMFILTER_GENERATIONS",
                                 defaults.FILTER_GENERATIONS, 1),
             windows=get_windows(settings, "BLOOMFILTER_REVISIT_WINDOWS"),
+            initial_capacity=initial_capacity,
         )
         config.check()
         return config
@@ -265,9 +273,14 @@ class FilterConfig:
             if self.bit_exponent is not None and self.hashes is not None:
                 FilterParams.fixed(self.bit_exponent, self.hashes, **common)
             else:
-                FilterParams(capacity=self.capacity, error_rate=self.error_rate, **common)
+                FilterParams(capacity=self.capacity, error_rate=self.error_rate,
+                             initial_capacity=self.first_slice(common["partitions"]), **common)
         except InvalidFilterParameters as exc:
             raise SettingError("BLOOMFILTER_* settings: %s" % exc) from exc
+
+    def first_slice(self, partitions: int) -> int | None:
+        """Items each partition's first slice holds (None: not set, the filter's own)."""
+        return None if self.initial_capacity is None else -(-self.initial_capacity // partitions)
 
     def shortest_window(self) -> float:
         """The shortest revisit window in seconds that forgets (0: nothing forgets)."""
@@ -290,7 +303,8 @@ class FilterConfig:
             growth=self.growth, tightening=self.tightening, bit_exponent=self.bit_exponent,
             hashes=self.hashes, backend=self.backend, partition_by=self.partition_by,
             strict_params=self.strict_params, revisit_after=self.revisit_after,
-            generations=self.generations, windows=dict(self.windows))
+            generations=self.generations, windows=dict(self.windows),
+            initial_capacity=self.first_slice(partitions))
 
 
 def default_partitions(server: Any, key: str) -> int:
