@@ -380,3 +380,18 @@ def test_a_wrong_initial_capacity_is_refused_by_name(settings: dict[str, Any],
                                                      message: str) -> None:
     with pytest.raises(SettingError, match=message):
         config(**settings)
+
+
+def test_a_job_with_an_initial_capacity_queues_into_one_slice(
+        redis_server: Any, redis_client: redis.Redis) -> None:
+    """As a scrapyd job opens it: the setting reaches the filter the scheduler makes."""
+    job = open_job(redis_server.url, BLOOMFILTER_CAPACITY=8000,
+                   BLOOMFILTER_INITIAL_CAPACITY=8000, BLOOMFILTER_PARTITIONS=2)
+    assert job.bloom is not None and job.bloom.params.initial_capacity == 4000
+    for i in range(3000):
+        job.enqueue_request(Request("http://growth.test/%d" % i))
+        job.enqueue_request(Request("http://growth.test/%d" % i))
+    job.send_pending()
+    info = job.bloom.info()
+    assert info.items >= 2990, info
+    assert info.partition_slices == [1, 1], info
