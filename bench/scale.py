@@ -71,7 +71,7 @@ from _crawl import (  # noqa: E402
 )
 from _exchange_floor import ExchangeFloor, measure_exchange_floor  # noqa: E402
 from _redis import CpuSample  # noqa: E402
-from _report import emit, table  # noqa: E402
+from _report import emit, table, verdict  # noqa: E402
 from _site import SiteProcess  # noqa: E402
 
 from bloomcrawl.core import defaults, keys  # noqa: E402
@@ -413,8 +413,12 @@ class Exchanges:
     reap_calls: int = 0
     reap_cpu_s: float = 0.0
     reap_getkeys: int = 0
+    #: requests the exchanges queued (their new links, less the false positives)
+    queued: int = 0
     #: slices a new link looked into, on average over the run (:func:`lookup_depth`)
     new_depth: float = 0.0
+    #: slices a seen link is looked up in, at the end of the run (:func:`stored_depth`)
+    seen_depth: float = 0.0
 
     @property
     def reap_us(self) -> float:
@@ -480,6 +484,39 @@ def synthetic_pages(count: int, by_host: bool) -> list[list[Outgoing]]:
             for i in range(count)]
 
 
+#: new links of docs/scale.md's page: its crawl dedups 10^10 URLs and fetches 10^10
+#: pages, so over the crawl a page's links hold one URL not seen before on average (the
+#: synthetic pages above have 10, a frontier that grows by 9 requests a page)
+PLAN_NEW_LINKS = 1
+
+
+def plan_host(page: int, link: int) -> str:
+    """The host of link ``link`` (0-19) of a page of :func:`plan_pages`: the hosts of
+    :func:`synthetic_pages`' page by host, so that only which links are new differs."""
+    half = EXCHANGE_LINKS // 2
+    return synthetic_host(page - 1, link) if link < half else synthetic_host(page, link - half)
+
+
+def plan_pages(count: int) -> tuple[list[list[Outgoing]], list[bytes]]:
+    """``count`` pages of docs/scale.md's crawl, partitioned by host: of each page's 20
+    links, PLAN_NEW_LINKS (on its own site) are new and the others in the filter before
+    the first page (the second list: add them first), on :func:`plan_host`'s hosts."""
+    payloads = request_payloads(count * EXCHANGE_LINKS, "-plan")
+    half = EXCHANGE_LINKS // 2
+    pages, seen = [], []
+    for i in range(count):
+        links = []
+        for n in range(EXCHANGE_LINKS):
+            payload = payloads[i * EXCHANGE_LINKS + n]
+            where = plan_host(i, n)
+            fp = filter_fingerprint(hashlib.sha1(payload.encode()).digest(), where, "host")
+            links.append(Outgoing(fp, False, 0.0, payload, where))
+            if not half <= n < half + PLAN_NEW_LINKS:  # new: the first on its own site
+                seen.append(fp)
+        pages.append(links)
+    return pages, seen
+
+
 #: on a cluster a worker sends its counts at most once a CLUSTER_STATS_INTERVAL
 #: (one Redis: with every exchange); a worker of the slowest WORKER_RATES, one exchange
 #: a page, then sends them with one exchange in this many
@@ -530,23 +567,81 @@ def lookup_depth(client: Any, name: str, partitions: int) -> float:
     return depth / items if items else 0.0
 
 
-def design_depth(partitions: int, first_slices: int | None = None) -> float:
-    """:func:`lookup_depth` of a filter made for docs/scale.md's crawl, once it holds it:
-    ESTIMATE_URLS over ``partitions``, the bench's error rate, BLOOMFILTER_CAPACITY set to
-    ESTIMATE_URLS; BLOOMFILTER_INITIAL_CAPACITY ``first_slices`` (None: not set, the
+def seen_lookups(items: Sequence[float], capacities: Sequence[float]) -> float:
+    """Slices an item a partition holds is looked up in, on average over its items
+    (slice 0 first in both lists): bloom_common.lua's lookup() looks in the newest slice
+    first, or first in the one before it while the newest holds fewer items than that
+    one's capacity, then in the older ones, newest first."""
+    n, total = len(items), sum(items)
+    if not total:
+        return 0.0
+    swap = n > 1 and items[-1] < capacities[-2]
+    at = 0.0
+    for i, count in enumerate(items, 1):
+        at += count * ((1 if i == n - 1 else 2) if swap and i >= n - 1 else n + 1 - i)
+    return at / total
+
+
+def stored_depth(client: Any, name: str, partitions: int) -> float:
+    """:func:`seen_lookups` of filter ``name`` as it is, over all its partitions."""
+    at = total = 0.0
+    for p in range(partitions):
+        state = client.hgetall(keys.state_key(name, p))
+        slices = int(state.get(b"slices", 0))
+        items = [int(state.get(b"items:%d" % j, 0)) for j in range(slices)]
+        caps = [int(state[b"plan:%d" % j].split()[0]) for j in range(slices)]
+        at += seen_lookups(items, caps) * sum(items)
+        total += sum(items)
+    return at / total if total else 0.0
+
+
+def _design_slices(partitions: int, first_slices: int | None) -> list[int]:
+    """Capacities of the slices a partition of docs/scale.md's filter fills, in order:
+    ESTIMATE_URLS over ``partitions``, the bench's error rate, BLOOMFILTER_CAPACITY set
+    to ESTIMATE_URLS; BLOOMFILTER_INITIAL_CAPACITY ``first_slices`` (None: not set, the
     default first slice of each partition)."""
     first = (defaults.FILTER_INITIAL_CAPACITY if first_slices is None
              else -(-first_slices // partitions))
     params = FilterParams(capacity=ESTIMATE_URLS, error_rate=ERROR_RATE,
                           partitions=partitions, partition_by="host", hashing=HASHING,
                           initial_capacity=first)
-    left, items, depth = ESTIMATE_URLS / partitions, 0.0, 0.0
-    for j, plan in enumerate(params.plan()):
-        n = min(plan.capacity, left)
-        items, depth, left = items + n, depth + n * (j + 1), left - n
+    caps, left = [], ESTIMATE_URLS / partitions
+    for plan in params.plan():
+        caps.append(plan.capacity)
+        left -= plan.capacity
         if left <= 0:
             break
+    return caps
+
+
+def design_depth(partitions: int, first_slices: int | None = None) -> float:
+    """:func:`lookup_depth` of a filter made for docs/scale.md's crawl
+    (:func:`_design_slices`), once it holds it."""
+    left, items, depth = ESTIMATE_URLS / partitions, 0.0, 0.0
+    for j, cap in enumerate(_design_slices(partitions, first_slices)):
+        n = min(cap, left)
+        items, depth, left = items + n, depth + n * (j + 1), left - n
     return depth / items
+
+
+#: fill levels :func:`design_seen_depth` averages over
+SEEN_STEPS = 400
+
+
+def design_seen_depth(partitions: int, first_slices: int | None = None) -> float:
+    """:func:`seen_lookups` of the same filter, on average over its fill (a page's seen
+    links come at the same rate as it fills: evenly spread over the items it holds)."""
+    caps = _design_slices(partitions, first_slices)
+    share, total = ESTIMATE_URLS / partitions, 0.0
+    for step in range(1, SEEN_STEPS + 1):
+        left, items = share * step / SEEN_STEPS, []
+        for cap in caps:
+            items.append(min(cap, left))
+            left -= items[-1]
+            if left <= 0:
+                break
+        total += seen_lookups(items, caps[:len(items)])
+    return total / SEEN_STEPS
 
 
 #: the slices deep a filter is in the two runs of :func:`measure_slice_cost`
@@ -596,11 +691,14 @@ def measure_slice_cost(client: redis.Redis) -> SliceCost:
     return SliceCost((out[0], out[1]))
 
 
-def measure_exchanges(target: Target, count: int, by_host: bool = False) -> Exchanges:
-    """``count`` exchanges (:func:`synthetic_pages`), one after another, each with the
-    previous lease's ack, a lease (:func:`lease_partitions`) and the worker's stats
-    (on a cluster with one exchange in CLUSTER_STATS_EVERY, as a worker sends them)."""
+def measure_exchanges(target: Target, count: int, by_host: bool = False,
+                      plan_mix: bool = False) -> Exchanges:
+    """``count`` exchanges (:func:`synthetic_pages`; ``plan_mix``: :func:`plan_pages`, by
+    host), one after another, each with the previous lease's ack, a lease
+    (:func:`lease_partitions`) and the worker's stats (on a cluster with one exchange in
+    CLUSTER_STATS_EVERY, as a worker sends them)."""
     target.client.flushall()
+    by_host = by_host or plan_mix
     frontier_keys = keys.FrontierKeys("synthetic", partitions=target.partitions)
     bloom = BloomFilter(target.client, frontier_keys.filter, capacity=count * EXCHANGE_LINKS,
                         partitions=target.partitions, error_rate=ERROR_RATE, backend="bitmap")
@@ -608,15 +706,22 @@ def measure_exchanges(target: Target, count: int, by_host: bool = False) -> Exch
                         lease_timeout=300, worker_id="synthetic", node="synthetic")
     frontier.record_layout()
     half = EXCHANGE_LINKS // 2
-    pages = synthetic_pages(count, by_host)
+    if plan_mix:
+        pages, seen = plan_pages(count)
+        for start in range(0, len(seen), BATCH):
+            bloom.add_many(seen[start:start + BATCH])
+        # seen already, so nothing is queued: loads the scripts
+        frontier.exchange(pages[0][:half], {})
+    else:
+        pages = synthetic_pages(count, by_host)
+        frontier.exchange(pages[0][:half], {})  # the first page's "seen" links; scripts loaded
     leases = lease_partitions(count, frontier.partitions, by_host)
     stats_every = CLUSTER_STATS_EVERY if target.name == "cluster" else 1
-    frontier.exchange(pages[0][:half], {})  # the first page's "seen" links; scripts loaded
     first = len(target.sampler.history)
     before = target.sampler()
     cpu, started = time.process_time(), time.perf_counter()
     acks: dict[int, list[str]] = {}
-    leased = 0
+    leased = queued = 0
     for i, links in enumerate(pages):
         stats = [] if i % stats_every else [(i // stats_every + 1,
                                              {"pages": stats_every,
@@ -624,14 +729,17 @@ def measure_exchanges(target: Target, count: int, by_host: bool = False) -> Exch
         done = frontier.exchange(links, acks, stats, lease_from=leases[i])
         acks = {lease.partition: [lease.token] for lease in done.leases}
         leased += len(done.leases)
+        queued += done.queued
     seconds, client_cpu = time.perf_counter() - started, time.process_time() - cpu
     after = target.sampler()
     span, per_master = target.sampler.since(first)
     done = Exchanges(count, EXCHANGE_LINKS, seconds, sum(per_master),
                      target.idle_cpu_per_s * span, client_cpu, per_master,
-                     command_delta(before, after), leased,
+                     command_delta(before, after), leased, queued=queued,
                      new_depth=lookup_depth(target.client, frontier_keys.filter,
-                                            frontier.partitions))
+                                            frontier.partitions),
+                     seen_depth=stored_depth(target.client, frontier_keys.filter,
+                                             frontier.partitions))
     # what every worker does every SCHEDULER_REAP_INTERVAL: one script call per partition
     reaps = max(3, REAP_CALLS // frontier.partitions)
     first = len(target.sampler.history)
@@ -695,6 +803,7 @@ class CallCost:
     calls: int
     us_small: float  # per call of SMALL_CALL fingerprints
     us_large: float  # per call of LARGE_CALL fingerprints
+    us_seen: float = 0.0  # per call of the same LARGE_CALL fingerprints again (all seen)
 
     @property
     def per_fingerprint_us(self) -> float:
@@ -704,6 +813,10 @@ class CallCost:
     def fixed_us(self) -> float:
         return self.us_small - SMALL_CALL * self.per_fingerprint_us
 
+    @property
+    def per_seen_fingerprint_us(self) -> float:
+        return max(0.0, self.us_seen - self.fixed_us) / LARGE_CALL
+
 
 SMALL_CALL, LARGE_CALL = 1, 20
 CALL_PARTITIONS = 64
@@ -711,7 +824,8 @@ CALLS_PER_PIPELINE = 100
 
 
 def measure_call_cost(client: redis.Redis, calls: int) -> CallCost:
-    """Pipelined script calls of 1 and of 20 new fingerprints, each on its own partition."""
+    """Pipelined script calls of 1 and of 20 new fingerprints, each on its own partition,
+    then the calls of 20 again (every fingerprint seen)."""
     client.flushall()
     name = "scale-calls:bloomfilter"
     bloom = BloomFilter(client, name, capacity=calls * (SMALL_CALL + LARGE_CALL),
@@ -722,21 +836,26 @@ def measure_call_cost(client: redis.Redis, calls: int) -> CallCost:
         by_partition[partition_of(fp, CALL_PARTITIONS)].append(fp)
     bloom.add_many(fingerprints(CALL_PARTITIONS * 4, "calls-warm:"))  # loaded, chunks allocated
 
-    def timed(per_call: int) -> float:
-        batch = []
-        for i in range(calls):
-            p = i % CALL_PARTITIONS
-            fps, by_partition[p] = by_partition[p][:per_call], by_partition[p][per_call:]
-            batch.append(ScriptCall(script, [keys.state_key(name, p)], [b"".join(fps)]))
+    def timed(batch: list[ScriptCall]) -> float:
         before = _cpu(client)
         for start in range(0, calls, CALLS_PER_PIPELINE):
             bloom.run_scripts(batch[start:start + CALLS_PER_PIPELINE])
         return (_cpu(client) - before) / calls * 1e6
 
-    small = timed(SMALL_CALL)
-    large = timed(LARGE_CALL)
+    def new_calls(per_call: int) -> list[ScriptCall]:
+        batch = []
+        for i in range(calls):
+            p = i % CALL_PARTITIONS
+            fps, by_partition[p] = by_partition[p][:per_call], by_partition[p][per_call:]
+            batch.append(ScriptCall(script, [keys.state_key(name, p)], [b"".join(fps)]))
+        return batch
+
+    small = timed(new_calls(SMALL_CALL))
+    large_calls = new_calls(LARGE_CALL)
+    large = timed(large_calls)
+    seen = timed(large_calls)
     client.flushall()
-    return CallCost(calls, small, large)
+    return CallCost(calls, small, large, seen)
 
 
 @dataclass
@@ -874,6 +993,8 @@ class TargetResult:
     exchanges: Exchanges
     #: the same synthetic pages, their links where a filter partitioned by host puts them
     host_exchanges: Exchanges
+    #: pages of docs/scale.md's crawl, by host (:func:`plan_pages`)
+    plan_exchanges: Exchanges
     crawls: list[Crawl] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -914,8 +1035,12 @@ def run_target(masters: int, plan: Plan, site: SiteProcess, workdir: Path,
         exchanges = measure_exchanges(target, plan.exchanges)
         say_progress("  %s: the same pages partitioned by host ..." % what)
         host_exchanges = measure_exchanges(target, plan.exchanges, by_host=True)
+        say_progress("  %s: the plan's pages, %d new link of %d ..."
+                     % (what, PLAN_NEW_LINKS, EXCHANGE_LINKS))
+        plan_exchanges = measure_exchanges(target, plan.exchanges, plan_mix=True)
         result = TargetResult(target.name, target.masters, target.partitions,
-                              target.idle_cpu_per_s, decisions, exchanges, host_exchanges)
+                              target.idle_cpu_per_s, decisions, exchanges, host_exchanges,
+                              plan_exchanges)
         for workers in plan.workers if crawl else ():
             say_progress("  %s: crawl by %d worker%s ..." % (what, workers,
                                                               "" if workers == 1 else "s"))
@@ -944,77 +1069,94 @@ def spread(bins: int, draws: float) -> float:
     return bins * (1 - (1 - 1 / bins) ** draws)
 
 
+#: docs/scale.md's target for the estimate (issue 20), us of Redis CPU a page
+ESTIMATE_TARGET_US = 400
+
+
 def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
                    plan: Plan) -> list[str]:
     """Redis CPU per synthetic page on ESTIMATE_MASTERS masters (docs/scale.md's estimate).
 
     From the largest cluster measured: its Redis CPU per page less the filter's
-    work for the page's fingerprints (the partition-call slope measured on one
-    Redis) is the calls' fixed cost, all in (scripts, their pipelines); times the
-    calls a page makes with ESTIMATE_PARTITIONS partitions (counted on the synthetic
-    pages themselves, as :func:`measure_exchanges` sends them on a cluster), plus the
-    fingerprints' work again. The high end adds one round trip (a stats call alone
-    less one pipelined) for each master a page reaches beyond those it reached in
-    the measurement. The synthetic filter holds a few thousand items a partition,
-    so a new link is looked up in one or two slices; at the depth of docs/scale.md's
-    filter (:func:`design_depth`) each slice more costs what :func:`measure_slice_cost`
-    measured.
+    work for the page's fingerprints (the partition-call slopes measured on one
+    Redis, new and seen) is the calls' fixed cost, all in (scripts, their pipelines);
+    times the calls a page makes with ESTIMATE_PARTITIONS partitions (counted on the
+    synthetic pages themselves, as :func:`measure_exchanges` sends them on a cluster),
+    plus the fingerprints' work again. The high end adds one round trip (a stats call
+    alone less one pipelined) for each master a page reaches beyond those it reached
+    in the measurement. The synthetic filter holds a few thousand items a partition,
+    so a link is looked up in one or two slices; at the depth of docs/scale.md's
+    filter (:func:`design_depth`, :func:`design_seen_depth`) each slice more costs what
+    :func:`measure_slice_cost` measured. Three pages: by fingerprint and by host with
+    10 new links of 20 (a frontier that grows), and by host with PLAN_NEW_LINKS (the
+    plan's crawl, on average).
     """
     clusters = [r for r in results if r.name == "cluster"]
     if not clusters or extras is None:
         return []
     biggest = max(clusters, key=lambda r: r.masters)
     rtt = extras.stats.us_alone - extras.stats.us_pipelined
-    per_fp = extras.calls.per_fingerprint_us
+    per_new, per_seen = extras.calls.per_fingerprint_us, extras.calls.per_seen_fingerprint_us
     half = EXCHANGE_LINKS // 2
+    floor, slice_us = extras.floor, extras.depth.per_slice_us
+    count = min(plan.exchanges, 2000)
     lines = [f"ESTIMATE for {ESTIMATE_MASTERS} masters and {ESTIMATE_PARTITIONS} partitions,"
              f" one exchange a page (arithmetic on the {biggest.label} of {biggest.masters}"
-             f" above, {per_fp:.2f} us a fingerprint and a round trip of {rtt:.1f} us,"
-             f" both measured on one Redis below):"]
-    for name, e, by_host in (("by fingerprint", biggest.exchanges, False),
-                             ("by host", biggest.host_exchanges, True)):
+             f" above; a fingerprint {per_new:.2f} us new and {per_seen:.2f} us seen, a round"
+             f" trip {rtt:.1f} us, a slice more {slice_us:.2f} us, measured on one Redis"
+             f" below):"]
+    sized_us = 0.0
+    for name, e, by_host, new in (
+            ("by fingerprint, 10 new links", biggest.exchanges, False, half),
+            ("by host, 10 new links", biggest.host_exchanges, True, half),
+            (f"by host, the plan's page ({PLAN_NEW_LINKS} new link)", biggest.plan_exchanges,
+             True, PLAN_NEW_LINKS)):
+        seen = EXCHANGE_LINKS - new
         scripts = e.calls("evalsha")
-        fingerprints = EXCHANGE_LINKS * per_fp
+        fingerprints = new * per_new + seen * per_seen
         per_call = max(0.0, e.redis_us - fingerprints) / scripts
-        calls = partition_calls(synthetic_pages(min(plan.exchanges, 2000), by_host),
-                                ESTIMATE_PARTITIONS, by_host, CLUSTER_STATS_EVERY)
-        extra = max(0.0, spread(ESTIMATE_MASTERS, calls) - spread(biggest.masters, scripts))
-        low = calls * per_call + fingerprints
-        high = low + extra * rtt
-        lines.append(f"  {name}: {calls:.1f} calls a page x {per_call:.1f} us + {fingerprints:.0f}"
-                     f" us of fingerprints = {low:,.0f} us; + {extra:.1f} more masters reached"
-                     f" x {rtt:.1f} us = {high:,.0f} us a page")
-        floor = extras.floor
-        slice_us = extras.depth.per_slice_us
-        deep = design_depth(ESTIMATE_PARTITIONS)
-        deeper = max(0.0, deep - e.new_depth)  # more slices each new link is looked up in
-        more = deeper * half * slice_us
-        lines.append(f"    AT THE PLAN'S DEPTH: a new link is looked up in every slice; filling"
-                     f" to {ESTIMATE_URLS:.0e} URLs over {ESTIMATE_PARTITIONS} partitions"
-                     f" (BLOOMFILTER_CAPACITY={ESTIMATE_URLS}) a partition has each look"
-                     f" into {deep:.1f} on average, these pages' {e.new_depth:.1f}: + {half}"
-                     f" new links x {deeper:.1f} more slices x {slice_us:.2f} us ="
-                     f" {high + more:,.0f} us a page")
-        sized = design_depth(ESTIMATE_PARTITIONS, ESTIMATE_URLS)
-        sized_more = max(0.0, sized - e.new_depth) * half * slice_us
-        lines.append(f"    with BLOOMFILTER_INITIAL_CAPACITY={ESTIMATE_URLS} too (a first slice"
-                     f" a partition for its share): {sized:.1f} slices,"
-                     f" {high + sized_more:,.0f} us a page")
+        pages = (plan_pages(count)[0] if new == PLAN_NEW_LINKS
+                 else synthetic_pages(count, by_host))
+        calls = partition_calls(pages, ESTIMATE_PARTITIONS, by_host, CLUSTER_STATS_EVERY)
+        reached = spread(ESTIMATE_MASTERS, calls)
+        extra = max(0.0, reached - spread(biggest.masters, scripts))
+        high = calls * per_call + fingerprints + extra * rtt
+        lines.append(f"  {name}: {calls:.1f} calls a page x {per_call:.1f} us + {new} new"
+                     f" and {seen} seen fingerprints {fingerprints:.0f} us + {extra:.1f} more"
+                     f" masters reached x {rtt:.1f} us = {high:,.0f} us a page")
+        # slices more than the measured filter's a link is looked up in, new and seen
+        deep_new = max(0.0, design_depth(ESTIMATE_PARTITIONS) - e.new_depth)
+        deep_seen = max(0.0, design_seen_depth(ESTIMATE_PARTITIONS) - e.seen_depth)
+        lookups = new * deep_new + seen * deep_seen
+        lines.append(f"    AT THE PLAN'S DEPTH (BLOOMFILTER_CAPACITY={ESTIMATE_URLS}, each"
+                     f" partition growing to its share): a new link is looked up in"
+                     f" {deep_new:.1f} slices more than here, a seen one in {deep_seen:.1f}"
+                     f" more: + {lookups:.0f} lookups x {slice_us:.2f} us ="
+                     f" {high + lookups * slice_us:,.0f} us a page")
+        sized = (new * max(0.0, design_depth(ESTIMATE_PARTITIONS, ESTIMATE_URLS) - e.new_depth)
+                 + seen * max(0.0, design_seen_depth(ESTIMATE_PARTITIONS, ESTIMATE_URLS)
+                              - e.seen_depth))
+        sized_us = high + sized * slice_us
+        lines.append(f"    with BLOOMFILTER_INITIAL_CAPACITY={ESTIMATE_URLS} too (one slice"
+                     f" a partition for its share): + {sized:.0f} lookups = {sized_us:,.0f}"
+                     f" us a page")
         stats = 1 / CLUSTER_STATS_EVERY  # stats calls a page
-        least = floor.page_us(calls - stats, half, half) + stats * extras.stats.us_pipelined
-        least += extra * rtt
+        least = (floor.page_us(calls - stats, new, seen) + stats * extras.stats.us_pipelined
+                 + reached * rtt)
         # a slice more is one block read more: what a seen link's floor is
-        least_deep = least + deeper * half * floor.seen_us
         lines.append(f"    FLOOR, the same page's commands with no Lua work"
                      f" (bench/_exchange_floor.py): {calls - stats:.1f} partition calls"
-                     f" x {floor.call_us:.1f} us + {half} new links x {floor.new_us:.1f}"
-                     f" + {half} seen x {floor.seen_us:.1f} + a lease"
+                     f" x {floor.call_us:.1f} us + {new} new links x {floor.new_us:.1f}"
+                     f" + {seen} seen x {floor.seen_us:.1f} + a lease"
                      f" and an ack {floor.lease_ack_us:.1f} + {stats:.2f} stats call"
-                     f" x {extras.stats.us_pipelined:.1f} + the same {extra:.1f} round trips"
-                     f" = {least:,.0f} us a page; at that depth + {half} new links x"
-                     f" {deeper:.1f} block reads x {floor.seen_us:.1f} = {least_deep:,.0f} us."
-                     f" The estimate is {high / least:.1f}x the floor, at that depth"
-                     f" {(high + more) / least_deep:.1f}x")
+                     f" x {extras.stats.us_pipelined:.1f} + a round trip to each of the"
+                     f" {reached:.1f} masters reached x {rtt:.1f} = {least:,.0f} us a page;"
+                     f" at the plan's depth + {lookups:.0f} block reads x {floor.seen_us:.1f}"
+                     f" = {least + lookups * floor.seen_us:,.0f} us. The estimate is"
+                     f" {high / least:.1f}x the floor")
+    lines.append(f"  TARGET: at most {ESTIMATE_TARGET_US} us a page, the plan's page with"
+                 f" BLOOMFILTER_INITIAL_CAPACITY (docs/scale.md's recommendation):"
+                 f" {sized_us:,.0f} us, {verdict(sized_us <= ESTIMATE_TARGET_US)}")
     return lines
 
 
@@ -1161,18 +1303,25 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
         f" of a site in a row), the others each on another of {SYNTHETIC_HOSTS} sites; a"
         f" page's ack and next lease go to its site's partition, as a worker leases first"
         f" where its acks go, but the lease before a site's first page from that site's")
-    header = ["target", "masters", "ms/page", "client us", "Redis us/page", "cmds/page",
-              "scripts/page", "us/script", "hottest", "leased"]
+    header = ["target", "masters", "new links", "ms/page", "client us", "Redis us/page",
+              "cmds/page", "scripts/page", "us/script", "hottest", "leased", "queued/page"]
     rows = []
     for r in results:
-        e = r.host_exchanges
-        rows.append([r.label, str(r.masters), "%.2f" % (e.per_exchange(e.seconds) * 1e3),
-                     fmt_us(e.per_exchange(e.client_cpu_s) * 1e6), fmt_us(e.redis_us),
-                     "%.1f" % e.calls(), "%.1f" % e.calls("evalsha"),
-                     fmt_us(e.redis_us / e.calls("evalsha")), "%.2f" % e.hottest,
-                     "%d/%d" % (e.leased, e.exchanges)])
+        for new, e in ((EXCHANGE_LINKS // 2, r.host_exchanges),
+                       (PLAN_NEW_LINKS, r.plan_exchanges)):
+            rows.append([r.label, str(r.masters), str(new),
+                         "%.2f" % (e.per_exchange(e.seconds) * 1e3),
+                         fmt_us(e.per_exchange(e.client_cpu_s) * 1e6), fmt_us(e.redis_us),
+                         "%.1f" % e.calls(), "%.1f" % e.calls("evalsha"),
+                         fmt_us(e.redis_us / e.calls("evalsha")), "%.2f" % e.hottest,
+                         "%d/%d" % (e.leased, e.exchanges), "%.2f" % e.per_exchange(e.queued)])
     for line in table(header, rows):
         emit(line)
+    emit(f"new links {PLAN_NEW_LINKS}: docs/scale.md's page. Its crawl dedups 10^10 URLs and"
+         f" fetches 10^10 pages, so a page's links hold one new URL on average; the other"
+         f" {EXCHANGE_LINKS - PLAN_NEW_LINKS}, on the same hosts as above, are in the filter"
+         f" before the first page. queued/page: requests the exchanges queued (their new"
+         f" links less the filter's false positives).")
     for line in estimate_lines(results, extras, plan):
         emit(line)
 
@@ -1223,7 +1372,9 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
         emit(f"  partition script call (bloom_add.lua, {CALLS_PER_PIPELINE} calls a pipeline,"
             f" {cc.calls:,} calls of {SMALL_CALL} and of {LARGE_CALL} new fingerprints):"
             f" {cc.us_small:.1f} and {cc.us_large:.1f} us, i.e. {cc.fixed_us:.1f} us a call"
-            f" + {cc.per_fingerprint_us:.2f} us a fingerprint")
+            f" + {cc.per_fingerprint_us:.2f} us a fingerprint; the calls of {LARGE_CALL}"
+            f" again (all seen) {cc.us_seen:.1f} us, {cc.per_seen_fingerprint_us:.2f} us a"
+            f" seen fingerprint")
         fl = extras.floor
         emit(f"  exchange floor (bench/_exchange_floor.py: only the commands a partition call"
             f" needs, no Lua work): {fl.call_us:.1f} us a call + {fl.new_us:.2f} a new link"
@@ -1315,6 +1466,16 @@ def as_json(plan: Plan, results: list[TargetResult], extras: Extras | None,
                           "getkeys_per_exchange": r.exchanges.calls(GETKEYS),
                           "ms_per_exchange": r.exchanges.per_exchange(r.exchanges.seconds) * 1e3,
                           "hottest_share": r.exchanges.hottest},
+            "host_exchanges": {"redis_us_per_exchange": r.host_exchanges.redis_us,
+                               "scripts_per_exchange": r.host_exchanges.calls("evalsha"),
+                               "queued": r.host_exchanges.queued,
+                               "exchanges": r.host_exchanges.exchanges},
+            "plan_exchanges": {"redis_us_per_exchange": r.plan_exchanges.redis_us,
+                               "scripts_per_exchange": r.plan_exchanges.calls("evalsha"),
+                               "queued": r.plan_exchanges.queued,
+                               "exchanges": r.plan_exchanges.exchanges,
+                               "new_links": PLAN_NEW_LINKS,
+                               "seen_depth": r.plan_exchanges.seen_depth},
             "projected_decisions_per_second": projected_decisions(r),
             "projected_pages_per_second": projected_pages(r),
             "crawls": [{
@@ -1340,14 +1501,17 @@ def as_json(plan: Plan, results: list[TargetResult], extras: Extras | None,
     if extras is not None:
         out["stats_slot"] = asdict(extras.stats)
         out["script_call"] = {**asdict(extras.calls), "fixed_us": extras.calls.fixed_us,
-                              "per_fingerprint_us": extras.calls.per_fingerprint_us}
+                              "per_fingerprint_us": extras.calls.per_fingerprint_us,
+                              "per_seen_fingerprint_us": extras.calls.per_seen_fingerprint_us}
         out["queue_memory"] = asdict(extras.queue)
         out["exporter"] = [asdict(e) for e in extras.exporter]
         out["exchange_floor"] = asdict(extras.floor)
         out["slice_cost"] = {**asdict(extras.depth), "per_slice_us": extras.depth.per_slice_us,
                              "plan_depth": design_depth(ESTIMATE_PARTITIONS),
                              "plan_depth_sized": design_depth(ESTIMATE_PARTITIONS,
-                                                              ESTIMATE_URLS)}
+                                                              ESTIMATE_URLS),
+                             "plan_seen_depth": design_seen_depth(ESTIMATE_PARTITIONS)}
+        out["estimate"] = estimate_lines(results, extras, plan)
     return out
 
 

@@ -45,7 +45,8 @@ def test_quick_run_prints_every_target(tmp_path: Path, env_no_state: dict[str, s
     assert "FAIL" not in "\n".join(lines[header:header + 2 + len(TARGETS)])
     for name in ("MEASURED here", "* PROJECTED, not measured", "PROJECTED (arithmetic",
                  "stats slot:", "partition script call", "queue memory:",
-                 "exporter snapshot", "exchange floor", "FLOOR, the same page"):
+                 "exporter snapshot", "exchange floor", "FLOOR, the same page",
+                 "the plan's page (1 new link)", "TARGET: at most 400 us a page"):
         assert any(name in line for line in lines), (name, proc.stdout)
 
     numbers = json.loads(out.read_text())
@@ -60,6 +61,12 @@ def test_quick_run_prints_every_target(tmp_path: Path, env_no_state: dict[str, s
         assert 0.99 * new["decisions"] <= new["new"] <= new["decisions"], new
         assert seen["phase"] == "seen" and seen["new"] == 0, seen  # all found again
         assert new["decisions_per_second"] > 0 and new["redis_us_per_decision"] > 0
+        # the synthetic pages queue their new links: 10 a page, and the plan's page 1 (its
+        # other 19 in the filter first); only a false positive (0.1 %) is not queued
+        for pages, new_links in (("host_exchanges", 10), ("plan_exchanges", 1)):
+            done = target[pages]
+            expected = done["exchanges"] * new_links
+            assert 0.98 * expected <= done["queued"] <= expected, (pages, done)
     crawled = {(t["target"], t["masters"]): t["crawls"] for t in numbers["targets"]
                if t["crawls"]}
     assert set(crawled) == {("redis", 1), ("cluster", 3)}
@@ -72,3 +79,6 @@ def test_quick_run_prints_every_target(tmp_path: Path, env_no_state: dict[str, s
     floor = numbers["exchange_floor"]
     # a new link is read, written and queued: more than a seen link's one read
     assert floor["new_us"] > floor["seen_us"] > 0 and floor["call_us"] > 0, floor
+    call = numbers["script_call"]
+    # a seen fingerprint is looked up and nothing is written: cheaper than a new one
+    assert 0 < call["per_seen_fingerprint_us"] < call["per_fingerprint_us"], call
