@@ -244,10 +244,18 @@ def check_prometheus() -> str:
 
 
 def check_down() -> str:
+    # A node back from a loss can keep a container of the stack that swarm no longer
+    # manages: plant one on the victim, as that node would, and make down must remove it.
+    stray = docker("create", "--label", "com.docker.stack.namespace=%s" % STACK,
+                   "bloomcrawl/worker:latest", "true", host=VICTIM).stdout.strip()
+    assert stray, "could not create the stray container on %s" % VICTIM
+    started = time.monotonic()
     e2e.make("down", timeout=300)
+    took = time.monotonic() - started
     left = {h: stack_resources(h) for h in HOSTS}
     assert not any(left.values()), "left behind: %s" % left
-    return "no container, network or volume of %s on %s" % (STACK, ", ".join(HOSTS))
+    return "no container, network or volume of %s on %s; a stray container of the stack on" \
+           " %s removed too; make down took %.0fs" % (STACK, ", ".join(HOSTS), VICTIM, took)
 
 
 def check_hosts_gone() -> str:

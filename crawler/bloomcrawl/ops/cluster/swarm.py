@@ -46,6 +46,8 @@ SCRAPYD_SERVICE = "worker"
 DEMO_URL = "http://demo:8000/"
 READY_TIMEOUT = 300.0
 DOWN_TIMEOUT = 120.0
+#: how long ``down`` leaves the swarm to remove the stack before removing what is left
+SWEEP_AFTER = 20.0
 LOAD_TIMEOUT = 600.0
 
 
@@ -279,26 +281,50 @@ class Swarm:
 
     def down(self, *, keep_data: bool, timeout: float = DOWN_TIMEOUT) -> None:
         """``docker stack rm``, then wait until its tasks and network are gone everywhere;
-        without ``keep_data`` remove its volumes on every node's engine."""
+        without ``keep_data`` remove its volumes on every node's engine.
+
+        ``docker stack rm`` tries to remove the network once, right after the services
+        (a task still attached makes that fail, and it is not tried again), and a node
+        that came back from a loss can keep its old task containers. After ``SWEEP_AFTER`` seconds
+        the stack's leftover containers are removed on their engine and its networks on
+        the manager, each round, until nothing of the stack is left.
+        """
         self.docker("stack", "rm", self.stack, check=False)
         label = f"label=com.docker.stack.namespace={self.stack}"
         engines = [None, *self.engines()]
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
 
-        def left(engine: str | None) -> list[str]:
+        def left(engine: str | None) -> tuple[list[str], list[str]]:
             result = self.docker("ps", "-a", "-q", "--filter", label, engine=engine, check=False,
                                  timeout=60)
             if result.returncode != 0:  # an engine out of reach has nothing we can remove
-                return []
-            found = result.stdout.split()
+                return [], []
+            networks = []
             if engine is None:
-                found += self.docker("network", "ls", "-q", "--filter", label).stdout.split()
-            return found
+                networks = self.docker("network", "ls", "-q", "--filter", label).stdout.split()
+            return result.stdout.split(), networks
 
-        while any(left(engine) for engine in engines):
-            if time.monotonic() > deadline:
+        while True:
+            found = {engine: left(engine) for engine in engines}
+            found = {engine: both for engine, both in found.items() if any(both)}
+            if not found:
+                break
+            waited = time.monotonic() - start
+            if waited > timeout:
+                where = "; ".join(
+                    f"{engine or 'the manager'}: {len(containers)} container(s)"
+                    + (f", network(s) {' '.join(networks)}" if networks else "")
+                    for engine, (containers, networks) in found.items())
                 raise OpsError(f"the stack {self.stack} left containers or its network after"
-                               f" {timeout:g}s")
+                               f" {timeout:g}s ({where})")
+            if waited > SWEEP_AFTER:
+                for engine, (containers, networks) in found.items():
+                    if containers:
+                        self.docker("rm", "-f", *containers, engine=engine, check=False,
+                                    timeout=60)
+                    if networks:
+                        self.docker("network", "rm", *networks, engine=engine, check=False,
+                                    timeout=60)
             time.sleep(1)
         if keep_data:
             return
