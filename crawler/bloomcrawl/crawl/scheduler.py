@@ -375,7 +375,9 @@ class Scheduler:
             counts.inc("scheduler/dequeued")
             counts.inc("scheduler/dequeued/redis")
             loop.starved = False
-            return book.pop_ready()
+            request = book.pop_ready()
+            loop.refill()  # lease more before the engine runs dry
+            return request
         return None
 
     def __len__(self) -> int:
