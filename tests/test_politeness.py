@@ -233,29 +233,6 @@ def test_a_lease_ahead_comes_only_from_hosts_without_a_delay(redis_client: redis
     assert len(a.exchange((), {}, lease_from=home(solo), want=1).leases) == 1
 
 
-def test_a_lease_ahead_alone_never_takes_a_request_of_a_host_with_a_delay(
-        redis_client: redis.Redis) -> None:
-    """``want`` 0 with ``ahead`` (a worker leasing before its engine runs dry, every slot
-    busy): only hosts without a delay give, and it stops at the first that has one."""
-    polite = Politeness(delay=0.0, concurrency=8)
-    a = worker(redis_client, "a", polite)
-    shared = sorted(h for h in ("h%d.test" % i for i in range(60)) if home(h) == home("h0.test"))
-    fast, slow = shared[:2]  # fast sorts first: both ready at once, fast is asked first
-    set_policy(redis_client, a.keys, polite, home(slow), slow, delay=5.0)
-    a.exchange(outgoing(a, *("http://%s/%d" % (h, i) for h in (fast, slow) for i in range(10))),
-               {})
-    nothing = a.exchange((), {}, lease_from=home(fast), want=0)
-    assert nothing.leases == [] and nothing.ready_in is None  # no lease asked
-    got = a.exchange((), {}, lease_from=home(fast), want=0, ahead=20).leases
-    assert got and {host_of(json.loads(x.payload)["url"]) for x in got} == {fast}
-    assert not any(x.paced for x in got)
-    for _ in range(5):  # asked again and again: slow's requests stay queued
-        a.exchange((), {}, lease_from=home(fast), want=0, ahead=20)
-    states = {s.host: s for s in host_states(redis_client, a.keys, polite, [fast, slow])}
-    assert (states[slow].queued, states[slow].in_flight) == (10, 0)
-    assert 1 <= states[fast].in_flight <= 4  # at most half its 8 free slots went ahead
-
-
 def test_one_slot_hosts_wait_from_the_response_of_their_last_request(
         redis_client: redis.Redis) -> None:
     polite = Politeness(delay=1.0, concurrency=1)

@@ -7,7 +7,6 @@ tests; these pin down what each part promises the others.
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from pathlib import Path
 
@@ -21,15 +20,7 @@ from bloomcrawl.core.connection import ServerWatch
 from bloomcrawl.core.errors import RedisUnavailableError
 from bloomcrawl.core.frontier import Frontier, Lease, Outgoing
 from bloomcrawl.core.keys import FrontierKeys
-from bloomcrawl.crawl.demand import (
-    LEASE_AHEAD_S,
-    MAX_LEASE,
-    PACE_WINDOW_S,
-    REFILL_S,
-    LeaseDemand,
-    Pace,
-)
-from bloomcrawl.crawl.exchanges import SoonestCall
+from bloomcrawl.crawl.exchanges import PACE_WINDOW_S, Pace, SoonestCall
 from bloomcrawl.crawl.held import HeldRequests
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LeaseRef, Outcome
 from bloomcrawl.crawl.lease_book import LeaseBook
@@ -172,42 +163,6 @@ def test_the_pace_is_the_last_complete_windows_rate() -> None:
                                                                          rel=0.01)
     # a stalled worker: the window that ends after a long wait counts the wait
     assert pace.per_second(start + PACE_WINDOW_S + 10.0) == pytest.approx(1.0, rel=0.01)
-
-
-class Downloader:
-    """What LeaseDemand reads of the engine: the requests in its downloader."""
-
-    def __init__(self, active: int) -> None:
-        self.active = active
-
-    def active_downloads(self) -> int:
-        return self.active
-
-
-def test_a_worker_leases_ahead_when_its_leased_requests_run_low() -> None:
-    """A busy engine with few leased requests left leases more before they run out, and
-    then asks for none of its own slots (``want`` 0): only hosts without a delay give."""
-    book, io, engine = LeaseBook(), RedisIO(), Downloader(active=16)
-    demand = LeaseDemand(engine, book, io, concurrency=16, prefetch=1)  # type: ignore[arg-type]
-    for i in range(4):
-        book.take(lease(0, "t%d" % i, paced=False), Request("http://a.test/%d" % i))
-    assert not demand.runs_low()  # no pace yet: the starved engine's lease does it
-    demand.pace = Pace(time.monotonic() - PACE_WINDOW_S)
-    demand.pace.done = int(200 * PACE_WINDOW_S)  # 200 requests a second
-    # 4 left last 20 ms at 200/s, under REFILL_S
-    assert 4 < 200 * REFILL_S and demand.runs_low()
-    io.start()
-    try:
-        ahead = min(math.ceil(200 * LEASE_AHEAD_S), MAX_LEASE)
-        assert demand.lease(least=0) == (0, ahead - 4)
-        assert demand.lease() == (1, ahead - 5)  # as a starved engine's lease asks
-        engine.active = 10  # free slots the 4 cannot fill: wanted from any host
-        assert demand.lease(least=0)[0] == 2
-    finally:
-        io.stop()
-    for i in range(4, 20):
-        book.take(lease(0, "t%d" % i, paced=False), Request("http://a.test/%d" % i))
-    assert not demand.runs_low()  # 20 last 100 ms
 
 
 def test_a_flush_timer_only_ever_moves_earlier() -> None:

@@ -337,7 +337,7 @@ class Frontier:
                            for p, ms in zip(peek, results[at:at + len(peek)], strict=True)}
         if lease_from is not None:
             reply = results[-1]
-            done.ready_in = wait_seconds(int(reply[1])) if reply[1] else None  # '': none asked
+            done.ready_in = wait_seconds(int(reply[1]))
             done.leases = self._leases(lease_from, reply[2:], sent)
         return done
 

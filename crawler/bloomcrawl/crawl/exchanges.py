@@ -14,13 +14,13 @@ Nothing here blocks the reactor: the exchange itself runs on the I/O thread.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
 from bloomcrawl.core.bloom import partition_of
 from bloomcrawl.core.connection import ServerChangedError
 from bloomcrawl.core.errors import FilterFullError
-from bloomcrawl.crawl.demand import LeaseDemand
 from bloomcrawl.crawl.duplicates import DuplicateLog
 from bloomcrawl.crawl.idle import IDLE_RECHECK_S
 from bloomcrawl.crawl.lease import ENTRY_META_KEY, LOCAL_META_KEY
@@ -51,6 +51,8 @@ logger = logging.getLogger(__name__)
 
 #: requests buffered that start an exchange by themselves
 MAX_BATCH = 500
+#: requests leased in one exchange at the most
+MAX_LEASE = 32
 MAX_POLL_DELAY = 1.0
 FIRST_POLL_DELAY = 0.05
 #: a worker that got leases this recently has work: it reads start URLs once a
@@ -62,6 +64,12 @@ ACK_DELAY = 0.05
 #: an ack of a host without one waits longer, for a lease to ride with: each exchange
 #: costs Redis a wake-up, and a worker with requests ready does not lease for a while
 ACK_DELAY_UNPACED = 0.15
+#: a lease may hold this many seconds of the worker's recent pace beyond the engine's
+#: free slots, from hosts without a delay: a fast crawl's exchanges each carry more
+#: pages, and so are fewer (each costs Redis a wake-up and a script call's fixed work)
+LEASE_AHEAD_S = 0.2
+#: the pace is the requests finished over the last window this long
+PACE_WINDOW_S = 0.5
 
 
 class ExchangeLoop:
@@ -88,9 +96,8 @@ class ExchangeLoop:
         self.errors = errors
         #: enqueue_request: requests Redis may have lost go through it again
         self.requeue = requeue
-        #: how many to lease, and when to lease before the engine runs dry
-        self.demand = LeaseDemand(engine, book, self.io,
-                                  concurrency=concurrency, prefetch=prefetch)
+        self.concurrency = concurrency
+        self.prefetch = prefetch
         self.log_extra = {"spider": spider}
         self.duplicates = DuplicateLog(debug_duplicates, spider)
         outbox.duplicate_log = self.duplicates
@@ -112,6 +119,7 @@ class ExchangeLoop:
         self._wake_call = SoonestCall(self._exchange_owed)
         #: after a failed exchange, once its back-off passed (none starts meanwhile)
         self._retry_call = SoonestCall(self._exchange_owed)
+        self.pace = Pace()
 
     # -- starting and stopping -----------------------------------------------------------
 
@@ -139,7 +147,7 @@ class ExchangeLoop:
         paced = self.book.leased_at(ref[1]) is not None
         ack = self.book.finish(ref)
         if ack is not None:
-            self.demand.pace.done += 1
+            self.pace.done += 1
             self.outbox.ack(int(ref[0]), ack)
             self.flush_soon(ACK_DELAY if paced else ACK_DELAY_UNPACED)
 
@@ -175,31 +183,8 @@ class ExchangeLoop:
             lease_from, probe = order[0], order[1:]
         elif lease and not self.book.ready():
             self._wake_when_ready()  # no host is ready yet: ask when the first one is
-        want, ahead = self.demand.lease()
+        want, ahead = self._demand()
         self._send(lease_from, want=want, ahead=ahead, check_idle=check_idle, probe=probe)
-
-    def refill(self) -> None:
-        """Lease ahead while the engine still has requests, when those it has run low
-        (:meth:`LeaseDemand.runs_low`).
-
-        ``want`` is only the engine's free slots the book cannot fill (most often 0),
-        as a starved engine's lease; the rest comes as ``ahead``, from hosts without a
-        delay only: a request of a host with a delay never waits in a worker. What is
-        owed (acks, links) rides along. Without this the engine asks only once its
-        leased requests ran out, and slots stay empty for the round trip: measured
-        in ``bench/crawl.py``, some tens of ms from send to reply on a busy reactor.
-        """
-        if (self.closing or not self.io.threaded or self.outbox.exchanging
-                or self._retry_call.pending() or self.recovery.needed()):
-            return
-        ready = self.readiness.ready_now() if self.demand.runs_low() else []
-        if not ready:
-            return
-        want, ahead = self.demand.lease(least=0)
-        if want == 0 and ahead == 0:
-            return
-        lease_from = self.readiness.lease_order(ready, first=self.outbox.ack_partition())[0]
-        self._send(lease_from, want=want, ahead=ahead, check_idle=False, probe=[])
 
     def send_now(self) -> None:
         """Send until nothing is owed, inline (the I/O thread is stopped or never ran).
@@ -223,6 +208,20 @@ class ExchangeLoop:
             return
         d.addCallbacks(self._exchanged, self._failed if failures is None else failures.append)
         d.addErrback(log_unexpected, logger, self.log_extra)
+
+    def _demand(self) -> tuple[int, int]:
+        """How many to lease: SCHEDULER_PREFETCH or the engine's free slots (leasing
+        one per exchange would leave slots idle a round trip each); and how many
+        more from hosts without a delay, up to LEASE_AHEAD_S of the recent pace."""
+        if not self.io.threaded:
+            return self.prefetch, 0
+        active = self.engine.active_downloads()
+        if active is None:  # no engine (yet)
+            return self.prefetch, 0
+        ready = self.book.ready()
+        want = max(self.prefetch, min(self.concurrency - active - ready, MAX_LEASE))
+        pace = math.ceil(self.pace.per_second(time.monotonic()) * LEASE_AHEAD_S)
+        return want, max(0, min(pace, MAX_LEASE) - want - ready)
 
     # -- replies ---------------------------------------------------------------------------
 
@@ -468,3 +467,19 @@ class SoonestCall:
     def _run(self) -> None:
         self._call = None
         self._fire()
+
+
+class Pace:
+    """Requests a worker finished per second, over its last complete window."""
+
+    def __init__(self, now: float | None = None) -> None:
+        self.done = 0
+        self._since = time.monotonic() if now is None else now
+        self._rate = 0.0
+
+    def per_second(self, now: float) -> float:
+        elapsed = now - self._since
+        if elapsed >= PACE_WINDOW_S:
+            self._rate = self.done / elapsed
+            self._since, self.done = now, 0
+        return self._rate

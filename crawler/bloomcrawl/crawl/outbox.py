@@ -329,8 +329,7 @@ class Outbox:
                                  ahead=batch.ahead, feedback=batch.feedback, peek=probe)
         reply = Reply(batch, done, list(done.leases))
         if batch.lease_from is not None:
-            # a lease ahead alone (want 0, ExchangeLoop.refill) that got none says so too
-            if len(done.leases) < max(batch.want, 1):
+            if len(done.leases) < batch.want:
                 reply.ready_in[batch.lease_from] = done.ready_in
             # fewer than asked: lease the rest from the other partitions one at a
             # time, so a worker never holds more than it asked for (a lease it

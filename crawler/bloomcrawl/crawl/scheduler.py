@@ -375,9 +375,7 @@ class Scheduler:
             counts.inc("scheduler/dequeued")
             counts.inc("scheduler/dequeued/redis")
             loop.starved = False
-            request = book.pop_ready()
-            loop.refill()  # lease more before the engine runs dry
-            return request
+            return book.pop_ready()
         return None
 
     def __len__(self) -> int:

@@ -4,10 +4,10 @@
 -- KEYS[1] filter partition state (not read here), KEYS[2] leases hash, KEYS[3] deadlines
 -- zset, KEYS[4] lease counter, KEYS[5..10] politeness (polite_common)
 -- ARGV[1] politeness cfg, ARGV[2] queue type, ARGV[3] feedback triples, ARGV[4] acks,
--- ARGV[5] how many to lease, ARGV[6] lease ms, ARGV[7] token prefix (the worker),
--- ARGV[8] a random number in [0, 1) (the delay jitter), ARGV[9] how many more to lease
--- from hosts without a delay (lease_ready; ARGV[5] and ARGV[9] both 0: no lease), then
--- the feedback triples (kind, host, value) and the tokens to ack
+-- ARGV[5] how many to lease (0: none), ARGV[6] lease ms, ARGV[7] token prefix (the
+-- worker), ARGV[8] a random number in [0, 1) (the delay jitter), ARGV[9] how many more
+-- to lease from hosts without a delay (lease_ready), then the feedback triples (kind,
+-- host, value) and the tokens to ack
 -- returns {'', wait, token1, payload1, paced1, token2, ...} (paced: '1' when the host
 -- has a delay, see lease_ready): wait is the ms until the
 -- partition's next host is ready (-1: nothing queued; -2: requests queued, but every

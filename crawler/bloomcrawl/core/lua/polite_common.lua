@@ -363,7 +363,7 @@ end
 -- ARGV[9] ahead (lease_ready), then the feedback triples, the acks, and what enqueue
 -- reads.
 -- Returns {decisions, wait, token1, payload1, paced1, ...}; wait as ready_wait() ('' when
--- want and ahead are 0: no lease).
+-- want is 0).
 local function exchange(enqueue)
   polite_init(5, ARGV[1])
   PR.qtype = ARGV[2]
@@ -375,9 +375,8 @@ local function exchange(enqueue)
   at = at + acks
   local out = {enqueue and enqueue(at) or '', ''}
   end_leases(KEYS[2], KEYS[3], ack_from, at - 1)
-  local ahead = tonumber(ARGV[9])
-  if want > 0 or ahead > 0 then
-    lease_ready(KEYS[2], KEYS[3], KEYS[4], want, ahead, tonumber(ARGV[6]), ARGV[7],
+  if want > 0 then
+    lease_ready(KEYS[2], KEYS[3], KEYS[4], want, tonumber(ARGV[9]), tonumber(ARGV[6]), ARGV[7],
                 tonumber(ARGV[8]), out)
     out[2] = ready_wait()
   end
