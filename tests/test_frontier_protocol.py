@@ -44,6 +44,18 @@ def test_a_lease_call_sent_twice_loses_nothing(frontier: Frontier,
     assert queued(redis_client, frontier) == 2
 
 
+def test_an_exchange_with_the_lease_partition_and_no_want_only_acks(
+        frontier: Frontier) -> None:
+    """``lease_from`` with ``want`` 0: the acks ride in that partition's call, nothing is
+    leased, and the reply (no wait: none was asked) reads as no lease."""
+    frontier.exchange(outgoing("http://a.test/1", "http://a.test/2"), {})
+    [lease] = frontier.lease(0, 1)
+    done = frontier.exchange([], {0: [lease.token]}, lease_from=0, want=0, ahead=3)
+    assert (done.leases, done.ready_in) == ([], None)
+    assert frontier.reap() == 0  # the ack ended the lease: nothing is left to expire
+    assert [x.payload for x in frontier.lease(0, 5)] == [b'{"url": "http://a.test/2"}']
+
+
 def test_a_recorded_fingerprint_is_never_queued_and_filters_what_comes_after(
         frontier: Frontier) -> None:
     """What a start request's own fingerprint gets beside the entry that queues it."""

@@ -283,7 +283,7 @@ class Frontier:
 
         With ``lease_from``, that partition's acks ride in the same script call
         as the lease of up to ``want`` requests from it (and ``ahead`` more from hosts
-        without a delay: those may wait in the worker). ``stats`` are
+        without a delay, which may wait in the worker; ``want`` 0: acks only). ``stats`` are
         ``(number, counts)`` of this worker's exchanges, numbered 1, 2, 3...:
         each number is added to the shared stats once, however often it is
         sent (resend the counts of a failed exchange under its own number).
@@ -337,7 +337,7 @@ class Frontier:
                            for p, ms in zip(peek, results[at:at + len(peek)], strict=True)}
         if lease_from is not None:
             reply = results[-1]
-            done.ready_in = wait_seconds(int(reply[1]))
+            done.ready_in = wait_seconds(int(reply[1])) if reply[1] else None  # b'': want 0
             done.leases = self._leases(lease_from, reply[2:], sent)
         return done
 
