@@ -368,10 +368,40 @@ def test_plain_values_stay_plain_json() -> None:
     assert TAG not in text
     stored = json.loads(text)
     assert stored["meta"] == {"depth": 2, "download_slot": "shop.test"}
-    assert stored["callback"] == "parse" and stored["errback"] is None
+    assert stored["callback"] == "parse" and "errback" not in stored  # None: left out
     assert stored["headers"] == {"Referer": ["http://shop.test/"]}
     assert len(stored["_id"]) == 16 and stored["v"] == 2
     assert LEASE_META_KEY in request.meta  # the request itself is not changed
+
+
+def test_a_plain_request_leaves_its_defaults_out_and_comes_back_whole() -> None:
+    """A link's entry holds only what differs from ``Request``'s defaults, and a field left
+    out comes back as that default; a subclass's entry keeps every field."""
+    spider = make_spider()
+    link = Request("http://shop.test/a", headers={"Referer": "http://shop.test/"},
+                   meta={"depth": 1})
+    copy, stored = round_trip(link, spider)
+    assert set(stored) == {"url", "headers", "meta", "_id", "v"}, stored
+    assert copy.to_dict(spider=spider) == link.to_dict(spider=spider)
+    assert (copy.method, copy.encoding, copy.priority, copy.dont_filter, copy.body) == (
+        "GET", "utf-8", 0, False, b"")
+    # a meta of bloomcrawl's own keys only is an empty meta in the queue
+    leased = Request("http://shop.test/c", meta={LEASE_META_KEY: (0, "token")})
+    assert set(json.loads(request_to_json(leased, spider))) == {"url", "_id", "v"}
+    # every field away from its default is kept
+    other = Request("http://shop.test/b", callback=spider.parse_item, errback=spider.on_error,
+                    method="HEAD", encoding="latin-1", priority=-3, dont_filter=True,
+                    flags=["f"], cb_kwargs={"n": 1}, cookies={"c": "1"}, body=b"x")
+    copy, stored = round_trip(other, spider)
+    assert set(stored) == {"url", "callback", "errback", "method", "encoding", "priority",
+                           "dont_filter", "flags", "cb_kwargs", "cookies", "body", "_id",
+                           "v"}, stored
+    assert copy.to_dict(spider=spider) == other.to_dict(spider=spider)
+    # a JsonRequest with a body is a POST unless told GET: its GET must stay in the entry
+    api = JsonRequest("http://shop.test/api", data={"q": 1}, method="GET")
+    copy, stored = round_trip(api, spider)
+    assert stored["method"] == "GET" and copy.method == "GET", stored
+    assert {"encoding", "priority", "dont_filter", "callback"} <= set(stored), stored
 
 
 def test_the_tagged_forms_are_readable() -> None:
@@ -815,7 +845,7 @@ def test_spiders_without_a_crawler_still_queue() -> None:
     from bloomcrawl.crawl.spiders.site import SiteSpider
 
     entry = json.loads(request_to_json(Request("http://shop.test/robots.txt"), Spider(name="x")))
-    assert entry["url"] == "http://shop.test/robots.txt" and entry["callback"] is None
+    assert entry["url"] == "http://shop.test/robots.txt" and "callback" not in entry  # None
     spider = SiteSpider()
     request = Request("https://news.test/a", meta={"site_domains": ["news.test"], "depth": 3},
                       headers={"Referer": "https://news.test/"})

@@ -29,7 +29,11 @@ A queue entry is a JSON object holding what ``Request.to_dict`` gives:
 internal keys), ``encoding``, ``priority``, ``dont_filter``, ``flags``,
 ``cb_kwargs``, the extra attributes of a Request subclass and its ``_class``;
 then ``_id`` (random, so identical ``dont_filter`` requests stay distinct in
-a zset) and ``"v": 2``. Values are plain JSON when they are plain JSON, else
+a zset) and ``"v": 2``. A plain ``scrapy.Request``'s entry leaves out the
+fields that hold their default (no callback, GET, utf-8, empty, 0, false):
+a third of a typical link's entry, in every queue's memory and every
+exchange. A field left out is read as its default, by this version and by
+every one before it. Values are plain JSON when they are plain JSON, else
 tagged objects (:mod:`bloomcrawl.crawl.codec`). Entries without ``"v"``
 (written before tags existed) are read as plain JSON, tags or not. The Lua
 scripts read ``url`` only.
@@ -90,6 +94,13 @@ _ENTRY_KEYS = frozenset({"_class", "_id", VERSION_KEY})
 #: attributes stored without the codec (url is what the Lua scripts read)
 _OWN_FIELDS = frozenset({"url", "callback", "errback", "headers", "body", "meta"})
 _PLAIN = frozenset({str, int, bool, type(None)})
+#: what a plain ``scrapy.Request``'s entry leaves out: these fields when empty, 0 or False
+#: (their defaults), and those when they hold their default text; any other field (a
+#: later Scrapy's) is always kept
+_EMPTY_BY_DEFAULT = frozenset({"headers", "body", "cookies", "meta", "priority",
+                               "dont_filter", "flags", "cb_kwargs"})
+_DEFAULT_TEXT = {"method": "GET", "encoding": "utf-8"}
+_NO_DEFAULT = object()
 _TAG_TEXT = json.dumps(TAG)  # '"$bc"': no tag anywhere in an entry without it
 _TAG_BYTES = _TAG_TEXT.encode("ascii")
 
@@ -318,13 +329,22 @@ def _entry(request: Request, spider: Spider, codec: ValueCodec) -> dict[str, Any
     layout = _layout(cls)
     methods = _methods(type(spider))
     callback, errback = request.callback, request.errback
-    entry: dict[str, Any] = {
-        "url": request.url,
-        "callback": methods.name_of(callback, "callback") if callable(callback) else callback,
-        "errback": methods.name_of(errback, "errback") if callable(errback) else errback,
-    }
+    # a plain Request leaves out what its constructor gives anyway (no callback, GET,
+    # utf-8, empty headers...): every reader rebuilds it with the constructor's
+    # defaults. A subclass's constructor may derive one from another (a JsonRequest
+    # with a body is a POST unless told GET), so its entries keep every field
+    compact = layout.path is None
+    entry: dict[str, Any] = {"url": request.url}
+    if callback is not None or not compact:
+        entry["callback"] = (methods.name_of(callback, "callback") if callable(callback)
+                             else callback)
+    if errback is not None or not compact:
+        entry["errback"] = methods.name_of(errback, "errback") if callable(errback) else errback
     for name in layout.fields:
         value = getattr(request, name)
+        if compact and ((not value and name in _EMPTY_BY_DEFAULT)
+                        or value == _DEFAULT_TEXT.get(name, _NO_DEFAULT)):
+            continue
         if name == "headers":
             entry[name] = _headers(request)
         elif name == "body":
@@ -332,6 +352,8 @@ def _entry(request: Request, spider: Spider, codec: ValueCodec) -> dict[str, Any
         elif name == "meta":
             if not INTERNAL_META_KEYS.isdisjoint(value):
                 value = {k: v for k, v in value.items() if k not in INTERNAL_META_KEYS}
+                if compact and not value:
+                    continue
             entry[name] = codec.encode(value, name)
         else:
             entry[name] = value if type(value) in _PLAIN else codec.encode(value, name)
