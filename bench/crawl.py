@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _rounds
 import redis
 from _crawl import (
     BLOOMCRAWL,
@@ -75,6 +76,7 @@ from _crawl import (
     run_crawl,
 )
 from _report import fmt, verdict
+from _rounds import Round, round_of
 from _site import SiteProcess
 from crawlbench import profile
 
@@ -126,7 +128,7 @@ def worker_cpus(cpus: list[int] | None, workers: int) -> None:
 
 def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
             profile_dir: Path | None = None, pinned: list[int] | None = None,
-            ) -> tuple[list[CrawlRun], list[str], Floor | None]:
+            with_floor: bool = True) -> tuple[list[CrawlRun], list[str], Floor | None]:
     runs: list[CrawlRun] = []
     floor = None
     failures: list[str] = []
@@ -153,7 +155,7 @@ def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
                     except CrawlFailed as exc:
                         failures.append("%s, %d processes: %s" % (contender.label, workers, exc))
                         print(str(exc), file=sys.stderr)
-            if BLOOMCRAWL in contenders:
+            if BLOOMCRAWL in contenders and with_floor:
                 print("  measuring Redis's floor ...", file=sys.stderr, flush=True)
                 mine = run_of(runs, BLOOMCRAWL)
                 pace = None
@@ -427,11 +429,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="run each worker under cProfile, keep the profiles in DIR and"
                         " print the top costs (bench/crawlbench/profile.py)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="N rounds, the contenders in turn first and last; the report"
+                        " of the first, then issue 20's targets by the median of the"
+                        " rounds (bench/_rounds.py)")
     parser.add_argument("--pin-workers", action="store_true",
                         help="run each one-process worker alone on the first CPU, and Redis"
                         " and the site on the others, so that neither slows the other's"
                         " code down (two-process runs use every CPU)")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be 1 or more, not %d" % args.repeat)
+    if args.repeat > 1 and args.profile:
+        parser.error("--repeat and --profile: profile one round at a time")
     pinned = None
     if args.pin_workers:
         pinned = sorted(os.sched_getaffinity(0))
@@ -458,11 +468,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile.prepare(args.profile)
     started = time.monotonic()
+    rounds: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="bloomcrawl-bench-crawl-") as tmp:
-        runs, failures, floor = run_all(plan, contenders, args.items, Path(tmp),
+        runs, failures, floor = run_all(plan, contenders, args.items, Path(tmp) / "1",
                                         args.profile, pinned)
         worker_cpu = {(r.contender.key, r.workers): profile.read_thread_cpu(
-            Path(tmp) / "threads", "%s-%dw-" % (r.contender.key, r.workers)) for r in runs}
+            Path(tmp) / "1" / "threads", "%s-%dw-" % (r.contender.key, r.workers))
+            for r in runs}
+        rounds.append(round_of(runs))
+        for n in range(2, args.repeat + 1):
+            print("  round %d of %d ..." % (n, args.repeat), file=sys.stderr, flush=True)
+            order = contenders if n % 2 else contenders[::-1]
+            more, failed, _ = run_all(plan, order, args.items, Path(tmp) / str(n),
+                                      pinned=pinned, with_floor=False)
+            failures += ["round %d: %s" % (n, f) for f in failed]
+            rounds.append(round_of(more))
     print("redis-py %s; finished in %.0f s, load average after: %s" % (
         redis.__version__, time.monotonic() - started,
         " ".join("%.2f" % x for x in os.getloadavg())))
@@ -473,8 +493,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         print()
         print_profiles(args.profile, runs)
+    if len(rounds) > 1:
+        print()
+        for line in _rounds.report(rounds, rate_target=profile.CEILING_TARGET,
+                                   cpu_target=profile.WORKER_CPU_TARGET,
+                                   redis_target_us=REDIS_CPU_TARGET_US):
+            print(line)
     if args.json:
-        args.json.write_text(json.dumps(as_json(plan, runs, failures, floor), indent=2))
+        numbers = as_json(plan, runs, failures, floor)
+        numbers["rounds"] = _rounds.as_json(rounds)
+        args.json.write_text(json.dumps(numbers, indent=2))
     if failures:
         print()
         print("FAILED runs: %d (details on stderr)" % len(failures))

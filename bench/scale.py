@@ -1105,7 +1105,7 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
              f" above; a fingerprint {per_new:.2f} us new and {per_seen:.2f} us seen, a round"
              f" trip {rtt:.1f} us, a slice more {slice_us:.2f} us, measured on one Redis"
              f" below):"]
-    sized_us = 0.0
+    sized_us = sized_floor_us = 0.0
     for name, e, by_host, new in (
             ("by fingerprint, 10 new links", biggest.exchanges, False, half),
             ("by host, 10 new links", biggest.host_exchanges, True, half),
@@ -1154,9 +1154,13 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
                      f" at the plan's depth + {lookups:.0f} block reads x {floor.seen_us:.1f}"
                      f" = {least + lookups * floor.seen_us:,.0f} us. The estimate is"
                      f" {high / least:.1f}x the floor")
+        sized_floor_us = least + sized * floor.seen_us
     lines.append(f"  TARGET: at most {ESTIMATE_TARGET_US} us a page, the plan's page with"
                  f" BLOOMFILTER_INITIAL_CAPACITY (docs/scale.md's recommendation):"
-                 f" {sized_us:,.0f} us, {verdict(sized_us <= ESTIMATE_TARGET_US)}")
+                 f" {sized_us:,.0f} us, {verdict(sized_us <= ESTIMATE_TARGET_US)}; its floor"
+                 f" on this machine {sized_floor_us:,.0f} us: the target is"
+                 f" {'reachable' if sized_floor_us <= ESTIMATE_TARGET_US else 'NOT reachable'}"
+                 f" here")
     return lines
 
 

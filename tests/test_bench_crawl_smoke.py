@@ -101,3 +101,31 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
             assert phases[-1]["queued"] >= 149, phases
     quarters = [x for x in lines if x.startswith("  1 process: pages 0-")]
     assert len(quarters) == 1 and quarters[0].count("us a page") == 4, proc.stdout
+
+
+def test_repeat_reports_every_round_and_the_median(tmp_path: Path,
+                                                   env_no_state: dict[str, str]) -> None:
+    """``--repeat 2``: a row per round, and each target judged on the rounds' median."""
+    out = tmp_path / "crawl.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--pages", "40", "--repeat", "2",
+         "--contenders", "memory,bloomcrawl", "--json", str(out)],
+        cwd=tmp_path, env=env_no_state, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rounds = json.loads(out.read_text())["rounds"]
+    assert len(rounds) == 2, rounds
+    for r in rounds:
+        assert r["once"] is True, r
+        for key in ("ceiling", "rate_1", "rate_2", "cpu_1", "cpu_2", "redis_1",
+                    "separate_rate", "separate_cpu"):
+            assert r[key] is not None and r[key] > 0, (key, r)
+    lines = proc.stdout.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("issue 20's crawl targets"))
+    assert [x.split()[0] for x in lines[start + 3:start + 5]] == ["1", "2"], lines[start:]
+    median = sorted(r["rate_1"] for r in rounds)
+    line = next(x for x in lines if x.strip().startswith("1 process: pages/s x ceiling"))
+    assert line.split()[5] == "%.2f" % ((median[0] + median[1]) / 2), line
+    assert line.split()[-1] in ("PASS", "MISS"), line
+    floor = next(x for x in lines if "2 processes: worker CPU x in-memory" in x)
+    assert "2 separate in-memory crawls here" in floor, floor

@@ -7,6 +7,7 @@ not a timing: no rate is asserted.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,14 @@ def test_quick_run_prints_every_target(tmp_path: Path, env_no_state: dict[str, s
                  "exporter snapshot", "exchange floor", "FLOOR, the same page",
                  "the plan's page (1 new link)", "TARGET: at most 400 us a page"):
         assert any(name in line for line in lines), (name, proc.stdout)
+    # the target's line says whether this machine could meet it at all: its floor there
+    target = next(line for line in lines if "TARGET: at most 400 us a page" in line)
+    found = re.search(r": ([\d,]+) us, (PASS|MISS); its floor on this machine ([\d,]+) us: the"
+                      r" target is (reachable|NOT reachable) here$", target)
+    assert found is not None, target
+    estimate, floor_us = (int(found.group(i).replace(",", "")) for i in (1, 3))
+    assert 0 < floor_us < estimate, target
+    assert (found.group(4) == "reachable") == (floor_us <= 400), target
 
     numbers = json.loads(out.read_text())
     targets = [(t["target"], t["masters"], t["partitions"]) for t in numbers["targets"]]
