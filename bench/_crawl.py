@@ -16,7 +16,7 @@ import functools
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,6 +248,13 @@ class CrawlRun:
 
     def per_page(self, value: float) -> float:
         return value / self.fetched if self.fetched else float("nan")
+
+
+def run_of(runs: Sequence[CrawlRun], contender: Contender,
+           workers: int = 1) -> CrawlRun | None:
+    """The run of ``contender`` with ``workers`` processes (None: not run, or failed); the
+    in-memory scheduler's with 2 is its separate crawls."""
+    return next((r for r in runs if r.contender is contender and r.workers == workers), None)
 
 
 def run_crawl(

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from _crawl import BLOOMCRAWL, MEMORY, CrawlRun
+from _crawl import BLOOMCRAWL, MEMORY, CrawlRun, run_of
 from _report import fmt, ratio, table, verdict
 
 
@@ -44,17 +44,11 @@ class Round:
     once: bool
 
 
-def _run(runs: Sequence[CrawlRun], workers: int, contender: Any,
-         separate: bool = False) -> CrawlRun | None:
-    return next((r for r in runs if r.contender is contender and r.workers == workers
-                 and r.separate == separate), None)
-
-
 def round_of(runs: Sequence[CrawlRun]) -> Round:
     """The ratios of one round's runs."""
-    memory = _run(runs, 1, MEMORY)
-    separate = _run(runs, 2, MEMORY, separate=True)
-    mine = {w: _run(runs, w, BLOOMCRAWL) for w in (1, 2)}
+    memory = run_of(runs, MEMORY)
+    separate = run_of(runs, MEMORY, 2)  # its 2-process run is two separate crawls
+    mine = {w: run_of(runs, BLOOMCRAWL, w) for w in (1, 2)}
     ceiling = memory.pages_per_second if memory is not None else None
     memory_cpu = memory.per_page(memory.worker_cpu_s) if memory is not None else None
 
@@ -81,8 +75,8 @@ def spread(values: Sequence[float | None]) -> tuple[float, float, float] | None:
     return statistics.median(got), min(got), max(got)
 
 
-def _cell(values: Sequence[float | None], spec: str) -> str:
-    s = spread(values)
+def _cell(s: tuple[float, float, float] | None, spec: str) -> str:
+    """A :func:`spread` as "median (lowest-highest)"."""
     if s is None:
         return "n/a"
     return "%s (%s-%s)" % tuple(format(v, spec) for v in s)
@@ -106,21 +100,25 @@ def report(rounds: Sequence[Round], *, rate_target: float, cpu_target: float,
 
     def target(name: str, pick: Callable[[Round], float | None], spec: str, goal: float,
                higher: bool, floor: Callable[[Round], float | None] | None = None) -> None:
+        def meets(value: float) -> bool:
+            return value >= goal if higher else value <= goal
+
         values = [pick(r) for r in rounds]
         s = spread(values)
-        met = None if s is None else (s[0] >= goal if higher else s[0] <= goal)
-        line = "  %-46s %-22s %s %s: %s" % (name, _cell(values, spec),
+        line = "  %-46s %-22s %s %s: %s" % (name, _cell(s, spec),
                                             ">=" if higher else "<=", format(goal, spec),
-                                            verdict(met))
+                                            verdict(None if s is None else meets(s[0])))
         if floor is not None:
-            bound = spread([floor(r) for r in rounds])
+            bounds = [floor(r) for r in rounds]
+            bound = spread(bounds)
             if bound is not None:
-                reachable = bound[0] >= goal if higher else bound[0] <= goal
                 line += ("; 2 separate in-memory crawls here: %s, so the target is %s on"
                          " this machine; bloomcrawl over them: %s" % (
-                             _cell([floor(r) for r in rounds], spec),
-                             "reachable" if reachable else "NOT reachable",
-                             _cell([ratio(pick(r), floor(r)) for r in rounds], ".2f")))
+                             _cell(bound, spec),
+                             "reachable" if meets(bound[0]) else "NOT reachable",
+                             _cell(spread([ratio(v, b) for v, b in zip(values, bounds,
+                                                                       strict=True)]),
+                                   ".2f")))
         lines.append(line)
 
     lines.append("targets, by the median of the rounds:")

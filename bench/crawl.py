@@ -74,9 +74,9 @@ from _crawl import (
     measure_floor,
     pick_contenders,
     run_crawl,
+    run_of,
 )
 from _report import fmt, verdict
-from _rounds import Round, round_of
 from _site import SiteProcess
 from crawlbench import profile
 
@@ -165,11 +165,6 @@ def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
         finally:
             client.close()
     return runs, failures, floor
-
-
-def run_of(runs: list[CrawlRun], contender: Contender, workers: int = 1) -> CrawlRun | None:
-    """The run of ``contender`` with ``workers`` processes (None: not run, or failed)."""
-    return next((r for r in runs if r.contender is contender and r.workers == workers), None)
 
 
 def ceiling_of(runs: list[CrawlRun]) -> float | None:
@@ -468,21 +463,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile.prepare(args.profile)
     started = time.monotonic()
-    rounds: list[Round] = []
+    rounds: list[_rounds.Round] = []
     with tempfile.TemporaryDirectory(prefix="bloomcrawl-bench-crawl-") as tmp:
         runs, failures, floor = run_all(plan, contenders, args.items, Path(tmp) / "1",
                                         args.profile, pinned)
         worker_cpu = {(r.contender.key, r.workers): profile.read_thread_cpu(
             Path(tmp) / "1" / "threads", "%s-%dw-" % (r.contender.key, r.workers))
             for r in runs}
-        rounds.append(round_of(runs))
+        rounds.append(_rounds.round_of(runs))
         for n in range(2, args.repeat + 1):
             print("  round %d of %d ..." % (n, args.repeat), file=sys.stderr, flush=True)
             order = contenders if n % 2 else contenders[::-1]
             more, failed, _ = run_all(plan, order, args.items, Path(tmp) / str(n),
                                       pinned=pinned, with_floor=False)
             failures += ["round %d: %s" % (n, f) for f in failed]
-            rounds.append(round_of(more))
+            rounds.append(_rounds.round_of(more))
     print("redis-py %s; finished in %.0f s, load average after: %s" % (
         redis.__version__, time.monotonic() - started,
         " ".join("%.2f" % x for x in os.getloadavg())))
