@@ -1105,7 +1105,7 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
              f" above; a fingerprint {per_new:.2f} us new and {per_seen:.2f} us seen, a round"
              f" trip {rtt:.1f} us, a slice more {slice_us:.2f} us, measured on one Redis"
              f" below):"]
-    sized_us = sized_floor_us = 0.0
+    sized_us, sized_floor_us = 0.0, 0
     for name, e, by_host, new in (
             ("by fingerprint, 10 new links", biggest.exchanges, False, half),
             ("by host, 10 new links", biggest.host_exchanges, True, half),
@@ -1154,7 +1154,8 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
                      f" at the plan's depth + {lookups:.0f} block reads x {floor.seen_us:.1f}"
                      f" = {least + lookups * floor.seen_us:,.0f} us. The estimate is"
                      f" {high / least:.1f}x the floor")
-        sized_floor_us = least + sized * floor.seen_us
+        # rounded as printed: the verdict is the one the printed figure gives
+        sized_floor_us = round(least + sized * floor.seen_us)
     lines.append(f"  TARGET: at most {ESTIMATE_TARGET_US} us a page, the plan's page with"
                  f" BLOOMFILTER_INITIAL_CAPACITY (docs/scale.md's recommendation):"
                  f" {sized_us:,.0f} us, {verdict(sized_us <= ESTIMATE_TARGET_US)}; its floor"
