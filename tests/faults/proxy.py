@@ -17,7 +17,11 @@ Faults, each a method:
   connection. The client sees a lost reply for a command that was applied;
   redis-py's Retry then sends it again;
 * :meth:`FaultProxy.set_upstream`: new connections go to another Redis port
-  (a failover); existing ones are cut unless asked not to.
+  (a failover); existing ones are cut unless asked not to;
+* :meth:`FaultProxy.hold_from`: in the next client packet that contains
+  ``match``, forward the bytes before it and hold the rest (and everything
+  after, either way) until :meth:`FaultProxy.resume`: Redis has read part of
+  a pipeline, as when it arrives in several reads.
 
 Bounded: at most ``max_connections`` at once (more are closed on accept),
 reads of 64 KiB, and :meth:`FaultProxy.stop` closes everything and joins the
@@ -75,6 +79,9 @@ class FaultProxy:
         self.replies_dropped = 0
         #: connections accepted so far
         self.accepted = 0
+        #: packets split by :meth:`hold_from`
+        self.splits = 0
+        self._hold_match: bytes | None = None
         self._delay = 0.0
         self._open: asyncio.Event | None = None  # set: bytes flow; clear: stalled
         self._stall_handle: asyncio.TimerHandle | None = None
@@ -131,8 +138,15 @@ class FaultProxy:
         """Forward nothing for ``seconds`` (returns at once), then deliver what was held."""
         self._call(self._stall(seconds))
 
+    def hold_from(self, match: bytes) -> None:
+        """In the next client packet containing ``match``, forward only what comes before
+        it; then hold every byte, either way, until :meth:`resume`."""
+        if not match:
+            raise ValueError("match must not be empty")
+        self._hold_match = match
+
     def resume(self) -> None:
-        """End a stall now."""
+        """End a stall (or a hold) now."""
         self._call(self._resume())
 
     def cut(self) -> int:
@@ -278,6 +292,17 @@ class FaultProxy:
                 if not data:
                     break
                 await self._gate()
+                match = self._hold_match
+                if match is not None and match in data:
+                    self._hold_match = None
+                    at = data.index(match)
+                    conn.upstream_writer.write(data[:at])
+                    await conn.upstream_writer.drain()
+                    assert self._open is not None
+                    self._open.clear()  # held from here until resume()
+                    self.splits += 1
+                    await self._gate()
+                    data = data[at:]
                 drop = self._drop
                 if drop is not None and drop.remaining > 0 and drop.match in data:
                     drop.remaining -= 1

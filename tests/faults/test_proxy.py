@@ -80,6 +80,31 @@ def test_stall_holds_bytes_then_delivers_them(proxy: FaultProxy,
     short.close()
 
 
+def test_hold_from_forwards_a_packet_up_to_a_match(proxy: FaultProxy,
+                                                  redis_client: redis.Redis) -> None:
+    """A pipeline split where it names ``second``: Redis runs the first command alone."""
+    c = client(proxy)
+    proxy.hold_from(b"second")
+    result: list[object] = []
+
+    def send() -> None:
+        pipe = c.pipeline(transaction=False)
+        pipe.set("first", "1")
+        pipe.set("second", "2")
+        result.append(pipe.execute())
+
+    t = threading.Thread(target=send)
+    t.start()
+    wait_until(lambda: proxy.splits == 1, 5, what="the pipeline split")
+    wait_until(lambda: redis_client.get("first") == b"1", 5, what="the first SET run")
+    time.sleep(0.2)
+    assert redis_client.get("second") is None and result == []  # the rest is held
+    proxy.resume()
+    t.join(5)
+    assert result == [[True, True]] and redis_client.get("second") == b"2"
+    c.close()
+
+
 def test_cut_closes_every_connection(proxy: FaultProxy) -> None:
     a = client(proxy)
     a.ping()

@@ -148,11 +148,16 @@ class RedisServer:
         """Take an RDB snapshot now and wait until it is on disk."""
         client = self.client()
         try:
-            before = client.lastsave()
+            # rdb_saves counts snapshots (LASTSAVE has seconds: one within the second
+            # of the last went unseen)
+            before = client.info("persistence")["rdb_saves"]
             client.bgsave()
-            wait_until(lambda: client.lastsave() != before and not client.info(
-                "persistence")["rdb_bgsave_in_progress"], timeout, interval=0.02,
-                what="BGSAVE finished")
+
+            def saved() -> bool:
+                info = client.info("persistence")
+                return info["rdb_saves"] > before and not info["rdb_bgsave_in_progress"]
+
+            wait_until(saved, timeout, interval=0.02, what="BGSAVE finished")
             if client.info("persistence")["rdb_last_bgsave_status"] != "ok":
                 raise RuntimeError("BGSAVE failed; see %s" % self.log)
         finally:

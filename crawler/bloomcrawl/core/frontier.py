@@ -32,10 +32,10 @@ import redis
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import partition_of
-from bloomcrawl.core.connection import describe_redis
+from bloomcrawl.core.connection import describe_redis, is_cluster
 from bloomcrawl.core.errors import SettingError
 from bloomcrawl.core.politeness import BUSY_RETRY_S, Feedback, Politeness
-from bloomcrawl.core.scripts import Script, ScriptCall
+from bloomcrawl.core.scripts import Script, ScriptCall, load_scripts
 from bloomcrawl.core.sizing import BACKENDS
 
 if TYPE_CHECKING:
@@ -181,6 +181,8 @@ class Frontier:
         self.filter_generation = 0
         #: leases requeued whose count Redis has not taken yet (see reap)
         self._requeued_unsent = 0
+        #: an exchange's calls go in one MULTI/EXEC (see exchanges_whole)
+        self.whole = True
 
     @property
     def partitions(self) -> int:
@@ -254,24 +256,6 @@ class Frontier:
         self.record_layout()
         self.filter_generation += 1
 
-    def flush(self) -> None:
-        """Delete the queue, the leases and the filter's contents; the filter stays usable."""
-        f = self.keys
-        pipe = self.server.pipeline(transaction=False)
-        for p in range(f.partitions):
-            pipe.zrange(f.polite(p, "depth"), 0, -1)
-        hosts = pipe.execute()
-        doomed = []
-        for p in range(f.partitions):
-            doomed += [f.queue_part(p), f.leases(p), f.deadlines(p),
-                       *(f.polite(p, n) for n in keys.POLITE_KEY_NAMES if n != "policy"),
-                       *(f.host_queue(p, h.decode()) for h in hosts[p])]
-        for i in range(0, len(doomed), 1000):
-            self.server.unlink(*doomed[i:i + 1000])
-        self.bloom.clear()
-        self.bloom.recreate()
-        self.record_layout()
-
     # -- the protocol -----------------------------------------------------------
 
     def exchange(self, outgoing: Sequence[Outgoing], acks: Mapping[int, Sequence[str]],
@@ -316,7 +300,9 @@ class Frontier:
         if not calls:
             return Exchanged()
         sent = time.monotonic()
-        results = self.bloom.run_scripts(calls, recreate_filter=self._recreate_filter)
+        # whole: a snapshot with a page's ack and not its links would lose them for good
+        results = self.bloom.run_scripts(calls, recreate_filter=self._recreate_filter,
+                                         whole=self.whole)
         replies = [r for r in results if isinstance(r, list)]
         revisited = sum(reply[0].count(b"2") for reply in replies)
         queued = sum(reply[0].count(b"1") for reply in replies) + revisited
@@ -456,6 +442,48 @@ class Frontier:
                           [self.worker_id + ":", self.lease_ms, most, *acks])
         reply = self.bloom.run_scripts([call])[0]
         return [(reply[i].decode(), reply[i + 1]) for i in range(0, len(reply), 2)]
+
+
+def flush(frontier: Frontier) -> None:
+    """Delete the queue, the leases and the filter's contents; the filter stays usable."""
+    f = frontier.keys
+    pipe = frontier.server.pipeline(transaction=False)
+    for p in range(f.partitions):
+        pipe.zrange(f.polite(p, "depth"), 0, -1)
+    hosts = pipe.execute()
+    doomed = []
+    for p in range(f.partitions):
+        doomed += [f.queue_part(p), f.leases(p), f.deadlines(p),
+                   *(f.polite(p, n) for n in keys.POLITE_KEY_NAMES if n != "policy"),
+                   *(f.host_queue(p, h.decode()) for h in hosts[p])]
+    for i in range(0, len(doomed), 1000):
+        frontier.server.unlink(*doomed[i:i + 1000])
+    frontier.bloom.clear()
+    frontier.bloom.recreate()
+    frontier.record_layout()
+
+
+def load_exchange_scripts(frontier: Frontier) -> None:
+    """Load every script an exchange runs, so that none of its calls is refused for
+    NOSCRIPT and sent apart from the others (when a worker opens its frontier, and
+    when it finds another server behind its client)."""
+    params = frontier.bloom.params
+    load_scripts(frontier.server, [_ENQUEUE[params.backend, params.windowed], _LEASE, _PEEK,
+                                   _STATS])
+
+
+def exchanges_whole(frontier: Frontier) -> bool:
+    """Whether the Redis user may wrap an exchange in MULTI/EXEC (asked with a PING in
+    one: refused, it runs outside, and EXEC is refused too)."""
+    if is_cluster(frontier.server):
+        return False  # no transaction across slots
+    pipe = frontier.server.pipeline(transaction=True)
+    pipe.ping()
+    try:
+        pipe.execute()
+    except redis.exceptions.NoPermissionError:
+        return False
+    return True
 
 
 def live_leases(frontier: Frontier) -> int:

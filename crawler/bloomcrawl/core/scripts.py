@@ -95,6 +95,7 @@ def run_scripts(
     also: Callable[[Pipeline], None] | None = None,
     recreate_filter: Callable[[], None] | None = None,
     read_only: bool = False,
+    whole: bool = False,
 ) -> list[Any]:
     """Run ``calls`` in order in one pipeline and return their replies.
 
@@ -105,11 +106,20 @@ def run_scripts(
     error reply is raised after every call has been tried. ``read_only``
     scripts go as EVALSHA_RO: a user whose keys are read-only (``%R~``) may
     run them.
+
+    ``whole``: on one Redis the calls go in one MULTI/EXEC, so that no
+    snapshot (BGSAVE, the AOF, a replica) and no client's death holds some
+    of them and not the others. Redis runs a pipeline's calls as it reads
+    them, and reads at most 16 KiB at a time. (Redis Cluster has no
+    transaction across slots: there a worker sends again what a failover
+    may have lost.) The calls sent again after NOSCRIPT or a missing filter
+    go in a second transaction: the first ran without them.
     """
     command = "EVALSHA_RO" if read_only else "EVALSHA"
     if len(calls) == 1 and also is None and not read_only:
         return [_run_one(client, calls[0], recreate_filter)]
-    pipe = client.pipeline(transaction=False)
+    whole = whole and not isinstance(client, redis.cluster.RedisCluster)
+    pipe = client.pipeline(transaction=whole)
     for call in calls:
         call.script.queue(pipe, call.keys, call.args, command)
     if also is not None:
@@ -126,7 +136,7 @@ def run_scripts(
     if again:
         for script in {calls[i].script for i in unloaded}:
             client.script_load(script.source)
-        pipe = client.pipeline(transaction=False)
+        pipe = client.pipeline(transaction=whole)
         for i in again:
             calls[i].script.queue(pipe, calls[i].keys, calls[i].args, command)
         for i, reply in zip(again, pipe.execute(raise_on_error=False), strict=True):
@@ -138,6 +148,22 @@ def run_scripts(
         if isinstance(reply, Exception):
             raise _our_error(reply)
     return results
+
+
+def load_scripts(client: Any, scripts: Sequence[Script]) -> None:
+    """Put ``scripts`` in Redis's script cache (every master's, on Redis Cluster).
+
+    Before the calls of a ``whole`` :func:`run_scripts` are due: a call
+    refused for NOSCRIPT would go in a transaction of its own, after the others.
+    """
+    if isinstance(client, redis.cluster.RedisCluster):
+        for script in scripts:
+            client.script_load(script.source)  # redis-py sends it to every master
+        return
+    pipe = client.pipeline(transaction=False)
+    for script in scripts:
+        pipe.script_load(script.source)
+    pipe.execute()
 
 
 def _our_error(reply: Exception) -> Exception:

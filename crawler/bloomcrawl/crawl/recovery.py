@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from bloomcrawl.core.connection import describe_redis
+from bloomcrawl.core.frontier import load_exchange_scripts
 from bloomcrawl.crawl.redis_io import log_unexpected, redis_failed
 
 if TYPE_CHECKING:
@@ -80,9 +81,15 @@ class Recovery:
         if self._restating:
             return None
         self._restating = True
-        d = self.io.run(self.frontier.applied_stats_number)
+        d = self.io.run(self._ask)
         d.addCallbacks(self._restate, self._restate_failed)
         return d
+
+    def _ask(self) -> int:
+        """(On the I/O thread.) The new server's script cache is empty: the scripts go
+        first, so that no exchange is split by a NOSCRIPT reply (see run_scripts)."""
+        load_exchange_scripts(self.frontier)
+        return self.frontier.applied_stats_number()
 
     def _restate(self, applied: int) -> list[Request]:
         """The new server holds this worker's exchanges up to number ``applied``."""

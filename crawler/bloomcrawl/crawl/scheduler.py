@@ -55,10 +55,17 @@ from bloomcrawl.core.connection import (
     RedisErrorPolicy,
     ServerWatch,
     check_eviction_policy,
+    is_cluster,
     server_infos,
 )
 from bloomcrawl.core.errors import FilterFullError, SettingError
-from bloomcrawl.core.frontier import Frontier, live_leases
+from bloomcrawl.core.frontier import (
+    Frontier,
+    exchanges_whole,
+    flush,
+    live_leases,
+    load_exchange_scripts,
+)
 from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.config import (
     FilterConfig,
@@ -439,7 +446,7 @@ def flush_unless_shared(frontier: Frontier, why: str, spider: Spider, then: str)
                        " for the crawl under way (%s)", why, others, then,
                        extra={"spider": spider})
         return False
-    frontier.flush()
+    flush(frontier)
     return True
 
 
@@ -448,6 +455,14 @@ def prepare_frontier(frontier: Frontier, server: redis.Redis, config: FrontierCo
     """Record the layout, flush if asked, move old queues; returns the crawl's id."""
     extra = {"spider": spider}
     frontier.record_layout()
+    load_exchange_scripts(frontier)
+    frontier.whole = exchanges_whole(frontier)
+    if not frontier.whole and not is_cluster(server):
+        logger.warning(
+            "the Redis user may not run MULTI and EXEC: an exchange's calls go one by one, so"
+            " a snapshot, an AOF cut short or a failover that falls between them may keep a"
+            " page's ack and lose its links; grant the worker's user +multi +exec (docs/scale.md,"
+            " \"ACL users, one per role\")", extra=extra)
     if config.flush_on_start and flush_unless_shared(
             frontier, "SCHEDULER_FLUSH_ON_START is set", spider, "this worker joins it"):
         server.delete(keys.crawl_key(spider.name))

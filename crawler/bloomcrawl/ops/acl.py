@@ -18,10 +18,10 @@ ROLES = ("worker", "exporter", "timer", "operator")
 #: each role's rules after ``on >PASSWORD``; ``{keys}``: the worker's spiders' key patterns
 RULES = {
     "worker": "resetkeys resetchannels -@all {keys} +ping +info +role +command +cluster|slots"
-              " +cluster|shards +asking +script|load +evalsha +module|list +hget +hmget +hset"
-              " +hsetnx +hgetall +hincrby +hdel +exists +strlen +getrange +setrange +incr"
-              " +incrby +time +zadd +zrem +zpopmin +zcard +zscore +zrangebyscore +rpush +lpush"
-              " +lpop +rpop +llen +sadd +sismember +get +decr +zincrby +zrange"
+              " +cluster|shards +asking +script|load +evalsha +multi +exec +module|list +hget"
+              " +hmget +hset +hsetnx +hgetall +hincrby +hdel +exists +strlen +getrange +setrange"
+              " +incr +incrby +time +zadd +zrem +zpopmin +zcard +zscore +zrangebyscore +rpush"
+              " +lpush +lpop +rpop +llen +sadd +sismember +get +decr +zincrby +zrange"
               " +zremrangebyscore",
     "exporter": "resetkeys resetchannels -@all %R~* +ping +info +command +cluster|slots"
                 " +cluster|shards +asking +scan +dbsize +time +hgetall +hmget +hget +hlen +get"
