@@ -9,8 +9,9 @@ import pytest
 import redis
 
 from bloomcrawl.core.bloom import BloomFilter
-from bloomcrawl.core.frontier import Frontier, exchanges_whole, stats_call
+from bloomcrawl.core.frontier import Frontier, stats_call
 from bloomcrawl.core.keys import FrontierKeys
+from bloomcrawl.core.scripts import transactions_allowed
 
 from kit.data import outgoing
 from kit.redis import RedisServer
@@ -130,14 +131,14 @@ def test_a_user_refused_multi_gets_its_exchanges_call_by_call(
         frontier: Frontier, redis_client: redis.Redis, redis_server: RedisServer) -> None:
     """An ACL user of before MULTI/EXEC was needed: told apart before any exchange (a
     refused MULTI runs the calls outside it and loses their replies)."""
-    assert exchanges_whole(frontier)
+    assert transactions_allowed(frontier.server)
     redis_client.execute_command(
         "ACL", "SETUSER", "old-worker", "on", ">pw", "~t:*", "~{t:*", "-@all", "+ping",
         "+script|load", "+evalsha", "+hget", "+hmget", "+hset", "+time", "+incr", "+incrby")
     try:
         client = redis.Redis(port=redis_server.port, username="old-worker", password="pw")
         old = make(client, frontier.bloom, "w2")
-        assert not exchanges_whole(old)
+        assert not transactions_allowed(client)
         old.whole = False
         done = old.exchange(outgoing("http://a.test/1", "http://b.test/2"), {},
                             [(1, {"pages": 1})])

@@ -14,6 +14,9 @@ rollback, never fetched again.
 Here the fault proxy forwards an exchange's first call and holds the rest
 while Redis takes a snapshot, then the exchange goes on and returns. Redis
 is then killed and started from that snapshot.
+
+And a lease token given after a snapshot is never given again once Redis
+is back at it.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
 import redis
 
 from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.connection import ServerChangedError, ServerWatch
 from bloomcrawl.core.frontier import Exchanged, Frontier, partition_of
 from bloomcrawl.core.keys import FrontierKeys
 from faults.proxy import FaultProxy
@@ -88,3 +93,29 @@ def test_a_snapshot_taken_mid_exchange_holds_none_of_it(tmp_path: Path) -> None:
     # none of it (the page still leased: its lease expires and it is crawled again)
     assert (leased, queued, linked) in ((False, 2, [True, True]), (True, 0, [False, False]))
     assert (leased, queued, linked) == (True, 0, [False, False])  # the snapshot came first
+
+
+def test_a_lease_after_a_rollback_never_takes_a_token_given_before(tmp_path: Path) -> None:
+    """Redis numbers lease tokens with a counter, which a rollback puts back: the same
+    worker would be given again a token it holds a request of. Acked when that request
+    is done, it would end the new lease, whose request is not."""
+    with RedisServer(tmp_path / "redis") as server:
+        client = redis.Redis.from_url(server.url)
+        worker = frontier_at(server.url)
+        worker.server.close()
+        worker.server = worker.bloom.server = client
+        worker.watch = ServerWatch(client)
+        worker.exchange(outgoing(url_in(0, "a"), url_in(0, "b")), {})
+        server.bgsave()
+        [before] = worker.lease(0, 1)  # lost with the rollback: its request is still out
+        server.kill()
+        server.start()  # from the snapshot: the counter as it was before that lease
+        with pytest.raises(ServerChangedError):
+            worker.lease(0, 1)
+        [after] = worker.lease(0, 1)
+        assert after.payload == before.payload  # the same request, leased again
+        assert after.token != before.token
+        # the request still out under the old token is done: its ack ends nothing
+        worker.exchange([], {0: [before.token]})
+        assert client.zcard(worker.keys.deadlines(0)) == 1
+        client.close()

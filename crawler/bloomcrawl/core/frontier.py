@@ -32,7 +32,7 @@ import redis
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import partition_of
-from bloomcrawl.core.connection import describe_redis, is_cluster
+from bloomcrawl.core.connection import ServerWatch, describe_redis
 from bloomcrawl.core.errors import SettingError
 from bloomcrawl.core.politeness import BUSY_RETRY_S, Feedback, Politeness
 from bloomcrawl.core.scripts import Script, ScriptCall, load_scripts
@@ -181,8 +181,11 @@ class Frontier:
         self.filter_generation = 0
         #: leases requeued whose count Redis has not taken yet (see reap)
         self._requeued_unsent = 0
-        #: an exchange's calls go in one MULTI/EXEC (see exchanges_whole)
+        #: an exchange's calls go in one MULTI/EXEC (see scripts.transactions_allowed)
         self.whole = True
+        #: the scheduler's watch of ``server``: its epoch is in lease tokens (a rolled
+        #: back counter gives tokens again: an old one's ack must not end a new lease)
+        self.watch: ServerWatch | None = None
 
     @property
     def partitions(self) -> int:
@@ -336,8 +339,8 @@ class Frontier:
         seen = seen or []
         args: list[Any] = [self._cfg(partition), self.queue_type, len(seen) // 3, len(acks),
                            want, self.lease_ms,
-                           # tokens: "<worker>:<partition>:<number from Redis>", unique
-                           "%s:%d:" % (self.worker_id, partition), repr(random.random()),
+                           # tokens: "<worker>/<epoch>:<partition>:<number from Redis>"
+                           "%s%d:" % (self._token_prefix(), partition), repr(random.random()),
                            ahead, *seen, *ack_args(acks)]
         script = _LEASE
         if outgoing:
@@ -349,6 +352,9 @@ class Frontier:
                 args += [repr(e.score), e.host, e.payload]
         return ScriptCall(script, [f.state(partition), f.leases(partition), f.deadlines(partition),
                                    f.lease_counter(partition), *f.polite_keys(partition)], args)
+
+    def _token_prefix(self) -> str:
+        return "%s/%d:" % (self.worker_id, self.watch.epoch if self.watch is not None else 0)
 
     def applied_stats_number(self) -> int:
         """The number of this worker's last exchange the shared stats hold."""
@@ -439,7 +445,7 @@ class Frontier:
         f = source or self.keys
         call = ScriptCall(_START_LEASE, [f.start_urls, f.start_leases, f.start_deadlines,
                                          f.start_counter],
-                          [self.worker_id + ":", self.lease_ms, most, *acks])
+                          [self._token_prefix(), self.lease_ms, most, *acks])
         reply = self.bloom.run_scripts([call])[0]
         return [(reply[i].decode(), reply[i + 1]) for i in range(0, len(reply), 2)]
 
@@ -464,26 +470,11 @@ def flush(frontier: Frontier) -> None:
 
 
 def load_exchange_scripts(frontier: Frontier) -> None:
-    """Load every script an exchange runs, so that none of its calls is refused for
-    NOSCRIPT and sent apart from the others (when a worker opens its frontier, and
-    when it finds another server behind its client)."""
+    """Load every script an exchange runs: no call of one is refused for NOSCRIPT and
+    sent apart from the others."""
     params = frontier.bloom.params
     load_scripts(frontier.server, [_ENQUEUE[params.backend, params.windowed], _LEASE, _PEEK,
                                    _STATS])
-
-
-def exchanges_whole(frontier: Frontier) -> bool:
-    """Whether the Redis user may wrap an exchange in MULTI/EXEC (asked with a PING in
-    one: refused, it runs outside, and EXEC is refused too)."""
-    if is_cluster(frontier.server):
-        return False  # no transaction across slots
-    pipe = frontier.server.pipeline(transaction=True)
-    pipe.ping()
-    try:
-        pipe.execute()
-    except redis.exceptions.NoPermissionError:
-        return False
-    return True
 
 
 def live_leases(frontier: Frontier) -> int:

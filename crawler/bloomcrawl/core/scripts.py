@@ -166,6 +166,21 @@ def load_scripts(client: Any, scripts: Sequence[Script]) -> None:
     pipe.execute()
 
 
+def transactions_allowed(client: Any) -> bool:
+    """Whether the client's Redis user may run MULTI/EXEC, for a ``whole``
+    :func:`run_scripts` (asked with a PING in one: refused, the PING runs outside it).
+    False on Redis Cluster: no transaction spans slots."""
+    if isinstance(client, redis.cluster.RedisCluster):
+        return False
+    pipe = client.pipeline(transaction=True)
+    pipe.ping()
+    try:
+        pipe.execute()
+    except redis.exceptions.NoPermissionError:
+        return False
+    return True
+
+
 def _our_error(reply: Exception) -> Exception:
     """The error bloomcrawl defines for a reply its scripts send, else the reply itself."""
     text = str(reply)

@@ -59,13 +59,8 @@ from bloomcrawl.core.connection import (
     server_infos,
 )
 from bloomcrawl.core.errors import FilterFullError, SettingError
-from bloomcrawl.core.frontier import (
-    Frontier,
-    exchanges_whole,
-    flush,
-    live_leases,
-    load_exchange_scripts,
-)
+from bloomcrawl.core.frontier import Frontier, flush, live_leases, load_exchange_scripts
+from bloomcrawl.core.scripts import transactions_allowed
 from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.config import (
     FilterConfig,
@@ -223,6 +218,7 @@ class Scheduler:
         self.frontier = frontier = open_frontier(self.server, spider, self.config,
                                                  self.filter_config, politeness,
                                                  worker_id=self.worker_id, node=self.node)
+        frontier.watch = self.watch
         reads_start_list, forward_from = claim_start_list(frontier, spider,
                                                           self.crawler.settings)
         cluster = self.watch.cluster
@@ -456,7 +452,7 @@ def prepare_frontier(frontier: Frontier, server: redis.Redis, config: FrontierCo
     extra = {"spider": spider}
     frontier.record_layout()
     load_exchange_scripts(frontier)
-    frontier.whole = exchanges_whole(frontier)
+    frontier.whole = transactions_allowed(server)
     if not frontier.whole and not is_cluster(server):
         logger.warning(
             "the Redis user may not run MULTI and EXEC: an exchange's calls go one by one, so"
