@@ -144,5 +144,10 @@ def test_a_user_refused_multi_gets_its_exchanges_call_by_call(
                             [(1, {"pages": 1})])
         assert (done.queued, frontier.size()) == (2, 2)
         client.close()
+        # MULTI allowed, EXEC not: refused too (EXEC aborts the transaction)
+        redis_client.execute_command("ACL", "SETUSER", "old-worker", "+multi")
+        client = redis.Redis(port=redis_server.port, username="old-worker", password="pw")
+        assert not transactions_allowed(client)
+        client.close()
     finally:
         redis_client.execute_command("ACL", "DELUSER", "old-worker")

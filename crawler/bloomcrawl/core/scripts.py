@@ -166,6 +166,14 @@ def load_scripts(client: Any, scripts: Sequence[Script]) -> None:
     pipe.execute()
 
 
+#: what a worker logs when its Redis user may not run MULTI/EXEC
+NO_TRANSACTIONS = (
+    "the Redis user may not run MULTI and EXEC: an exchange's calls go one by one, so a"
+    " snapshot, an AOF cut short or a failover that falls between them may keep a page's"
+    " ack and lose its links; grant the worker's user +multi +exec (docs/scale.md, \"ACL"
+    " users, one per role\")")
+
+
 def transactions_allowed(client: Any) -> bool:
     """Whether the client's Redis user may run MULTI/EXEC, for a ``whole``
     :func:`run_scripts` (asked with a PING in one: refused, the PING runs outside it).
@@ -176,8 +184,12 @@ def transactions_allowed(client: Any) -> bool:
     pipe.ping()
     try:
         pipe.execute()
-    except redis.exceptions.NoPermissionError:
+    except redis.exceptions.NoPermissionError:  # MULTI refused
         return False
+    except redis.exceptions.ExecAbortError as exc:  # EXEC refused
+        if "NOPERM" in str(exc):
+            return False
+        raise
     return True
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from bloomcrawl.core.connection import describe_redis
 from bloomcrawl.core.frontier import load_exchange_scripts
+from bloomcrawl.core.scripts import NO_TRANSACTIONS, transactions_allowed
 from bloomcrawl.crawl.redis_io import log_unexpected, redis_failed
 
 if TYPE_CHECKING:
@@ -86,10 +87,18 @@ class Recovery:
         return d
 
     def _ask(self) -> int:
-        """(On the I/O thread.) The new server's script cache is empty: the scripts go
-        first, so that no exchange is split by a NOSCRIPT reply (see run_scripts)."""
-        load_exchange_scripts(self.frontier)
-        return self.frontier.applied_stats_number()
+        """(On the I/O thread.) The new server has ACL users of its own (whether MULTI is
+        allowed is asked again) and an empty script cache: the scripts go first, so that
+        no exchange is split by a NOSCRIPT reply (see run_scripts)."""
+        frontier = self.frontier
+        if not self.watch.cluster:  # no transactions there
+            whole = transactions_allowed(self.server)
+            if frontier.whole and not whole:
+                logger.warning(NO_TRANSACTIONS, extra=self.log_extra)
+            frontier.whole = whole
+            if whole:
+                load_exchange_scripts(frontier)
+        return frontier.applied_stats_number()
 
     def _restate(self, applied: int) -> list[Request]:
         """The new server holds this worker's exchanges up to number ``applied``."""

@@ -60,7 +60,7 @@ from bloomcrawl.core.connection import (
 )
 from bloomcrawl.core.errors import FilterFullError, SettingError
 from bloomcrawl.core.frontier import Frontier, flush, live_leases, load_exchange_scripts
-from bloomcrawl.core.scripts import transactions_allowed
+from bloomcrawl.core.scripts import NO_TRANSACTIONS, transactions_allowed
 from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.config import (
     FilterConfig,
@@ -451,14 +451,11 @@ def prepare_frontier(frontier: Frontier, server: redis.Redis, config: FrontierCo
     """Record the layout, flush if asked, move old queues; returns the crawl's id."""
     extra = {"spider": spider}
     frontier.record_layout()
-    load_exchange_scripts(frontier)
     frontier.whole = transactions_allowed(server)
+    if frontier.whole:
+        load_exchange_scripts(frontier)
     if not frontier.whole and not is_cluster(server):
-        logger.warning(
-            "the Redis user may not run MULTI and EXEC: an exchange's calls go one by one, so"
-            " a snapshot, an AOF cut short or a failover that falls between them may keep a"
-            " page's ack and lose its links; grant the worker's user +multi +exec (docs/scale.md,"
-            " \"ACL users, one per role\")", extra=extra)
+        logger.warning(NO_TRANSACTIONS, extra=extra)
     if config.flush_on_start and flush_unless_shared(
             frontier, "SCHEDULER_FLUSH_ON_START is set", spider, "this worker joins it"):
         server.delete(keys.crawl_key(spider.name))
