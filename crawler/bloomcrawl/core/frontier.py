@@ -32,10 +32,10 @@ import redis
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import partition_of
-from bloomcrawl.core.connection import ServerWatch, describe_redis
+from bloomcrawl.core.connection import ServerWatch, describe_redis, is_cluster
 from bloomcrawl.core.errors import SettingError
 from bloomcrawl.core.politeness import BUSY_RETRY_S, Feedback, Politeness
-from bloomcrawl.core.scripts import Script, ScriptCall, load_scripts
+from bloomcrawl.core.scripts import Script, ScriptCall, load_scripts, transactions_allowed
 from bloomcrawl.core.sizing import BACKENDS
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ class Frontier:
         self.filter_generation = 0
         #: leases requeued whose count Redis has not taken yet (see reap)
         self._requeued_unsent = 0
-        #: an exchange's calls go in one MULTI/EXEC (see scripts.transactions_allowed)
+        #: an exchange's calls go in one MULTI/EXEC (see open_exchanges)
         self.whole = True
         #: the scheduler's watch of ``server``: its epoch is in lease tokens (a rolled
         #: back counter gives tokens again: an old one's ack must not end a new lease)
@@ -469,12 +469,20 @@ def flush(frontier: Frontier) -> None:
     frontier.record_layout()
 
 
-def load_exchange_scripts(frontier: Frontier) -> None:
-    """Load every script an exchange runs: no call of one is refused for NOSCRIPT and
-    sent apart from the others."""
-    params = frontier.bloom.params
-    load_scripts(frontier.server, [_ENQUEUE[params.backend, params.windowed], _LEASE, _PEEK,
-                                   _STATS])
+def open_exchanges(frontier: Frontier) -> bool:
+    """Whether exchanges go whole (MULTI/EXEC) on this server, their scripts loaded first
+    so that no NOSCRIPT sends a call apart; asked at start and after a server change
+    (its ACL users and script cache are its own). False: one Redis whose user is refused
+    MULTI or EXEC (:data:`~bloomcrawl.core.scripts.NO_TRANSACTIONS`)."""
+    if is_cluster(frontier.server):  # no transaction spans slots: nothing to ask
+        frontier.whole = False
+        return True
+    frontier.whole = transactions_allowed(frontier.server)
+    if frontier.whole:
+        params = frontier.bloom.params
+        load_scripts(frontier.server, [_ENQUEUE[params.backend, params.windowed], _LEASE,
+                                       _PEEK, _STATS])
+    return frontier.whole
 
 
 def live_leases(frontier: Frontier) -> int:

@@ -151,15 +151,11 @@ def run_scripts(
 
 
 def load_scripts(client: Any, scripts: Sequence[Script]) -> None:
-    """Put ``scripts`` in Redis's script cache (every master's, on Redis Cluster).
+    """Put ``scripts`` in one Redis's script cache, in one round trip.
 
     Before the calls of a ``whole`` :func:`run_scripts` are due: a call
     refused for NOSCRIPT would go in a transaction of its own, after the others.
     """
-    if isinstance(client, redis.cluster.RedisCluster):
-        for script in scripts:
-            client.script_load(script.source)  # redis-py sends it to every master
-        return
     pipe = client.pipeline(transaction=False)
     for script in scripts:
         pipe.script_load(script.source)
@@ -175,11 +171,8 @@ NO_TRANSACTIONS = (
 
 
 def transactions_allowed(client: Any) -> bool:
-    """Whether the client's Redis user may run MULTI/EXEC, for a ``whole``
-    :func:`run_scripts` (asked with a PING in one: refused, the PING runs outside it).
-    False on Redis Cluster: no transaction spans slots."""
-    if isinstance(client, redis.cluster.RedisCluster):
-        return False
+    """Whether the client's Redis user may run MULTI/EXEC on one Redis, for a ``whole``
+    :func:`run_scripts` (asked with a PING in one: refused, the PING runs outside it)."""
     pipe = client.pipeline(transaction=True)
     pipe.ping()
     try:

@@ -14,8 +14,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from bloomcrawl.core.connection import describe_redis
-from bloomcrawl.core.frontier import load_exchange_scripts
-from bloomcrawl.core.scripts import NO_TRANSACTIONS, transactions_allowed
+from bloomcrawl.core.frontier import open_exchanges
+from bloomcrawl.core.scripts import NO_TRANSACTIONS
 from bloomcrawl.crawl.redis_io import log_unexpected, redis_failed
 
 if TYPE_CHECKING:
@@ -91,13 +91,9 @@ class Recovery:
         allowed is asked again) and an empty script cache: the scripts go first, so that
         no exchange is split by a NOSCRIPT reply (see run_scripts)."""
         frontier = self.frontier
-        if not self.watch.cluster:  # no transactions there
-            whole = transactions_allowed(self.server)
-            if frontier.whole and not whole:
-                logger.warning(NO_TRANSACTIONS, extra=self.log_extra)
-            frontier.whole = whole
-            if whole:
-                load_exchange_scripts(frontier)
+        was_whole = frontier.whole
+        if not open_exchanges(frontier) and was_whole:
+            logger.warning(NO_TRANSACTIONS, extra=self.log_extra)
         return frontier.applied_stats_number()
 
     def _restate(self, applied: int) -> list[Request]:

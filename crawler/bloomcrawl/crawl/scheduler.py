@@ -55,12 +55,11 @@ from bloomcrawl.core.connection import (
     RedisErrorPolicy,
     ServerWatch,
     check_eviction_policy,
-    is_cluster,
     server_infos,
 )
 from bloomcrawl.core.errors import FilterFullError, SettingError
-from bloomcrawl.core.frontier import Frontier, flush, live_leases, load_exchange_scripts
-from bloomcrawl.core.scripts import NO_TRANSACTIONS, transactions_allowed
+from bloomcrawl.core.frontier import Frontier, flush, live_leases, open_exchanges
+from bloomcrawl.core.scripts import NO_TRANSACTIONS
 from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.config import (
     FilterConfig,
@@ -451,10 +450,7 @@ def prepare_frontier(frontier: Frontier, server: redis.Redis, config: FrontierCo
     """Record the layout, flush if asked, move old queues; returns the crawl's id."""
     extra = {"spider": spider}
     frontier.record_layout()
-    frontier.whole = transactions_allowed(server)
-    if frontier.whole:
-        load_exchange_scripts(frontier)
-    if not frontier.whole and not is_cluster(server):
+    if not open_exchanges(frontier):
         logger.warning(NO_TRANSACTIONS, extra=extra)
     if config.flush_on_start and flush_unless_shared(
             frontier, "SCHEDULER_FLUSH_ON_START is set", spider, "this worker joins it"):
