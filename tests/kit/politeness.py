@@ -9,7 +9,10 @@ before the test pushes its seeds, so all compete from the first request on.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterable
+
+import redis
 
 from bloomcrawl.ops.hosts_site import (
     Arrival,
@@ -58,11 +61,31 @@ def assert_pages_once(site: RunningHostsSite, arrivals: list[Arrival],
 
 
 def closest(arrivals: list[Arrival], host: str,
-            count: int = 5) -> list[tuple[float, str, str, str, str, float]]:
-    """The ``count`` shortest gaps of ``host``, for messages: (gap, agent and path before,
-    agent and path after, seconds from the host's first request to the gap)."""
+            count: int = 5) -> list[tuple[float, float | None, str, str, str, str, float]]:
+    """The ``count`` shortest gaps of ``host``, for messages: (gap, from the answer before
+    to the next arrival (None: no answer yet), agent and path before, agent and path
+    after, seconds from the host's first request to the gap)."""
     records = by_host(arrivals)[host]
-    gaps = [(round(b.start - a.start, 4), a.agent[-2:], b.agent[-2:], a.path, b.path,
-             round(a.start - records[0].start, 3))
+    gaps = [(round(b.start - a.start, 4), None if a.end is None else round(b.start - a.end, 4),
+             a.agent[-2:], b.agent[-2:], a.path, b.path, round(a.start - records[0].start, 3))
             for a, b in itertools.pairwise(records)]
     return sorted(gaps)[:count]
+
+
+class ClockCheck:
+    """Whether Redis's clock (its TIME, which the frontier's delays are counted in) kept
+    pace with this process's monotonic clock (which the site's arrivals are): a step of
+    the wall clock would move every host's next lease by as much."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.start = self._pair()
+
+    def _pair(self) -> tuple[float, float]:
+        seconds, micros = self.client.time()
+        return seconds + micros / 1e6, time.monotonic()
+
+    def drift(self) -> float:
+        """Seconds Redis's clock gained on the monotonic clock since this check began."""
+        redis_now, mono_now = self._pair()
+        return round((redis_now - self.start[0]) - (mono_now - self.start[1]), 4)
