@@ -265,6 +265,19 @@ def test_requests_of_the_last_exchange_are_not_sent_again(redis_client: redis.Re
     assert redis_client.hget(frontier.keys.stats, "filtered") == b"1"
 
 
+def test_only_links_no_leased_page_makes_again_wait_for_the_next_exchange(
+        redis_client: redis.Redis) -> None:
+    """A duplicate the seen cache dropped waits for Redis to answer from the same server,
+    to go again if the fingerprint was lost; on one Redis a leased page's link need not:
+    a server that lost its fingerprint lost the page's ack too, and the page comes again."""
+    outbox, _ = make_outbox(redis_client)
+    assert not outbox.watch.cluster
+    outbox.dropped("of a leased page", of_leased_page=True)
+    outbox.dropped("of no page", of_leased_page=False)
+    assert outbox.take_dropped() == ["of no page"]
+    assert outbox.take_dropped() == []
+
+
 def test_a_failed_exchange_puts_its_batch_back_in_front(tmp_path: Path) -> None:
     with RedisServer(tmp_path / "r", appendonly=True) as server:
         client = server.client(socket_timeout=2)

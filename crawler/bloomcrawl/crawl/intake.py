@@ -145,7 +145,9 @@ class Intake:
         # most links a page yields were sent before: the seen cache answers from the
         # fingerprint's own bytes, before the host is parsed out of the URL
         if not dont_filter and fp in self.seen:
-            outbox.dropped(request)  # until Redis answered from the same server
+            # kept until Redis answered from the same server, unless its page makes it again
+            page = self.pages.parent_of(request)
+            outbox.dropped(request, page is not None and page.token is not None)
             self._filtered_here += 1  # counted by flush_counts
             if self.duplicates.active:
                 self.duplicates.local(request)

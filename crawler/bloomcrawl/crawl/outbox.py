@@ -174,10 +174,14 @@ class Outbox:
     def has_feedback(self) -> bool:
         return bool(self._feedback)
 
-    def dropped(self, request: Any) -> None:
+    def dropped(self, request: Any, of_leased_page: bool) -> None:
         """``request`` was dropped as already sent: kept until Redis answered from the
-        same server (given back by :meth:`take_dropped` if it lost the fingerprint)."""
-        self._dropped.append(request)
+        same server (given back by :meth:`take_dropped` if it lost the fingerprint).
+        On one Redis a leased page's link is not (and so not kept alive): its page's
+        ack went after its fingerprint, a Redis loses a suffix of what it was sent,
+        so losing the fingerprint lost the ack and the page is crawled again."""
+        if not of_leased_page or self.watch.cluster:
+            self._dropped.append(request)
 
     def take_dropped(self) -> list[Any]:
         """The requests dropped against fingerprints Redis may have lost; from now on

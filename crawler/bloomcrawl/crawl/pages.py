@@ -169,8 +169,7 @@ class PageTracker:
         # the same for held requests: the number of each hold -> its page
         self._by_hold: dict[int, Page] = {}
         self._holds = itertools.count(1)
-        # requests the engine is scheduling right now (inside its crawl()): id -> (the
-        # request, its parent page), for hold()
+        # requests the engine is scheduling now (in its crawl()): id -> (it, its parent)
         self._taking: dict[int, tuple[Request, Page | None]] = {}
         #: whether the engine's handler of download results is followed (downloads): it
         #: hears of every failed scheduled download
@@ -252,14 +251,17 @@ class PageTracker:
         """``request`` stays with this worker: its parent page waits for it."""
         if HOLD_META_KEY in request.meta:  # a retry of a held request: already held
             return
-        taking = self._taking.get(id(request))
-        parent = taking[1] if taking is not None else None
+        parent = self.parent_of(request)
         if parent is not None:
             parent.in_hand += 1
-        # (the parent's number, this hold's own): 0, no parent to hold (a start request),
-        # but its page is still tracked and counted
+        # (the parent's number or 0: none, a start request, still tracked; this hold's own)
         request.meta[HOLD_META_KEY] = (parent.number if parent is not None else 0,
                                        next(self._holds))
+
+    def parent_of(self, request: Request) -> Page | None:
+        """The page ``request`` is a link of, while the engine schedules it (None: none)."""
+        taking = self._taking.get(id(request))
+        return taking[1] if taking is not None else None
 
     def release(self, request: Request) -> None:
         """A held request is done (its own page, or its download failed for good)."""
@@ -305,9 +307,7 @@ class PageTracker:
         middleware), or of a failed request whose errback is running, is a link
         of that page, not a retry of it: it loses the page's lease (or hold) and
         the other keys the middleware would have dropped.
-
-        (A function call a request: a ``request_scheduled`` receiver cost 2 us, and a
-        timer to tell an ignored link from a queued one.)
+        (A call a request: a ``request_scheduled`` receiver cost 2 us, and a timer.)
         """
         pages = self._pages
         by_token, by_hold = self._by_token, self._by_hold

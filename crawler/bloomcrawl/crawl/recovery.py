@@ -115,7 +115,10 @@ class Recovery:
         """Redis lost writes of ours (a rollback, a lagging replica, no persistence).
 
         * the seen cache may remember fingerprints Redis lost: forget it, and
-          send again what was dropped against it since the last exchange;
+          send again what was dropped against it since the last exchange (on
+          one Redis, only what no leased page made: that page's ack was lost
+          with the fingerprint, and the page is crawled again, see
+          :meth:`~bloomcrawl.crawl.outbox.Outbox.dropped`);
         * on Redis Cluster, the requests of the exchanges confirmed in the
           last :data:`~bloomcrawl.crawl.outbox.REPLAY_S` seconds go again
           (the filter drops those Redis kept): a page's ack and its links
