@@ -278,7 +278,8 @@ def print_worker_cpu(runs: list[CrawlRun],
                                                r.pages_per_second / r.workers)
                 for r in runs if r.separate}
     profile.print_worker_cpu(rows, memory.per_page(memory.worker_cpu_s) if memory else None,
-                             ceiling_of(runs), separate)
+                             ceiling_of(runs), separate,
+                             worker_cpu.get((MEMORY.key, 1)) if memory else None)
 
 
 def print_profiles(directory: Path, runs: list[CrawlRun]) -> None:

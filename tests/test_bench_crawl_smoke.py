@@ -66,6 +66,10 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
     separate = [line.split() for line in lines if line.startswith("  in-memory, separate crawls")]
     assert [r[3] for r in separate] == ["2"], proc.stdout  # two processes, a crawl each
     assert "floor with 2 processes on this machine: 2 separate in-memory crawls" in proc.stdout
+    # the workers' garbage collections, 1 and 2 processes, beside the in-memory scheduler's
+    gc_lines = [x for x in lines if x.strip().startswith("garbage collection:")]
+    assert len(gc_lines) == 2 and all("n/a" not in x for x in gc_lines), proc.stdout
+    assert all(float(x.split()[2]) > 0 for x in gc_lines), gc_lines
     for name in TARGETS:
         line = next((x for x in lines if x.strip().startswith(name)), None)
         assert line is not None, name

@@ -3,7 +3,8 @@
 Always, :class:`ThreadCpu` (a Scrapy extension, enabled by the
 ``BENCH_THREADS_FILE`` setting) splits each worker's CPU time between its
 reactor thread and the others (bloomcrawl's Redis I/O thread) from
-``/proc/self/task``, and :func:`print_worker_cpu` prints bloomcrawl's worker
+``/proc/self/task``, and counts the garbage collector's runs and their CPU
+(:class:`GcClock`); and :func:`print_worker_cpu` prints bloomcrawl's worker
 CPU per page beside the in-memory scheduler's with the floor of this design:
 the in-memory scheduler's CPU, plus what the Redis I/O thread spent, plus the
 request codec (each new request serialized, each leased one rebuilt),
@@ -39,11 +40,13 @@ from __future__ import annotations
 
 import atexit
 import cProfile
+import gc
 import json
 import os
 import pstats
 import re
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -104,8 +107,30 @@ def thread_cpu_times() -> dict[int, float]:
     return times
 
 
+class GcClock:
+    """The cyclic garbage collector's runs in this process and the CPU they took (the
+    collecting thread's, from ``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.collections = 0
+        self.seconds = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self.collections += 1
+            self._started = time.thread_time()
+        else:
+            self.seconds += time.thread_time() - self._started
+
+    def reading(self) -> tuple[int, float]:
+        return self.collections, self.seconds
+
+
 class ThreadCpu:
-    """The reactor thread's and the other threads' CPU time, from the first response on.
+    """The reactor thread's and the other threads' CPU time, from the first response on,
+    and the garbage collector's share of it (:class:`GcClock`).
 
     Read every :data:`THREADS_EVERY` responses; the last reading before the
     spider closed is written (JSON) to ``BENCH_THREADS_FILE``.
@@ -116,6 +141,8 @@ class ThreadCpu:
         self.responses = 0
         self.first: dict[int, float] | None = None
         self.last: tuple[int, dict[int, float]] | None = None
+        self.gc = GcClock()
+        self.gc_first = self.gc_last = (0, 0.0)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ThreadCpu:
@@ -131,8 +158,10 @@ class ThreadCpu:
         self.responses += 1
         if self.first is None:
             self.first = thread_cpu_times()
+            self.gc_first = self.gc.reading()
         elif self.responses % THREADS_EVERY == 0:
             self.last = (self.responses, thread_cpu_times())
+            self.gc_last = self.gc.reading()
 
     def spider_closed(self, **kwargs: Any) -> None:
         if self.first is None or self.last is None:
@@ -144,6 +173,8 @@ class ThreadCpu:
             "responses": responses - 1,  # the first reading was at the first response
             "main_s": spent.get(main, 0.0),
             "other_s": sum(cpu for tid, cpu in spent.items() if tid != main),
+            "gc_collections": self.gc_last[0] - self.gc_first[0],
+            "gc_s": self.gc_last[1] - self.gc_first[1],
         }))
 
 
@@ -254,18 +285,32 @@ class WorkerCpu:
 
     #: the others' (the Redis I/O thread's) share of the workers' CPU
     other_share: float
+    #: responses the readings span, and the garbage collections and their CPU in them
+    responses: int = 0
+    gc_collections: int = 0
+    gc_s: float = 0.0
+
+    def gc_line(self) -> str:
+        """The garbage collector's runs and CPU a page."""
+        pages = max(1, self.responses)
+        return "%.2f collections and %.0f us a page" % (self.gc_collections / pages,
+                                                        self.gc_s / pages * 1e6)
 
 
 def read_thread_cpu(threads_dir: Path, worker_prefix: str) -> WorkerCpu | None:
     """What the ThreadCpu of the workers named ``<worker_prefix>*`` wrote, added up."""
-    main = other = 0.0
+    main = other = gc_s = 0.0
+    responses = collections = 0
     for path in threads_dir.glob("%s*.json" % worker_prefix):
         data = json.loads(path.read_text())
         main += data["main_s"]
         other += data["other_s"]
+        responses += data["responses"]
+        collections += data["gc_collections"]
+        gc_s += data["gc_s"]
     if main + other <= 0:
         return None
-    return WorkerCpu(other / (main + other))
+    return WorkerCpu(other / (main + other), responses, collections, gc_s)
 
 
 def codec_cost_s(repeat: int = 2000) -> tuple[float, float]:
@@ -324,11 +369,13 @@ class SeparateRow:
 
 def print_worker_cpu(rows: list[CpuRow], memory_cpu_per_page_s: float | None,
                      ceiling: float | None,
-                     separate: dict[int, SeparateRow] | None = None) -> None:
+                     separate: dict[int, SeparateRow] | None = None,
+                     memory_cpu: WorkerCpu | None = None) -> None:
     """bloomcrawl's worker CPU per page against the in-memory scheduler's, with the floor.
 
     ``separate``: by process count, the in-memory scheduler's separate crawls, each
     of the whole site, run side by side: the floor of that many processes here.
+    ``memory_cpu``: the in-memory scheduler's threads, for its garbage collections.
     """
     print("worker CPU per page (issue 20): bloomcrawl beside the in-memory scheduler")
     if memory_cpu_per_page_s is None or not rows:
@@ -360,6 +407,10 @@ def print_worker_cpu(rows: list[CpuRow], memory_cpu_per_page_s: float | None,
                   floor * 1e3, floor / memory_cpu_per_page_s, memory_ms,
                   "n/a" if io_s is None else "%.0f us" % (io_s * 1e6), codec_s * 1e6,
                   row.enqueued / row.pages, max(0.0, per_page - floor) * 1e6))
+        if row.cpu is not None and row.cpu.responses:
+            print("     garbage collection: %s (the in-memory scheduler: %s)" % (
+                row.cpu.gc_line(), memory_cpu.gc_line() if memory_cpu is not None
+                and memory_cpu.responses else "n/a"))
         alone = (separate or {}).get(row.workers)
         if alone is not None:
             print("     floor with %d processes on this machine: %d separate in-memory crawls"
