@@ -345,3 +345,44 @@ def test_a_response_that_sets_cookies_is_said_once(caplog: pytest.LogCaptureFixt
                      " without this one's session (a login on one worker logs in no other)."
                      " See \"What each worker keeps to itself\" in bloomcrawl's README"]
                     if enabled else [])
+
+
+# -- PageTracker: the leases a restart that kept the exchanges gives up ---------------
+
+
+def test_leases_given_up_are_those_of_pages_whose_items_were_sent() -> None:
+    """RedisItemsPipeline marks an item's page as it sends the item
+    (:func:`origins.sending`); a held page's mark goes to the leased page it waits
+    under. Pages whose items only wait, or that yielded none, keep their leases."""
+    from scrapy.http import HtmlResponse
+    from scrapy.utils.test import get_crawler
+
+    from bloomcrawl.crawl import origins
+    from bloomcrawl.crawl.lease import HOLD_META_KEY
+    from bloomcrawl.crawl.pages import Page, PageTracker, leases_with_items_sent
+
+    tracker = PageTracker(get_crawler())
+
+    def page_of(url: str, **meta: object) -> tuple[HtmlResponse, Page]:
+        response = HtmlResponse(url, body=b"<p>x</p>", request=Request(url, meta=meta))
+        return response, tracker.open(response)
+
+    responses = []
+    for n, token in enumerate(["sent", "waiting", "no-items", "parent"]):
+        response, page = page_of("http://a.test/%d" % n, **{LEASE_META_KEY: LeaseRef(0, token)})
+        responses.append((response, page))
+    (_, sent), (_, waiting), _, (_, parent) = responses
+    _response, held = page_of("http://a.test/held", **{HOLD_META_KEY: (parent.number, 1)})
+    items = []
+    for page in (sent, waiting, held):
+        item = {"page": page.number}
+        items.append(item)
+        page.tags.append(origins.tag(item, "origin-%d" % page.number, page))
+    assert leases_with_items_sent(tracker) == []  # tagged, none sent yet
+    # what the pipeline does with the items of "sent" and of the held page
+    for item in (items[0], items[2]):
+        tagged = origins.pop(item)
+        assert tagged is not None
+        origins.sending([tagged[1]])
+    assert leases_with_items_sent(tracker) == ["parent", "sent"]
+    origins.forget([id(items[1])])  # the tag still held: no other test meets it

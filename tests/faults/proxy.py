@@ -21,7 +21,11 @@ Faults, each a method:
 * :meth:`FaultProxy.hold_from`: in the next client packet that contains
   ``match``, forward the bytes before it and hold the rest (and everything
   after, either way) until :meth:`FaultProxy.resume`: Redis has read part of
-  a pipeline, as when it arrives in several reads.
+  a pipeline, as when it arrives in several reads;
+* :meth:`FaultProxy.hold_connections`: every connection that sends a packet
+  containing ``match`` forwards nothing more, either way, until
+  :meth:`FaultProxy.resume`; the others go on (a worker's frontier calls held
+  while its items are stored).
 
 Bounded: at most ``max_connections`` at once (more are closed on accept),
 reads of 64 KiB, and :meth:`FaultProxy.stop` closes everything and joins the
@@ -63,6 +67,8 @@ class _Connection:
     upstream_writer: asyncio.StreamWriter
     #: the reply to the packet just forwarded is to be swallowed
     swallow: bool = False
+    #: it sent what :meth:`FaultProxy.hold_connections` matches: held until resume()
+    held: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     closed: bool = False
 
@@ -82,6 +88,10 @@ class FaultProxy:
         #: packets split by :meth:`hold_from`
         self.splits = 0
         self._hold_match: bytes | None = None
+        #: connections held by :meth:`hold_connections`, so far
+        self.held_connections = 0
+        self._conn_hold_match: bytes | None = None
+        self._conns_open: asyncio.Event | None = None  # clear: matching connections held
         self._delay = 0.0
         self._open: asyncio.Event | None = None  # set: bytes flow; clear: stalled
         self._stall_handle: asyncio.TimerHandle | None = None
@@ -145,6 +155,13 @@ class FaultProxy:
             raise ValueError("match must not be empty")
         self._hold_match = match
 
+    def hold_connections(self, match: bytes) -> None:
+        """From now until :meth:`resume`, a connection whose client sends a packet containing
+        ``match`` forwards neither it nor anything after, either way; the others flow."""
+        if not match:
+            raise ValueError("match must not be empty")
+        self._call(self._hold_connections(match))
+
     def resume(self) -> None:
         """End a stall (or a hold) now."""
         self._call(self._resume())
@@ -197,6 +214,8 @@ class FaultProxy:
         try:
             self._open = asyncio.Event()
             self._open.set()
+            self._conns_open = asyncio.Event()
+            self._conns_open.set()
             self._server = loop.run_until_complete(
                 asyncio.start_server(self._handle, HOST, 0, limit=CHUNK))
             self.port = int(self._server.sockets[0].getsockname()[1])
@@ -227,12 +246,32 @@ class FaultProxy:
         self._open.clear()
         self._stall_handle = self._loop.call_later(seconds, self._open.set)
 
+    async def _hold_connections(self, match: bytes) -> None:
+        assert self._conns_open is not None
+        self._conn_hold_match = match
+        self._conns_open.clear()
+
     async def _resume(self) -> None:
-        assert self._open is not None
+        assert self._open is not None and self._conns_open is not None
         if self._stall_handle is not None:
             self._stall_handle.cancel()
             self._stall_handle = None
         self._open.set()
+        self._conn_hold_match = None
+        self._conns_open.set()
+
+    async def _gate_connection(self, conn: _Connection, data: bytes | None) -> None:
+        """Wait while ``conn`` is held by :meth:`hold_connections` (``data``: a client
+        packet, which holds it when it matches)."""
+        match = self._conn_hold_match
+        if match is None:
+            return
+        if not conn.held and data is not None and match in data:
+            conn.held = True
+            self.held_connections += 1
+        if conn.held:
+            assert self._conns_open is not None
+            await self._conns_open.wait()
 
     async def _close_all(self, *, rst: bool) -> int:
         connections = list(self._connections)
@@ -292,6 +331,7 @@ class FaultProxy:
                 if not data:
                     break
                 await self._gate()
+                await self._gate_connection(conn, data)
                 match = self._hold_match
                 if match is not None and match in data:
                     self._hold_match = None
@@ -338,6 +378,7 @@ class FaultProxy:
                     self.replies_dropped += 1
                     break
                 await self._gate()
+                await self._gate_connection(conn, None)
                 conn.client_writer.write(data)
                 await conn.client_writer.drain()
         except (OSError, asyncio.IncompleteReadError):

@@ -33,6 +33,8 @@ STALL_S = 10.0
 SHORT_SOCKET_TIMEOUT_S = 2
 #: replies dropped after Redis applied the command
 DROPS = 2
+#: the items list's length polled (every 50 ms) this many times unchanged: none come
+ITEMS_QUIET_POLLS = 10
 
 
 def lease_packet_marker() -> bytes:
@@ -120,6 +122,43 @@ def inject_recent_rollback(run: FaultRun, facts: dict[str, Any]) -> None:
     run.redis.kill()
     facts["killed_at"] = run.distinct()
     run.redis.start()
+    run.fault_over()
+
+
+def inject_items_after_snapshot(run: FaultRun, facts: dict[str, Any]) -> None:
+    """At 1/2, every connection that sends a frontier call is held at the proxy, and
+    BGSAVE; the items of the pages in hand are still stored (the pipeline's own
+    connection goes on) until none came for a while; then SIGKILL Redis and start it
+    from that RDB. The server holds every exchange a worker had confirmed and lost
+    the items stored after it (AOF everysec, a replica a moment behind)."""
+    run.wait_pages(0.5)
+    assert run.proxy is not None
+    run.proxy.hold_connections(b"{%s:bloomfilter:" % SPIDER.encode())
+    run.moment("hold")
+    run.redis.bgsave()
+    facts["snapshot_at"] = run.distinct()
+    key = "%s:items" % SPIDER
+    client = run.client()
+    try:
+        stored = [client.llen(key)]
+
+        def quiet() -> bool:
+            stored.append(client.llen(key))
+            return len(stored) > ITEMS_QUIET_POLLS and len(set(stored[-ITEMS_QUIET_POLLS:])) == 1
+
+        wait_until(quiet, 10, interval=0.05, what="the items of the pages in hand")
+    finally:
+        client.close()
+    facts["frontier_calls_held"] = run.proxy.held_connections
+    run.redis.kill()
+    run.moment("kill")
+    run.redis.start()
+    client = run.client()
+    try:
+        facts["items_after_snapshot"] = stored[-1] - client.llen(key)
+    finally:
+        client.close()
+    run.proxy.resume()
     run.fault_over()
 
 
@@ -435,6 +474,8 @@ SCENARIOS: dict[str, Scenario] = {s.key: s for s in (
     Scenario("rollback", "Redis rolled back to an older snapshot", inject_rollback),
     Scenario("recent-rollback", "Redis rolled back to a snapshot 5 % of the pages old",
              inject_recent_rollback, bench=False),
+    Scenario("items-after-snapshot", "Redis kept every exchange, lost the items stored after",
+             inject_items_after_snapshot, bench=False),
     Scenario("state-key-deleted", "one partition's filter state deleted",
              inject_state_key_deleted, bench=False),
     Scenario("oom", "OOM under maxmemory noeviction for 5 s", inject_oom),

@@ -105,6 +105,28 @@ def test_hold_from_forwards_a_packet_up_to_a_match(proxy: FaultProxy,
     c.close()
 
 
+def test_hold_connections_holds_only_those_that_sent_the_match(
+        proxy: FaultProxy, redis_client: redis.Redis) -> None:
+    """The connection that names ``frontier:`` waits; another one goes on meanwhile."""
+    held, free = client(proxy), client(proxy)
+    held.ping()
+    free.ping()  # both connected before the hold
+    proxy.hold_connections(b"frontier:")
+    result: list[object] = []
+    t = threading.Thread(target=lambda: result.append(held.set("frontier:a", "1")))
+    t.start()
+    wait_until(lambda: proxy.held_connections == 1, 5, what="the connection held")
+    assert free.set("items:a", "1") is True  # not held: it never sent the match
+    assert free.get("items:a") == b"1"
+    time.sleep(0.2)
+    assert redis_client.get("frontier:a") is None and result == []
+    proxy.resume()
+    t.join(5)
+    assert result == [True] and redis_client.get("frontier:a") == b"1"
+    held.close()
+    free.close()
+
+
 def test_cut_closes_every_connection(proxy: FaultProxy) -> None:
     a = client(proxy)
     a.ping()

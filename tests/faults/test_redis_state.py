@@ -45,6 +45,25 @@ def test_rollback_to_a_snapshot_a_moment_old(run_scenario: Callable[..., Outcome
     outcome.check(double_fetch=False, stats=False)
 
 
+def test_restart_that_kept_the_exchanges_and_lost_items(
+        run_scenario: Callable[..., Outcome]) -> None:
+    """Frontier calls held at 1/2, BGSAVE, the items of the pages in hand stored, SIGKILL
+    and restart from that RDB.
+
+    The server has every exchange each worker had confirmed, so a worker keeps
+    what it remembers; the items stored after the snapshot are gone. A page
+    whose item was among them must not be acked on the new server: its lease
+    expires and it is crawled again. Checked as the rollback above.
+    """
+    outcome = run_scenario("items-after-snapshot")
+    assert outcome.facts["frontier_calls_held"] >= 1
+    assert outcome.facts["items_after_snapshot"] > 0, "no item was stored after the snapshot"
+    kept = [name for name in outcome.log_files
+            if "and kept this worker's" in outcome.log_text(name)]
+    assert kept, "no worker found its exchanges kept: the case this test is for did not happen"
+    outcome.check(double_fetch=False, stats=False)
+
+
 def test_one_partition_state_deleted(run_scenario: Callable[..., Outcome]) -> None:
     """DEL ``{site:bloomfilter:0}:state`` at 1/2 (an eviction, a DEL, a lost shard).
 

@@ -27,8 +27,8 @@ from bloomcrawl.crawl.lease import ENTRY_META_KEY, VISIT_META_KEY
 #: yields when the page is crawled again and answers
 ERRBACK = "!errback"
 
-#: item origins by id(item): (the item, its origin)
-_ORIGINS: dict[int, tuple[Any, str]] = {}
+#: item origins by id(item): (the item, its origin, its page or None)
+_ORIGINS: dict[int, tuple[Any, str, Any]] = {}
 #: whether this process tagged an item (an item without a tag then was replaced)
 tagged_any = False
 
@@ -53,20 +53,30 @@ def visit_id(origin: str, position: int) -> str:
     return hashlib.sha1(b"%s>%d" % (origin.encode(), position)).hexdigest()[:16]
 
 
-def tag(item: Any, origin: str) -> int:
-    """Tag ``item``; returns the key :func:`forget` takes."""
+def tag(item: Any, origin: str, page: Any = None) -> int:
+    """Tag ``item`` (of ``page``, a :class:`~bloomcrawl.crawl.pages.Page`); returns the
+    key :func:`forget` takes."""
     global tagged_any
-    _ORIGINS[id(item)] = (item, origin)
+    _ORIGINS[id(item)] = (item, origin, page)
     tagged_any = True
     return id(item)
 
 
-def pop(item: Any) -> str | None:
-    """The item's origin, forgotten from here on (None: no tracked callback yielded
-    this object)."""
+def pop(item: Any) -> tuple[str, Any] | None:
+    """The item's origin and page, forgotten from here on (None: no tracked callback
+    yielded this object)."""
     entry = _ORIGINS.pop(id(item), None)
     # the tag holds its item: an entry under this id is this item's
-    return None if entry is None else entry[1]
+    return None if entry is None else (entry[1], entry[2])
+
+
+def sending(pages: Iterable[Any]) -> None:
+    """Items of these pages (None: of no page) are sent to Redis now: each page's ack is
+    right only on a server that kept them (see
+    :func:`~bloomcrawl.crawl.pages.leases_with_items_sent`)."""
+    for page in pages:
+        if page is not None:
+            page.items_sent = True
 
 
 def forget(keys: Iterable[int]) -> None:

@@ -73,6 +73,8 @@ class Page:
     refs: list[Any] = field(default_factory=list)
     #: the tags of its items (:mod:`bloomcrawl.crawl.origins`), forgotten when it is done
     tags: list[int] = field(default_factory=list)
+    #: RedisItemsPipeline sent an item of it to Redis (:func:`origins.sending`)
+    items_sent: bool = False
     #: the token of the lease its request carries (None: held)
     token: str | None = None
     #: the number of its request's hold (None: leased)
@@ -141,7 +143,7 @@ def labels(crawler: Crawler, page: Page, after: str = "") -> Callable[[Any], Any
             if tags:
                 if not prefix:
                     prefix = origins.origin_of(crawler, page.request) + after
-                page.tags.append(origins.tag(output, "%s:%d" % (prefix, position)))
+                page.tags.append(origins.tag(output, "%s:%d" % (prefix, position), page))
             position += 1
         return output
 
@@ -462,3 +464,20 @@ async def _labelled_async(result: AsyncIterator[Any],
                           label: Callable[[Any], Any]) -> AsyncIterator[Any]:
     async for output in result:
         yield label(output)
+
+
+def leases_with_items_sent(tracker: PageTracker) -> list[str]:
+    """The lease tokens of the pages in hand that RedisItemsPipeline sent items of to
+    Redis, or whose held links it did (they wait under their parent's lease): which
+    server those items reached, the one before a restart or the one after, is not
+    known. (Items that wait to be sent go to the server there is now.)"""
+    pages = tracker._pages
+    tokens = set()
+    for page in pages.values():
+        node: Page | None = page if page.items_sent else None
+        while node is not None and node.token is None:
+            hold = node.request.meta.get(HOLD_META_KEY)
+            node = pages.get(hold[0]) if hold is not None else None
+        if node is not None and node.token is not None:
+            tokens.add(node.token)
+    return sorted(tokens)

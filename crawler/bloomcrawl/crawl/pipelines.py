@@ -67,8 +67,9 @@ class RedisItemsPipeline:
         self._warned_untagged = False
         #: a call storing items is under way (one at a time)
         self._pushing = False
-        #: items waiting for the next call: (id, JSON, fired with whether it was stored)
-        self._waiting: list[tuple[str, str, Deferred[bool]]] = []
+        #: items waiting for the next call: (id, JSON, fired with whether it was stored,
+        #: its page)
+        self._waiting: list[tuple[str, str, Deferred[bool], Any]] = []
         self._waiting_since = 0.0
         self._batches: set[Any] = set()
         self.key = ""
@@ -94,11 +95,13 @@ class RedisItemsPipeline:
 
     async def process_item(self, item: Any, spider: Spider | None = None) -> Any:
         data = self.encoder.encode(item)
-        origin = origins.pop(item)
-        if origin is None:
+        tagged = origins.pop(item)
+        if tagged is not None:
+            origin, page = tagged
+        else:
             # an item no tracked callback yielded still gets an id: a resent push stores
             # it once
-            origin = "u:" + uuid.uuid4().hex
+            origin, page = "u:" + uuid.uuid4().hex, None
             if origins.tagged_any:
                 self._untagged(item)
         if self._pushing:
@@ -107,13 +110,13 @@ class RedisItemsPipeline:
             done: Deferred[bool] = Deferred()
             if not self._waiting:
                 self._waiting_since = time.monotonic()
-            self._waiting.append((origin, data, done))
+            self._waiting.append((origin, data, done, page))
             stored = await maybe_deferred_to_future(done)
         else:
             self._pushing = True
             try:
                 (stored,) = await self._push_retrying(
-                    [(origin, data)], time.monotonic() + self.retry_timeout)
+                    [(origin, data)], [page], time.monotonic() + self.retry_timeout)
             finally:
                 self._next_call()
         if not stored:
@@ -133,7 +136,7 @@ class RedisItemsPipeline:
         self._batches.add(pushing)
         pushing.addBoth(lambda _: self._batches.discard(pushing))
 
-    async def _push_batch(self, batch: list[tuple[str, str, Deferred[bool]]],
+    async def _push_batch(self, batch: list[tuple[str, str, Deferred[bool], Any]],
                           deadline: float) -> None:
         """Store ``batch`` in calls of up to :data:`BATCH_ITEMS` items or
         :data:`BATCH_BYTES` bytes, and fire each item's Deferred with what the script
@@ -148,19 +151,24 @@ class RedisItemsPipeline:
                     end += 1
                 chunk = batch[first:end]
                 try:
-                    stored = await self._push_retrying([(o, d) for o, d, _ in chunk],
-                                                       deadline)
+                    stored = await self._push_retrying([(o, d) for o, d, _, _ in chunk],
+                                                       [p for _, _, _, p in chunk], deadline)
                 except Exception as exc:
-                    for _, _, done in batch[first:]:
+                    for _, _, done, _ in batch[first:]:
                         done.errback(exc)
                     return
-                for (_, _, done), one in zip(chunk, stored, strict=True):
+                for (_, _, done, _), one in zip(chunk, stored, strict=True):
                     done.callback(one)
                 first = end
         finally:
             self._next_call()
 
-    async def _push_retrying(self, pairs: list[tuple[str, str]], deadline: float) -> list[bool]:
+    async def _push_retrying(self, pairs: list[tuple[str, str]], pages: list[Any],
+                             deadline: float) -> list[bool]:
+        """Store ``pairs``, retried while Redis is unreachable or refuses for a while,
+        until ``deadline``. Their ``pages`` are told first (:func:`origins.sending`):
+        a restart may lose what reached the server before it."""
+        origins.sending(pages)
         while True:
             try:
                 stored: list[bool] = await maybe_deferred_to_future(

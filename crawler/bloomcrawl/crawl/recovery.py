@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from bloomcrawl.core.connection import describe_redis
 from bloomcrawl.core.frontier import open_exchanges
 from bloomcrawl.core.scripts import NO_TRANSACTIONS
+from bloomcrawl.crawl.pages import leases_with_items_sent
 from bloomcrawl.crawl.redis_io import log_unexpected, redis_failed
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from bloomcrawl.core.frontier import Frontier
     from bloomcrawl.crawl.lease_book import LeaseBook
     from bloomcrawl.crawl.outbox import Outbox
+    from bloomcrawl.crawl.pages import PageTracker
     from bloomcrawl.crawl.readiness import PartitionReadiness
     from bloomcrawl.crawl.redis_io import RedisIO
     from bloomcrawl.crawl.seen import SeenCache
@@ -38,14 +40,15 @@ logger = logging.getLogger(__name__)
 
 class Recovery:
     def __init__(self, io: RedisIO, server: redis.Redis, frontier: Frontier, outbox: Outbox,
-                 book: LeaseBook, seen: SeenCache, readiness: PartitionReadiness,
-                 watch: ServerWatch, stats: StatsCollector, errors: RedisErrorPolicy,
-                 log_extra: dict[str, Any]) -> None:
+                 book: LeaseBook, pages: PageTracker, seen: SeenCache,
+                 readiness: PartitionReadiness, watch: ServerWatch, stats: StatsCollector,
+                 errors: RedisErrorPolicy, log_extra: dict[str, Any]) -> None:
         self.io = io
         self.server = server
         self.frontier = frontier
         self.outbox = outbox
         self.book = book
+        self.pages = pages
         self.seen = seen
         self.readiness = readiness
         self.watch = watch
@@ -100,16 +103,31 @@ class Recovery:
         """The new server holds this worker's exchanges up to number ``applied``."""
         self._needed = self._restating = False
         if applied >= self.outbox.confirmed_number and not self.watch.cluster:
-            # a restart or failover that kept every write of ours (AOF, a caught-up
-            # replica): what this worker remembers still holds
-            logger.warning("Redis at %s is another server now (run_id %s) and kept this"
-                           " worker's writes", describe_redis(self.server),
-                           self.watch.run_id, extra=self.log_extra)
-            self.outbox.take_dropped()
-            return []
+            return self._kept()
         # on Redis Cluster the stats' slot may have kept everything while the
         # promoted master of other partitions lost what it had not replicated
         return self._rolled_back(applied)
+
+    def _kept(self) -> list[Request]:
+        """A restart or failover that kept every exchange of ours (AOF, a caught-up
+        replica): what this worker remembers still holds, but for the items.
+
+        The item pipeline stores them on a connection of its own, maybe after
+        the last exchange the server kept: the page whose ack would follow them
+        is not acked (its lease expires; crawled again, its items are stored
+        once). So the acks not sent yet are dropped, and the leases of the
+        pages in hand whose items were sent are given up.
+        """
+        given_up = leases_with_items_sent(self.pages)
+        self.book.lost(given_up)
+        dropped_acks = self.outbox.drop_acks()
+        logger.warning("Redis at %s is another server now (run_id %s) and kept this worker's"
+                       " exchanges; items may have gone to the old server only: leaving the"
+                       " leases of %d pages in hand and of %d done to expire",
+                       describe_redis(self.server), self.watch.run_id, len(given_up),
+                       dropped_acks, extra=self.log_extra)
+        self.outbox.take_dropped()
+        return []
 
     def _rolled_back(self, applied: int) -> list[Request]:
         """Redis lost writes of ours (a rollback, a lagging replica, no persistence).

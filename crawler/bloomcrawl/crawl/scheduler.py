@@ -233,8 +233,9 @@ class Scheduler:
             requeue=self.enqueue_request, concurrency=self.config.concurrency,
             prefetch=self.config.prefetch,
             debug_duplicates=self.crawler.settings.getbool("DUPEFILTER_DEBUG"),
-            recovery=Recovery(self.io, self.server, frontier, outbox, self.book, self.seen,
-                              readiness, self.watch, self.stats, self.errors, extra),
+            recovery=Recovery(self.io, self.server, frontier, outbox, self.book, self.pages,
+                              self.seen, readiness, self.watch, self.stats, self.errors,
+                              extra),
             start_urls=StartUrls(self.io, frontier, outbox, spider, self.stats,
                                  self.enqueue_request, enabled=reads_start_list,
                                  forward_from=forward_from))
