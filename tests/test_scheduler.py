@@ -497,3 +497,36 @@ def test_settings_the_frontier_does_not_use_are_named_when_it_opens(
     with caplog.at_level(logging.WARNING, logger="bloomcrawl.crawl.scheduler"):
         make_scheduler(redis_server.url)
     assert "JOBDIR" not in caplog.text and "SCHEDULER_SERIALIZER" not in caplog.text
+
+
+def test_a_rollback_leaves_a_start_entry_whose_request_it_lost_to_be_read_again(
+        tmp_path) -> None:
+    """A start entry is acked once the exchange carrying its request was confirmed. A
+    rollback to a snapshot that holds the entry's lease and not that exchange lost the
+    request: the ack must not reach the restored server, or nothing queues it again."""
+    from kit.redis import RedisServer
+
+    server = RedisServer(tmp_path / "r")
+    server.start()
+    try:
+        s = make_scheduler(server.url, BLOOMFILTER_PARTITIONS=1, SCHEDULER_LEASE_TIMEOUT=1)
+        start_urls = s.loop.poller.start_urls
+        server.client().rpush("unit:start_urls", "http://a.test/start")
+        assert start_urls.read().result == 1  # leased; its request waits in the outbox
+        server.bgsave()  # the entry's lease is in the snapshot, its request is not
+        s.send_pending()
+        assert s.loop.outbox.has_start_acks()  # the request went: the entry is done
+        server.kill()
+        server.start()  # from the snapshot
+        assert drain(s) == []  # the restored server has no request queued
+        assert s.stats.get_value("bloomcrawl/redis_rollbacks") == 1
+        got: list[str] = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            start_urls.read()  # its lease expires: the entry is read again
+            got = [r.url for r in drain(s)]
+            time.sleep(0.2)
+        assert got == ["http://a.test/start"]
+        s.server.connection_pool.disconnect()
+    finally:
+        server.stop()

@@ -146,6 +146,9 @@ class Recovery:
         * the leases this worker holds, and the acks it has not sent, are for
           work whose items or links may have gone to the lost state: they are
           not acked; the leases that still exist expire and are crawled again;
+          so are the start URL entries whose requests went in an exchange Redis
+          may have lost: read again, their requests are queued unless the
+          filter kept them;
         * the counts Redis lost go again, each once.
         """
         outbox = self.outbox
@@ -153,7 +156,7 @@ class Recovery:
         again = outbox.restate(applied)
         replayed = outbox.replay()
         remembered = len(self.seen)
-        given_up = self.book.forget() + outbox.drop_acks()
+        given_up = self.book.forget() + outbox.drop_acks() + len(outbox.take_start_acks())
         logger.warning("Redis at %s is another server now (run_id %s) and may have lost writes"
                        " of this worker: forgetting the %d fingerprints it remembered, sending"
                        " %d requests (%d of them from the last %.0f s) and the counts of %d"
