@@ -20,6 +20,8 @@ from bloomcrawl.crawl.pages import leases_with_items_sent
 from bloomcrawl.crawl.redis_io import log_unexpected, redis_failed
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import redis
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from bloomcrawl.crawl.lease_book import LeaseBook
     from bloomcrawl.crawl.outbox import Outbox
     from bloomcrawl.crawl.pages import PageTracker
+    from bloomcrawl.crawl.pipelines import PushNumbers
     from bloomcrawl.crawl.readiness import PartitionReadiness
     from bloomcrawl.crawl.redis_io import RedisIO
     from bloomcrawl.crawl.seen import SeenCache
@@ -42,8 +45,11 @@ class Recovery:
     def __init__(self, io: RedisIO, server: redis.Redis, frontier: Frontier, outbox: Outbox,
                  book: LeaseBook, pages: PageTracker, seen: SeenCache,
                  readiness: PartitionReadiness, watch: ServerWatch, stats: StatsCollector,
-                 errors: RedisErrorPolicy, log_extra: dict[str, Any]) -> None:
+                 errors: RedisErrorPolicy, log_extra: dict[str, Any],
+                 item_pushes: Callable[[], PushNumbers | None] = lambda: None) -> None:
         self.io = io
+        #: RedisItemsPipeline's numbered calls (None: not enabled)
+        self.item_pushes = item_pushes
         self.server = server
         self.frontier = frontier
         self.outbox = outbox
@@ -89,41 +95,58 @@ class Recovery:
         d.addCallbacks(self._restate, self._restate_failed)
         return d
 
-    def _ask(self) -> int:
+    def _ask(self) -> tuple[int, int]:
         """(On the I/O thread.) The new server has ACL users of its own (whether MULTI is
         allowed is asked again) and an empty script cache: the scripts go first, so that
-        no exchange is split by a NOSCRIPT reply (see run_scripts)."""
+        no exchange is split by a NOSCRIPT reply (see run_scripts). Then: the number of
+        this worker's last exchange it holds, and of the item pipeline's last call."""
         frontier = self.frontier
         was_whole = frontier.whole
         if not open_exchanges(frontier) and was_whole:
             logger.warning(NO_TRANSACTIONS, extra=self.log_extra)
-        return frontier.applied_stats_number()
+        numbers = self.item_pushes()
+        pushes = int(self.server.get(numbers.key) or 0) if numbers is not None else 0
+        return frontier.applied_stats_number(), pushes
 
-    def _restate(self, applied: int) -> list[Request]:
-        """The new server holds this worker's exchanges up to number ``applied``."""
+    def _restate(self, held: tuple[int, int]) -> list[Request]:
+        """The new server holds this worker's exchanges up to number ``applied``, and
+        the item pipeline's calls up to number ``pushes``."""
         self._needed = self._restating = False
+        applied, pushes = held
+        numbers = self.item_pushes()
+        items_kept = numbers is None or pushes >= numbers.confirmed
+        if numbers is not None and not items_kept:
+            numbers.restart()  # the server lost calls: it would never number past them
         if applied >= self.outbox.confirmed_number and not self.watch.cluster:
-            return self._kept()
+            if items_kept:
+                # a restart or failover that kept every write of ours (AOF, a caught-up
+                # replica): what this worker remembers still holds
+                logger.warning("Redis at %s is another server now (run_id %s) and kept this"
+                               " worker's writes", describe_redis(self.server),
+                               self.watch.run_id, extra=self.log_extra)
+                self.outbox.take_dropped()
+                return []
+            return self._kept_but_items()
         # on Redis Cluster the stats' slot may have kept everything while the
         # promoted master of other partitions lost what it had not replicated
         return self._rolled_back(applied)
 
-    def _kept(self) -> list[Request]:
-        """A restart or failover that kept every exchange of ours (AOF, a caught-up
-        replica): what this worker remembers still holds, but for the items.
+    def _kept_but_items(self) -> list[Request]:
+        """A restart or failover that kept every exchange of ours and lost items stored
+        after the last one (AOF everysec, a replica a moment behind): what this
+        worker remembers holds, but a page whose items may be lost must not be acked
+        (its lease expires; crawled again, its items are stored once).
 
-        The item pipeline stores them on a connection of its own, maybe after
-        the last exchange the server kept: the page whose ack would follow them
-        is not acked (its lease expires; crawled again, its items are stored
-        once). So the acks not sent yet are dropped, and the leases of the
-        pages in hand whose items were sent are given up.
+        The item pipeline stores items on a connection of its own, and which of them
+        the server lost is not known: the acks not sent yet are dropped, and the
+        leases of the pages in hand whose items were sent are given up.
         """
         given_up = leases_with_items_sent(self.pages)
         self.book.lost(given_up)
         dropped_acks = self.outbox.drop_acks()
         logger.warning("Redis at %s is another server now (run_id %s) and kept this worker's"
-                       " exchanges; items may have gone to the old server only: leaving the"
-                       " leases of %d pages in hand and of %d done to expire",
+                       " exchanges, not all its items: leaving the leases of %d pages in hand"
+                       " and of %d done to expire",
                        describe_redis(self.server), self.watch.run_id, len(given_up),
                        dropped_acks, extra=self.log_extra)
         self.outbox.take_dropped()
