@@ -108,31 +108,17 @@ def test_the_window_counts_from_redis_time(redis_server, redis_client: redis.Red
     p.server.close()
 
 
-def test_a_server_holds_call_numbers_only_without_a_gap(
-        redis_server, redis_client: redis.Redis) -> None:
-    """The pipeline numbers its calls (PushNumbers): the server moves the number only to
-    the next one, so holding number n means holding every call up to n; a call sent
-    again keeps its number. After a gap (a server that lost a call) the number stays,
-    until the worker numbers from 1 under a new key."""
-    p = pipeline(redis_server.url, REDIS_ITEMS_DEDUP_WINDOW=60)
-    numbers = p.numbers
-    assert numbers is not None
-    first = numbers.take()
-    assert p.push_many([("fp1:0", "{}")], first) == [True]
-    second = numbers.take()
-    p.push_many([("fp2:0", "{}")], second)
-    p.push_many([("fp2:0", "{}")], second)  # sent again: stored once, numbered once
-    assert int(redis_client.get(numbers.key)) == 2 == numbers.confirmed
-    assert 0 < redis_client.pttl(numbers.key) <= 60_000  # kept for the dedup window
-    redis_client.set(numbers.key, 1)  # a rollback lost the second call
-    assert p.push_many([("fp3:0", "{}")], numbers.take()) == [True]
-    assert int(redis_client.get(numbers.key)) == 1  # never past what it lost
-    assert numbers.confirmed == 3  # what the worker compares it with: 1 < 3, lost
-    old_key = numbers.key
-    numbers.restart()
-    assert numbers.key != old_key and numbers.confirmed == 0
-    p.push_many([("fp4:0", "{}")], (old_key, 4))  # a call of before, answered late
-    assert numbers.confirmed == 0
-    p.push_many([("fp5:0", "{}")], numbers.take())
-    assert int(redis_client.get(numbers.key)) == 1 == numbers.confirmed
+def test_the_stored_mark_is_the_last_item_written(
+        redis_server, redis_client: redis.Redis, items_keys: tuple[str, str, str]) -> None:
+    """What a worker whose Redis restarted asks the new server for: the id of the last
+    item the pipeline wrote (an item already stored writes nothing), in the id zset."""
+    _, _, recent = items_keys
+    p = pipeline(redis_server.url)
+    mark = p.mark
+    assert mark is not None and mark.ids_key == recent and mark.last_id is None
+    assert p.push_many([("fp1:0", "{}"), ("fp1:1", "{}")]) == [True, True]
+    assert mark.last_id == "fp1:1" and not mark.in_flight
+    assert p.push_many([("fp2:0", "{}"), ("fp1:0", "{}")]) == [True, False]
+    assert mark.last_id == "fp2:0"  # fp1:0 was stored before: not a write
+    assert redis_client.zscore(recent, mark.last_id) is not None
     p.server.close()

@@ -42,45 +42,28 @@ BATCH_ITEMS = 256
 BATCH_BYTES = 1 << 20
 
 
-class PushNumbers:
-    """This process's calls storing items, numbered from 1 under a key of their own.
+class StoredMark:
+    """The last item this process's pipeline wrote, for a worker whose Redis restarted
+    to ask the new server for (:class:`~bloomcrawl.crawl.recovery.Recovery`).
 
-    ``items_push.lua`` sets ``{<items>}:pushes:<id>`` to a call's number only
-    when it is the next one (expiring after the dedup window), so a server that
-    holds number ``n`` holds every call up to ``n``. After a restart, a worker
-    asks the new server for it (:class:`~bloomcrawl.crawl.recovery.Recovery`):
-    whether the items it stored are still there.
+    One Redis loses only the last writes it was sent (a snapshot, an AOF cut
+    short, a replica behind): a server that holds the id of the last item
+    stored (in ``{<items>}:recent_ids``) holds every item stored before it. The
+    id is set on the I/O thread as the reply is read; :attr:`in_flight` is true
+    from a call's send until its reply (or error) was read.
     """
 
-    def __init__(self, items_key: str) -> None:
-        self.items_key = items_key
-        self.key = ""
-        #: the number of the last call Redis answered (on the I/O thread, as it did)
-        self.confirmed = 0
-        self._sent = 0
-        self.restart()
-
-    def restart(self) -> None:
-        """Number from 1 again, under a new key: a server that lost calls would never
-        move the old one past them."""
-        self.key = "{%s}:pushes:%s" % (self.items_key, uuid.uuid4().hex[:16])
-        self.confirmed = self._sent = 0
-
-    def take(self) -> tuple[str, int]:
-        """The key and number of the next call (a call sent again keeps its own)."""
-        self._sent += 1
-        return self.key, self._sent
-
-    def answered(self, key: str, number: int) -> None:
-        if key == self.key:
-            self.confirmed = max(self.confirmed, number)
+    def __init__(self, ids_key: str) -> None:
+        self.ids_key = ids_key
+        self.last_id: str | None = None
+        self.in_flight = False
 
 
-def item_pushes(crawler: Crawler) -> PushNumbers | None:
-    """The numbered calls of this crawl's RedisItemsPipeline (None: not enabled, or
+def stored_mark(crawler: Crawler) -> StoredMark | None:
+    """The :class:`StoredMark` of this crawl's RedisItemsPipeline (None: not enabled, or
     its spider not open yet)."""
-    numbers: PushNumbers | None = getattr(crawler, "_bloomcrawl_item_pushes", None)
-    return numbers
+    mark: StoredMark | None = getattr(crawler, "_bloomcrawl_stored_mark", None)
+    return mark
 
 
 class RedisItemsPipeline:
@@ -114,7 +97,7 @@ class RedisItemsPipeline:
         self._waiting_since = 0.0
         self._batches: set[Any] = set()
         self.key = ""
-        self.numbers: PushNumbers | None = None
+        self.mark: StoredMark | None = None
         self.errors = RedisErrorPolicy(logger, server, "items wait until they can be stored",
                                        max_delay=5.0)
 
@@ -134,8 +117,8 @@ class RedisItemsPipeline:
     def open_spider(self, spider: Spider | None = None) -> None:
         assert self.crawler.spider is not None
         self.key = keys.spider_key(self.key_pattern, self.crawler.spider.name)
-        self.numbers = PushNumbers(self.key)
-        self.crawler._bloomcrawl_item_pushes = self.numbers  # type: ignore[attr-defined]
+        self.mark = StoredMark(keys.recent_item_ids_key(self.key))
+        self.crawler._bloomcrawl_stored_mark = self.mark  # type: ignore[attr-defined]
 
     async def process_item(self, item: Any, spider: Spider | None = None) -> Any:
         data = self.encoder.encode(item)
@@ -213,11 +196,10 @@ class RedisItemsPipeline:
         until ``deadline``. Their ``pages`` are told first (:func:`origins.sending`):
         a restart may lose what reached the server before it."""
         origins.sending(pages)
-        number = self.numbers.take() if self.numbers is not None else None
         while True:
             try:
                 stored: list[bool] = await maybe_deferred_to_future(
-                    deferToThread(self.push_many, pairs, number))
+                    deferToThread(self.push_many, pairs))
             except REDIS_ERRORS as exc:
                 kind = error_kind(exc)
                 if (kind != "unreachable" and kind not in TRANSIENT_REPLIES) or (
@@ -250,19 +232,24 @@ class RedisItemsPipeline:
         """Store one item under its id unless stored within the window (blocks on Redis)."""
         return self.push_many([(origin, data)])[0]
 
-    def push_many(self, pairs: Sequence[tuple[str, str]],
-                  number: tuple[str, int] | None = None) -> list[bool]:
+    def push_many(self, pairs: Sequence[tuple[str, str]]) -> list[bool]:
         """Store items ``(id, JSON)`` in order, each unless its id was stored within the
-        window, in one call (blocks on Redis); whether each was stored. ``number``: the
-        call's (:class:`PushNumbers`)."""
+        window, in one call (blocks on Redis); whether each was stored."""
         args: list[str] = [str(self.dedup_window_ms)]
-        names = [self.key, keys.item_ids_key(self.key), keys.recent_item_ids_key(self.key)]
-        if number is not None:
-            names.append(number[0])
-            args.append(str(number[1]))
         for origin, data in pairs:
             args += (origin, data)
-        (stored,) = run_scripts(self.server, [ScriptCall(_PUSH, names, args)])
-        if number is not None and self.numbers is not None:
-            self.numbers.answered(*number)
+        mark = self.mark
+        if mark is not None:
+            mark.in_flight = True
+        try:
+            (stored,) = run_scripts(self.server, [ScriptCall(
+                _PUSH, [self.key, keys.item_ids_key(self.key),
+                        keys.recent_item_ids_key(self.key)], args)])
+            if mark is not None:
+                for (origin, _), one in zip(pairs, stored, strict=True):
+                    if one:
+                        mark.last_id = origin
+        finally:
+            if mark is not None:
+                mark.in_flight = False
         return [bool(one) for one in stored]

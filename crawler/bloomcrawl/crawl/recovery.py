@@ -11,6 +11,7 @@ persistence), and the worker forgets what may be lost (:meth:`Recovery._rolled_b
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from bloomcrawl.core.connection import describe_redis
@@ -33,12 +34,15 @@ if TYPE_CHECKING:
     from bloomcrawl.crawl.lease_book import LeaseBook
     from bloomcrawl.crawl.outbox import Outbox
     from bloomcrawl.crawl.pages import PageTracker
-    from bloomcrawl.crawl.pipelines import PushNumbers
+    from bloomcrawl.crawl.pipelines import StoredMark
     from bloomcrawl.crawl.readiness import PartitionReadiness
     from bloomcrawl.crawl.redis_io import RedisIO
     from bloomcrawl.crawl.seen import SeenCache
 
 logger = logging.getLogger(__name__)
+
+#: how long a restate waits for a call of the item pipeline whose reply is being read
+ITEM_CALL_WAIT_S = 1.0
 
 
 class Recovery:
@@ -46,10 +50,10 @@ class Recovery:
                  book: LeaseBook, pages: PageTracker, seen: SeenCache,
                  readiness: PartitionReadiness, watch: ServerWatch, stats: StatsCollector,
                  errors: RedisErrorPolicy, log_extra: dict[str, Any],
-                 item_pushes: Callable[[], PushNumbers | None] = lambda: None) -> None:
+                 stored_mark: Callable[[], StoredMark | None] = lambda: None) -> None:
         self.io = io
-        #: RedisItemsPipeline's numbered calls (None: not enabled)
-        self.item_pushes = item_pushes
+        #: the last item RedisItemsPipeline wrote (None: not enabled)
+        self.stored_mark = stored_mark
         self.server = server
         self.frontier = frontier
         self.outbox = outbox
@@ -95,28 +99,36 @@ class Recovery:
         d.addCallbacks(self._restate, self._restate_failed)
         return d
 
-    def _ask(self) -> tuple[int, int]:
+    def _ask(self) -> tuple[int, bool]:
         """(On the I/O thread.) The new server has ACL users of its own (whether MULTI is
         allowed is asked again) and an empty script cache: the scripts go first, so that
         no exchange is split by a NOSCRIPT reply (see run_scripts). Then: the number of
-        this worker's last exchange it holds, and of the item pipeline's last call."""
+        this worker's last exchange it holds, and whether it holds the last item the
+        item pipeline wrote (a call whose reply is being read waits for it, as what it
+        stored leads to acks)."""
         frontier = self.frontier
         was_whole = frontier.whole
         if not open_exchanges(frontier) and was_whole:
             logger.warning(NO_TRANSACTIONS, extra=self.log_extra)
-        numbers = self.item_pushes()
-        pushes = int(self.server.get(numbers.key) or 0) if numbers is not None else 0
-        return frontier.applied_stats_number(), pushes
+        return frontier.applied_stats_number(), self._items_kept()
 
-    def _restate(self, held: tuple[int, int]) -> list[Request]:
-        """The new server holds this worker's exchanges up to number ``applied``, and
-        the item pipeline's calls up to number ``pushes``."""
+    def _items_kept(self) -> bool:
+        mark = self.stored_mark()
+        if mark is None:
+            return True
+        deadline = time.monotonic() + ITEM_CALL_WAIT_S
+        while mark.in_flight and time.monotonic() < deadline:
+            time.sleep(0.005)
+        last = mark.last_id
+        if mark.in_flight:
+            return False  # a call's reply not read yet: what it stored is not known
+        return last is None or self.server.zscore(mark.ids_key, last) is not None
+
+    def _restate(self, held: tuple[int, bool]) -> list[Request]:
+        """The new server holds this worker's exchanges up to number ``applied``, and the
+        items its pipeline stored, or not (``items_kept``)."""
         self._needed = self._restating = False
-        applied, pushes = held
-        numbers = self.item_pushes()
-        items_kept = numbers is None or pushes >= numbers.confirmed
-        if numbers is not None and not items_kept:
-            numbers.restart()  # the server lost calls: it would never number past them
+        applied, items_kept = held
         if applied >= self.outbox.confirmed_number and not self.watch.cluster:
             if items_kept:
                 # a restart or failover that kept every write of ours (AOF, a caught-up

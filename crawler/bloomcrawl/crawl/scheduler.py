@@ -81,7 +81,7 @@ from bloomcrawl.crawl.lease_book import LeaseBook, LeaseUpkeep
 from bloomcrawl.crawl.outbox import REPLAY_S, Outbox
 from bloomcrawl.crawl.outcomes import Outcomes
 from bloomcrawl.crawl.pages import PageTracker
-from bloomcrawl.crawl.pipelines import item_pushes
+from bloomcrawl.crawl.pipelines import stored_mark
 from bloomcrawl.crawl.readiness import PartitionReadiness
 from bloomcrawl.crawl.recovery import Recovery
 from bloomcrawl.crawl.redis_io import RedisIO
@@ -236,7 +236,7 @@ class Scheduler:
             debug_duplicates=self.crawler.settings.getbool("DUPEFILTER_DEBUG"),
             recovery=Recovery(self.io, self.server, frontier, outbox, self.book, self.pages,
                               self.seen, readiness, self.watch, self.stats, self.errors,
-                              extra, partial(item_pushes, self.crawler)),
+                              extra, partial(stored_mark, self.crawler)),
             start_urls=StartUrls(self.io, frontier, outbox, spider, self.stats,
                                  self.enqueue_request, enabled=reads_start_list,
                                  forward_from=forward_from))

@@ -4,27 +4,15 @@
 -- Ids are remembered for the dedup window only (by Redis's clock), so the id
 -- zset holds the ids of that window, not of every item ever stored.
 -- KEYS[1] items list, KEYS[2] set of ids of before the window (read, never written),
--- KEYS[3] zset of recent ids -> when stored (ms), KEYS[4] (optional) the number of
--- the last of a worker's calls this server holds all calls up to
--- ARGV[1] the dedup window (ms), [ARGV[2] this call's number, with KEYS[4]], then for
--- each item: its id, its JSON
+-- KEYS[3] zset of recent ids -> when stored (ms)
+-- ARGV[1] the dedup window (ms), then for each item: its id, its JSON
 -- Returns for each item 1 when stored, 0 when an item with its id was stored within
 -- the window (an id twice in one call: the second is not stored).
--- A call's number moves KEYS[4] only when it is the next one: a server that lost
--- a call (a rollback) never says it holds those after it.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - tonumber(ARGV[1])))
-local first_item = 2
-if KEYS[4] then
-  first_item = 3
-  local number = tonumber(ARGV[2])
-  if number == tonumber(redis.call('GET', KEYS[4]) or '0') + 1 then
-    redis.call('SET', KEYS[4], number, 'PX', ARGV[1])
-  end
-end
 local stored, replies = {}, {}
-for i = first_item, #ARGV - 1, 2 do
+for i = 2, #ARGV - 1, 2 do
   local id = ARGV[i]
   if redis.call('ZSCORE', KEYS[3], id) or redis.call('SISMEMBER', KEYS[2], id) == 1 then
     replies[#replies + 1] = 0
