@@ -122,3 +122,51 @@ def test_the_stored_mark_is_the_last_item_written(
     assert mark.last_id == "fp2:0"  # fp1:0 was stored before: not a write
     assert redis_client.zscore(recent, mark.last_id) is not None
     p.server.close()
+
+
+def test_the_stored_mark_tells_what_a_restarted_server_lost_of_each_server(
+        tmp_path) -> None:
+    """The pipeline's connection is not the scheduler's: it may store items on the new
+    server before the scheduler asks. The last item written to the old server is what
+    tells whether the restart lost items, not the last one written."""
+    from kit.redis import RedisServer
+
+    server = RedisServer(tmp_path / "r")
+    server.start()
+    try:
+        p = pipeline(server.url)
+        mark = p.mark
+        assert mark is not None
+        assert p.push_many([("fp:0", "{}")]) == [True]
+        server.bgsave()  # fp:0 is in the snapshot
+        assert p.push_many([("fp:1", "{}")]) == [True]  # and fp:1 is not
+        old = mark.server
+        server.kill()
+        server.start()  # from the snapshot
+        stored: list[bool] = []
+
+        def pushed() -> bool:
+            try:
+                stored.extend(p.push_many([("fp:2", "{}")]))
+            except redis.ConnectionError:
+                return False  # the old connection's error; the next one reaches the new server
+            return True
+
+        wait_until(pushed, 5, what="an item stored on the new server")
+        assert stored == [True]
+        client = server.client()
+        new = client.info("server")["run_id"]
+        assert old and mark.server == new != old
+        assert mark.last_ids == {old: "fp:1", new: "fp:2"}
+        assert client.zscore(mark.ids_key, "fp:2") is not None  # the last item written is there
+        assert not mark.kept_on(client, new)  # fp:1, the old server's last, is not
+        assert mark.last_ids == {new: "fp:2"}  # the old server is asked once
+        assert mark.kept_on(client, new)
+        server.bgsave()
+        server.kill()
+        server.start()  # from a snapshot that holds every item
+        assert mark.kept_on(client, client.info("server")["run_id"])
+        client.close()
+        p.server.close()
+    finally:
+        server.stop()

@@ -116,12 +116,16 @@ def inject_recent_rollback(run: FaultRun, facts: dict[str, Any]) -> None:
     that RDB: the leases of the pages in hand are in the snapshot, the links they
     dropped as already sent may not be (a replica a moment behind, AOF everysec)."""
     run.wait_pages(0.5)
+    run.moment("BGSAVE")
     run.redis.bgsave()
+    run.moment("its end")
     facts["snapshot_at"] = run.distinct()
     run.wait_pages(facts["snapshot_at"] / run.pages + 0.05)
     run.redis.kill()
+    run.moment("kill")
     facts["killed_at"] = run.distinct()
     run.redis.start()
+    run.moment("restart")
     run.fault_over()
 
 

@@ -6,7 +6,7 @@ import ipaddress
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -280,6 +280,34 @@ class ServerChangedError(redis.RedisError):
     """
 
 
+def ask_run_id(connection: Any) -> str:
+    """The ``run_id`` of the server behind ``connection`` (a redis-py Connection)."""
+    connection.send_command("INFO", "server")
+    reply = connection.read_response()
+    text = reply.decode() if isinstance(reply, bytes) else str(reply)
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                 if line.startswith("run_id:")), "")
+
+
+def on_each_connection(client: redis.Redis, told: Callable[[Any, str], None]) -> None:
+    """Have every new connection of ``client`` (one Redis, not a cluster) ask its
+    server's ``run_id`` before its first command and tell ``told(connection, run_id)``,
+    which may raise to fail that command (a hook on redis-py's connect)."""
+    pool = client.connection_pool
+    previous = pool.connection_kwargs.get("redis_connect_func")
+
+    def connected(connection: Any) -> None:
+        if previous is not None:
+            previous(connection)
+        else:
+            connection.on_connect()
+        told(connection, ask_run_id(connection))
+
+    pool.connection_kwargs["redis_connect_func"] = connected
+    pool.disconnect()  # reset() forgets connections without closing their sockets
+    pool.reset()  # connections made before the hook would not call it
+
+
 class ServerWatch:
     """Tells when the Redis behind a client is another server than before.
 
@@ -312,11 +340,7 @@ class ServerWatch:
             client.user_on_connect_func = self._on_cluster_connect
             client.disconnect_connection_pools()  # made before the hook: reconnect through it
             return
-        pool = client.connection_pool
-        self._previous_hook = pool.connection_kwargs.get("redis_connect_func")
-        pool.connection_kwargs["redis_connect_func"] = self._on_connect
-        pool.disconnect()  # reset() forgets connections without closing their sockets
-        pool.reset()  # connections made before the hook would not call it
+        on_each_connection(client, self._on_connect)
 
     def prime(self, infos: dict[str, dict[str, Any]]) -> None:
         """The servers behind the client now (``infos``, :func:`server_infos`) are known ones."""
@@ -337,12 +361,7 @@ class ServerWatch:
             self.epoch += 1
         return self._primed
 
-    def _on_connect(self, connection: Any) -> None:
-        if self._previous_hook is not None:
-            self._previous_hook(connection)
-        else:
-            connection.on_connect()
-        run_id = self._ask_run_id(connection)
+    def _on_connect(self, connection: Any, run_id: str) -> None:
         if run_id != self.run_id:
             previous, self.run_id = self.run_id, run_id
             if previous is not None:
@@ -351,7 +370,7 @@ class ServerWatch:
     def _on_cluster_connect(self, connection: Any) -> None:
         if self._previous_hook is not None:
             self._previous_hook(connection)
-        run_id = self._ask_run_id(connection)
+        run_id = ask_run_id(connection)
         if run_id in self._known:
             return
         connection.send_command("ROLE")
@@ -362,14 +381,6 @@ class ServerWatch:
         self.run_id = run_id
         if self._primed:
             self._changed(connection, "run_id %s, not a master of the cluster before" % run_id)
-
-    @staticmethod
-    def _ask_run_id(connection: Any) -> str:
-        connection.send_command("INFO", "server")
-        reply = connection.read_response()
-        text = reply.decode() if isinstance(reply, bytes) else str(reply)
-        return next((line.split(":", 1)[1].strip() for line in text.splitlines()
-                     if line.startswith("run_id:")), "")
 
     def _changed(self, connection: Any, why: str) -> None:
         self.epoch += 1

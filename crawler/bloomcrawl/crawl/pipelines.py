@@ -25,7 +25,14 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from bloomcrawl.core import defaults, keys
-from bloomcrawl.core.connection import REDIS_ERRORS, TRANSIENT_REPLIES, RedisErrorPolicy, error_kind
+from bloomcrawl.core.connection import (
+    REDIS_ERRORS,
+    TRANSIENT_REPLIES,
+    RedisErrorPolicy,
+    error_kind,
+    is_cluster,
+    on_each_connection,
+)
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 from bloomcrawl.crawl import origins
 from bloomcrawl.crawl.config import get_float, redis_from_settings
@@ -43,20 +50,53 @@ BATCH_BYTES = 1 << 20
 
 
 class StoredMark:
-    """The last item this process's pipeline wrote, for a worker whose Redis restarted
-    to ask the new server for (:class:`~bloomcrawl.crawl.recovery.Recovery`).
+    """The last item this process's pipeline wrote to each server, for a worker whose
+    Redis restarted to ask the new server for (:class:`~bloomcrawl.crawl.recovery.Recovery`).
 
     One Redis loses only the last writes it was sent (a snapshot, an AOF cut
     short, a replica behind): a server that holds the id of the last item
-    stored (in ``{<items>}:recent_ids``) holds every item stored before it. The
-    id is set on the I/O thread as the reply is read; :attr:`in_flight` is true
-    from a call's send until its reply (or error) was read.
+    stored (in ``{<items>}:recent_ids``) holds every item stored before it.
+    The pipeline's connection is not the scheduler's: it may have stored
+    items on the new server before the scheduler asked, and the last of
+    those says nothing of what the old one lost. So each id is kept under
+    the ``run_id`` of the server it went to (asked as a connection opens;
+    None on Redis Cluster), set on the writing thread as the reply is read;
+    :attr:`in_flight` is true from a call's send until its reply (or error)
+    was read.
     """
 
     def __init__(self, ids_key: str) -> None:
         self.ids_key = ids_key
-        self.last_id: str | None = None
+        #: the run_id of the server the pipeline's newest connection reached
+        self.server: str | None = None
+        #: run_id -> the id of the last item written to that server
+        self.last_ids: dict[str | None, str] = {}
         self.in_flight = False
+
+    @property
+    def last_id(self) -> str | None:
+        """The id of the last item written to the server the pipeline reaches now."""
+        return self.last_ids.get(self.server)
+
+    def connected(self, connection: Any, run_id: str) -> None:
+        self.server = run_id
+
+    def wrote(self, item_id: str) -> None:
+        self.last_ids[self.server] = item_id
+
+    def kept_on(self, server: redis.Redis, run_id: str | None) -> bool:
+        """Whether ``server`` (whose run_id is ``run_id``) holds the last item written to
+        each server; the servers other than it are forgotten (asked once)."""
+        marks = list(self.last_ids.items())
+        for other, _ in marks:
+            if other != run_id:
+                self.last_ids.pop(other, None)
+        if not marks:
+            return True
+        pipe = server.pipeline(transaction=False)
+        for _, item_id in marks:
+            pipe.zscore(self.ids_key, item_id)
+        return all(score is not None for score in pipe.execute())
 
 
 def stored_mark(crawler: Crawler) -> StoredMark | None:
@@ -118,6 +158,8 @@ class RedisItemsPipeline:
         assert self.crawler.spider is not None
         self.key = keys.spider_key(self.key_pattern, self.crawler.spider.name)
         self.mark = StoredMark(keys.recent_item_ids_key(self.key))
+        if not is_cluster(self.server):
+            on_each_connection(self.server, self.mark.connected)
         self.crawler._bloomcrawl_stored_mark = self.mark  # type: ignore[attr-defined]
 
     async def process_item(self, item: Any, spider: Spider | None = None) -> Any:
@@ -248,7 +290,7 @@ class RedisItemsPipeline:
             if mark is not None:
                 for (origin, _), one in zip(pairs, stored, strict=True):
                     if one:
-                        mark.last_id = origin
+                        mark.wrote(origin)
         finally:
             if mark is not None:
                 mark.in_flight = False

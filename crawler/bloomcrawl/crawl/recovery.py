@@ -119,10 +119,9 @@ class Recovery:
         deadline = time.monotonic() + ITEM_CALL_WAIT_S
         while mark.in_flight and time.monotonic() < deadline:
             time.sleep(0.005)
-        last = mark.last_id
         if mark.in_flight:
             return False  # a call's reply not read yet: what it stored is not known
-        return last is None or self.server.zscore(mark.ids_key, last) is not None
+        return mark.kept_on(self.server, self.watch.run_id)
 
     def _restate(self, held: tuple[int, bool]) -> list[Request]:
         """The new server holds this worker's exchanges up to number ``applied``, and the
