@@ -767,3 +767,52 @@ def test_scrapy_tool_commands_work_and_leave_the_frontier_alone(
     assert not [k for k in redis_client.scan_iter() if b"bloomfilter" in k or k.endswith(
         b":crawl")], list(redis_client.scan_iter())
     assert "GET /never-crawled-by-a-tool" not in shop.hits()
+
+
+@pytest.mark.slow
+def test_a_redis_rollback_under_the_crawlspider_loses_no_item(
+        tmp_path, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """Two workers of the project's CrawlSpider (items half-filled on the listing, passed
+    in cb_kwargs, finished on the product page; a pipeline that takes 0.3 s an item)
+    while Redis is SIGKILLed and started from a snapshot taken a moment before: the items
+    stored after it are gone, and so are the links queued and the acks. Every product's
+    item is stored all the same, once, and the frontier ends empty."""
+    from kit.redis import RedisServer
+
+    server = RedisServer(tmp_path / "r")
+    server.start()
+    try:
+        settings = {"ENRICH_DELAY": "0.3", "SCHEDULER_LEASE_TIMEOUT": "3",
+                    "ITEM_PIPELINES": json.dumps({
+                        "shopcrawl.pipelines.EnrichPipeline": 100,
+                        "bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300})}
+        ws = workers(worker_pool, 2, "catalog", server.url, shop, settings)
+        client = server.client()
+
+        def stored_at_least(n: int) -> Any:
+            def check() -> bool:
+                assert all(w.running for w in ws), [w.tail() for w in ws]
+                return bool(client.llen("catalog:items") >= n)
+            return check
+
+        wait_until(stored_at_least(10), CRAWL_TIMEOUT_S, what="10 items stored")
+        server.bgsave()
+        # the snapshot holds at most this many items: the 8 more stored below are lost
+        at_snapshot = int(client.llen("catalog:items"))
+        wait_until(stored_at_least(at_snapshot + 8), CRAWL_TIMEOUT_S,
+                   what="8 more items stored")
+        server.kill()
+        server.start()  # from the snapshot
+        client.close()
+        client = server.client()
+        run_workers(ws, CRAWL_TIMEOUT_S)
+        check_exits(ws)
+        assert any("is another server now" in w.text() for w in ws)
+        urls = Counter(str(i["url"]) for i in stored_items(client, "catalog"))
+        expected = {"%s/product/%d" % (shop.url, p) for p in range(PRODUCTS)}
+        assert not expected - set(urls), sorted(expected - set(urls))
+        assert max(urls.values()) == 1, urls
+        assert frontier_left(client, "catalog") == 0
+        client.close()
+    finally:
+        server.stop()
