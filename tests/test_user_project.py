@@ -816,3 +816,67 @@ def test_a_redis_rollback_under_the_crawlspider_loses_no_item(
         client.close()
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_a_restart_that_kept_the_exchanges_and_lost_items_under_the_crawlspider(
+        tmp_path, shop: RunningShop, worker_pool: WorkerPool) -> None:
+    """The CrawlSpider's two workers (a pipeline taking 0.3 s an item) reach Redis through
+    the fault proxy. At 10 items the frontier calls are held and a snapshot taken; the
+    items of the pages in hand are still stored on the pipeline's own connection; then
+    Redis is SIGKILLed and started from the snapshot. The server holds every exchange a
+    worker had confirmed and none of those items (AOF everysec, a replica a moment
+    behind): a worker must not ack their pages there. Every product's item is stored,
+    once."""
+    from faults.proxy import FaultProxy
+
+    from kit.redis import RedisServer
+
+    server = RedisServer(tmp_path / "r")
+    server.start()
+    proxy = FaultProxy(server.port).start()
+    try:
+        settings = {"ENRICH_DELAY": "0.3", "SCHEDULER_LEASE_TIMEOUT": "3",
+                    "ITEM_PIPELINES": json.dumps({
+                        "shopcrawl.pipelines.EnrichPipeline": 100,
+                        "bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300})}
+        ws = workers(worker_pool, 2, "catalog", proxy.url, shop, settings)
+        client = server.client()
+        counts = [0]
+
+        def stored_then_quiet(n: int) -> Any:
+            def check() -> bool:
+                assert all(w.running for w in ws), [w.tail() for w in ws]
+                counts.append(int(client.llen("catalog:items")))
+                if n:
+                    return counts[-1] >= n
+                return len(counts) > 20 and len(set(counts[-20:])) == 1
+            return check
+
+        wait_until(stored_then_quiet(10), CRAWL_TIMEOUT_S, what="10 items stored")
+        proxy.hold_connections(b"{catalog:bloomfilter:")
+        server.bgsave()
+        at_snapshot = int(client.llen("catalog:items"))
+        counts[:] = [at_snapshot]
+        wait_until(stored_then_quiet(0), 20, interval=0.05,
+                   what="the items of the pages in hand")
+        assert counts[-1] > at_snapshot, "no item was stored after the snapshot"
+        assert proxy.held_connections >= 1
+        server.kill()
+        server.start()  # from the snapshot
+        proxy.resume()
+        client.close()
+        client = server.client()
+        run_workers(ws, CRAWL_TIMEOUT_S)
+        check_exits(ws)
+        urls = Counter(str(i["url"]) for i in stored_items(client, "catalog"))
+        expected = {"%s/product/%d" % (shop.url, p) for p in range(PRODUCTS)}
+        assert not expected - set(urls), sorted(expected - set(urls))
+        assert max(urls.values()) == 1, urls
+        assert frontier_left(client, "catalog") == 0
+        assert any("kept this worker's exchanges, not all its items" in w.text() for w in ws), (
+            "no worker found its exchanges kept and items lost: the case this test is for")
+        client.close()
+    finally:
+        proxy.stop()
+        server.stop()
