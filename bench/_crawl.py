@@ -396,11 +396,10 @@ def pick_contenders(parser: argparse.ArgumentParser, spec: str,
 
 # --- the floor: Redis's own cost for the least a page needs ------------------------------
 
-#: requests in the floor probe, and the pages per exchange it tries
+#: requests in each run of the floor probe, the runs at a crawl's rate too (about 10 s
+#: at 200 pages/s: a VM's wake-up costs vary from second to second); and the pages per
+#: exchange it tries
 FLOOR_PAGES = 2000
-#: requests of each run at a crawl's rate (about 10 s at 200 pages/s: a VM's wake-up
-#: costs vary from second to second)
-FLOOR_PACED_PAGES = 2000
 FLOOR_BATCHES = (1, 8)
 #: how long Redis is left idle to measure what it spends doing nothing
 FLOOR_IDLE_S = 2.0
@@ -447,7 +446,7 @@ def _main_cpu(client: redis.Redis) -> float:
 
 
 def measure_floor(client: redis.Redis, error_rate: float = 1e-6,
-                  pace: tuple[float, float] | None = None) -> Floor:
+                  pace: tuple[float, float] | None = None, pages: int = FLOOR_PAGES) -> Floor:
     """What this Redis spends on the least a page needs (a fresh keyspace; flushed after).
 
     The frontier's own calls (:class:`~bloomcrawl.core.frontier.Frontier`), one
@@ -456,7 +455,7 @@ def measure_floor(client: redis.Redis, error_rate: float = 1e-6,
     leases the next, one exchange per page (an I/O-bound worker) or several,
     back to back. ``pace``: (pages/s, exchanges a page) of a crawl; the same
     exchanges are then also sent at that rate, with that many pages in each
-    and with twice as many (:attr:`Floor.paced_us`).
+    and with twice as many (:attr:`Floor.paced_us`). ``pages``: requests in each run.
     """
     import hashlib
 
@@ -515,7 +514,6 @@ def measure_floor(client: redis.Redis, error_rate: float = 1e-6,
         home = partition_of(first[0].fingerprint, frontier_keys.partitions)
         frontier.exchange(first, {})
         acks: dict[int, list[str]] = {}
-        pages = FLOOR_PAGES if rate is None else FLOOR_PACED_PAGES
         before = _main_cpu(client)
         due = time.monotonic()
         for number, start in enumerate(range(0, pages, batch), 1):
@@ -532,13 +530,13 @@ def measure_floor(client: redis.Redis, error_rate: float = 1e-6,
     client.flushall()
     bloom = BloomFilter(client, "floor:bloomfilter", error_rate=error_rate, partitions=1)
     add = Script.for_backend("bitmap", "bloom_add.lua")
-    fps = [hashlib.sha1(b"floor-%d" % i).digest() for i in range(FLOOR_PAGES + 1)]
+    fps = [hashlib.sha1(b"floor-%d" % i).digest() for i in range(pages + 1)]
     bloom.add_many(fps[:1])
     before = _main_cpu(client)
-    for start in range(1, FLOOR_PAGES + 1, 100):
+    for start in range(1, pages + 1, 100):
         bloom.run_scripts([ScriptCall(add, [keys.state_key("floor:bloomfilter", 0)], [fp])
                            for fp in fps[start:start + 100]])
-    decision = (_main_cpu(client) - before) / FLOOR_PAGES * 1e6 - call
+    decision = (_main_cpu(client) - before) / pages * 1e6 - call
     client.flushall()
     return Floor(idle, round_trip, call, per_page, decision, paced,
                  pace[0] if pace is not None else 0.0)

@@ -48,6 +48,7 @@ one run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -63,6 +64,7 @@ import _rounds
 import redis
 from _crawl import (
     BLOOMCRAWL,
+    FLOOR_PAGES,
     ITEM_PIPELINES,
     MEMORY,
     RECIPE,
@@ -106,10 +108,13 @@ class Plan:
     workers: tuple[int, ...]
     max_idle: int  # MAX_IDLE_TIME_BEFORE_CLOSE of the shared contenders
     timeout: float  # per run
+    #: requests of each run of the floor probe (measure_floor); a quick run's floor only
+    #: shows that the probe works
+    floor_pages: int = FLOOR_PAGES
 
 
 FULL = Plan(pages=3000, workers=(1, 2), max_idle=2, timeout=240.0)
-QUICK = Plan(pages=300, workers=(1, 2), max_idle=1, timeout=120.0)
+QUICK = Plan(pages=300, workers=(1, 2), max_idle=1, timeout=120.0, floor_pages=200)
 
 
 def pin(cpus: list[int]) -> None:
@@ -161,7 +166,7 @@ def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
                 pace = None
                 if mine is not None and mine.round_trips and mine.pages_per_second > 0:
                     pace = (mine.pages_per_second, mine.per_page(mine.round_trips))
-                floor = measure_floor(client, pace=pace)
+                floor = measure_floor(client, pace=pace, pages=plan.floor_pages)
         finally:
             client.close()
     return runs, failures, floor
@@ -448,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = QUICK if args.quick else FULL
     if args.pages:
-        plan = Plan(args.pages, plan.workers, plan.max_idle, plan.timeout)
+        plan = dataclasses.replace(plan, pages=args.pages)
     contenders = pick_contenders(parser, args.contenders, CONTENDERS)
 
     print("bloomcrawl crawl benchmark: %d-page demo site (20 links a page), no delay;"

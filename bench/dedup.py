@@ -95,16 +95,17 @@ class Sizes:
     growth_decisions: int  # decisions timed at growth_max for the Redis CPU per decision
     probe_calls: int  # calls of each floor probe
     window_new: int  # new URLs per period of the revisit window's stream (--window)
+    window_s: float  # the revisit window's W (--window runs W x (2 + 3/g) of real time)
 
 
 FULL = Sizes(single=50_000, batched=1_000_000, recipe=5_000, unseen=100_000,
              recipe_unseen=20_000, requests=20_000, recipe_requests=5_000, fill_bit=19,
              growth_max=10_000_000, growth_decisions=100_000, probe_calls=5_000,
-             window_new=25_000)
+             window_new=25_000, window_s=8.0)
 QUICK = Sizes(single=2_000, batched=20_000, recipe=300, unseen=5_000,
               recipe_unseen=1_000, requests=1_000, recipe_requests=300, fill_bit=14,
               growth_max=100_000, growth_decisions=5_000, probe_calls=300,
-              window_new=1_000)
+              window_new=1_000, window_s=2.0)
 
 
 # --- measurements -------------------------------------------------------------
@@ -1063,8 +1064,8 @@ def worst_after_growth(scheme: GrowthScheme, one_host: bool = False,
 
 # --- revisit windows (--window) -------------------------------------------------
 
-#: the benchmark's window: W seconds in g generations (P = W / g), on Redis's clock
-WINDOW_S = 8.0
+#: the benchmark's window: W seconds (Sizes.window_s) in g generations (P = W / g), on
+#: Redis's clock
 WINDOW_GENERATIONS = defaults.FILTER_GENERATIONS
 #: periods fed past the first g + 2 (which fill the window and reach the bound): timed
 WINDOW_TIMED_PERIODS = WINDOW_GENERATIONS + 1
@@ -1084,6 +1085,7 @@ class WindowResult:
     live_items: int  # what the windowed filter holds (its live generations)
     windowed_bytes: int  # MEMORY USAGE of the windowed filter's keys
     plain_bytes: int  # ... of a plain filter holding the window's URLs only
+    window_s: float  # W
     windowed: Timing = field(default_factory=Timing)
     today: Timing = field(default_factory=Timing)  # the plain filter fed the same stream
     duplicates_checked: int = 0
@@ -1118,7 +1120,8 @@ def add(timing: Timing, other: Timing) -> None:
 
 
 def bench_window(client: redis.Redis, new_per_period: int, unseen: Sequence[bytes],
-                 generations: int = WINDOW_GENERATIONS) -> WindowResult:
+                 generations: int = WINDOW_GENERATIONS, window_s: float = 8.0
+                 ) -> WindowResult:
     """Feed a windowed filter and today's the same batches, period after period.
 
     Each batch is new URLs and URLs the windowed filter queued within W - WINDOW_MARGIN_S
@@ -1128,18 +1131,18 @@ def bench_window(client: redis.Redis, new_per_period: int, unseen: Sequence[byte
     same error rate, the memory both take is compared, and both are asked for
     fingerprints never queued.
     """
-    period = WINDOW_S / generations
+    period = window_s / generations
     window_urls = new_per_period * generations
     common: dict[str, Any] = dict(capacity=window_urls, error_rate=ERROR_RATE,
                                   partitions=defaults.FILTER_PARTITIONS, backend="bitmap")
-    windowed = BloomFilter(client, "bench:window", revisit_after=WINDOW_S,
+    windowed = BloomFilter(client, "bench:window", revisit_after=window_s,
                            generations=generations, **common)
     today = BloomFilter(client, "bench:today", **common)
     rng = random.Random(11)
     queued: list[tuple[float, list[bytes]]] = []  # (Redis time before the call, its new URLs)
     dup_per_batch = round(ADD_MANY_BATCH * WINDOW_DUPLICATE_SHARE)
     new_per_batch = ADD_MANY_BATCH - dup_per_batch
-    result = WindowResult(generations, new_per_period, window_urls, 0, 0, 0)
+    result = WindowResult(generations, new_per_period, window_urls, 0, 0, 0, window_s)
     counter = 0
     for n in range(generations + 2 + WINDOW_TIMED_PERIODS):
         start = redis_seconds(client)
@@ -1151,7 +1154,7 @@ def bench_window(client: redis.Redis, new_per_period: int, unseen: Sequence[byte
             counter += count
             made += count
             now = redis_seconds(client)
-            recent = [fps for t, fps in queued if now - t < WINDOW_S - WINDOW_MARGIN_S]
+            recent = [fps for t, fps in queued if now - t < window_s - WINDOW_MARGIN_S]
             pool = [fp for fps in recent for fp in fps]
             dups = rng.sample(pool, min(len(pool), dup_per_batch))
             batch = new + dups
@@ -1186,7 +1189,7 @@ def bench_window(client: redis.Redis, new_per_period: int, unseen: Sequence[byte
     result.live_items = windowed.info().items
     result.windowed_bytes = keys_bytes(client, "bench:window")
     now = redis_seconds(client)
-    in_window = [fp for t, fps in queued if now - t < WINDOW_S for fp in fps]
+    in_window = [fp for t, fps in queued if now - t < window_s for fp in fps]
     plain = BloomFilter(client, "bench:plain", **{**common, "capacity": len(in_window)})
     in_batches(plain.add_many, in_window, ADD_MANY_BATCH)()
     result.window_urls = len(in_window)
@@ -1200,10 +1203,10 @@ def bench_window(client: redis.Redis, new_per_period: int, unseen: Sequence[byte
 def report_window(result: WindowResult) -> dict[str, Any]:
     emit()
     g = result.generations
-    emit(f"Revisit window: W = {WINDOW_S:g} s in {g} generations"
+    emit(f"Revisit window: W = {result.window_s:g} s in {g} generations"
          f" (forgotten W to W x {1 + 1 / g:g} after), error rate"
          f" {ERROR_RATE:g}; {fmt_count(result.new_per_period)} new URLs per"
-         f" {WINDOW_S / g:g} s period, batches of {ADD_MANY_BATCH:,}"
+         f" {result.window_s / g:g} s period, batches of {ADD_MANY_BATCH:,}"
          f" ({WINDOW_DUPLICATE_SHARE:.0%} URLs queued within the window), both filters fed"
          " the same batches, timed alternately from the first period past the bound")
     rows = [
@@ -1731,8 +1734,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              " decision at the largest size measured")
     parser.add_argument("--window", action="store_true",
                         help="only the revisit window: a windowed filter beside today's and a"
-                             f" plain filter of the window's URLs (W = {WINDOW_S:g} s;"
-                             " W x (2 + 3/g) in all)")
+                             f" plain filter of the window's URLs (W = {FULL.window_s:g} s,"
+                             f" {QUICK.window_s:g} s with --quick; W x (2 + 3/g) in all)")
     parser.add_argument("--window-generations", type=int, default=WINDOW_GENERATIONS,
                         metavar="G", help="the generations of --window's filter (default"
                                           f" {WINDOW_GENERATIONS})")
@@ -1776,7 +1779,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             env = environment(server, client, skipped)
             if args.window:
                 window = bench_window(client, sizes.window_new, unseen,
-                                      args.window_generations)
+                                      args.window_generations, sizes.window_s)
                 return finish_window(args, env, window)
             contenders: list[tuple[Callable[..., list[Row]], tuple[Any, ...]]] = [
                 (bench_set, (seen_hex[:sizes.single], unseen_hex)),
