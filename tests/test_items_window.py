@@ -20,6 +20,7 @@ from scrapy.utils.test import get_crawler
 from bloomcrawl.core import keys
 from bloomcrawl.core.errors import SettingError
 from bloomcrawl.crawl.pipelines import RedisItemsPipeline
+from bloomcrawl.ops.cluster.processes import free_port
 
 from kit.wait import wait_until
 
@@ -159,6 +160,10 @@ def test_the_stored_mark_tells_what_a_restarted_server_lost_of_each_server(
         assert old and mark.server == new != old
         assert mark.last_ids == {old: "fp:1", new: "fp:2"}
         assert client.zscore(mark.ids_key, "fp:2") is not None  # the last item written is there
+        unreachable = redis.Redis(port=free_port(), socket_connect_timeout=1)
+        with pytest.raises(redis.ConnectionError):
+            mark.kept_on(unreachable, new)
+        assert mark.last_ids == {old: "fp:1", new: "fp:2"}  # not answered: asked again
         assert not mark.kept_on(client, new)  # fp:1, the old server's last, is not
         assert mark.last_ids == {new: "fp:2"}  # the old server is asked once
         assert mark.kept_on(client, new)

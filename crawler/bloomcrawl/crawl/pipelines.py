@@ -86,17 +86,19 @@ class StoredMark:
 
     def kept_on(self, server: redis.Redis, run_id: str | None) -> bool:
         """Whether ``server`` (whose run_id is ``run_id``) holds the last item written to
-        each server; the servers other than it are forgotten (asked once)."""
+        each server. Once answered, the servers other than it are forgotten (asked once);
+        a Redis error leaves them to be asked again."""
         marks = list(self.last_ids.items())
-        for other, _ in marks:
-            if other != run_id:
-                self.last_ids.pop(other, None)
         if not marks:
             return True
         pipe = server.pipeline(transaction=False)
         for _, item_id in marks:
             pipe.zscore(self.ids_key, item_id)
-        return all(score is not None for score in pipe.execute())
+        scores = pipe.execute()
+        for other, item_id in marks:
+            if other != run_id and self.last_ids.get(other) == item_id:
+                del self.last_ids[other]
+        return all(score is not None for score in scores)
 
 
 def stored_mark(crawler: Crawler) -> StoredMark | None:
