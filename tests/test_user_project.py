@@ -769,6 +769,22 @@ def test_scrapy_tool_commands_work_and_leave_the_frontier_alone(
     assert "GET /never-crawled-by-a-tool" not in shop.hits()
 
 
+#: the catalog spider's items through a pipeline that takes 0.3 s each, then stored
+SLOW_PIPELINE = {"ENRICH_DELAY": "0.3", "SCHEDULER_LEASE_TIMEOUT": "3",
+                 "ITEM_PIPELINES": json.dumps({
+                     "shopcrawl.pipelines.EnrichPipeline": 100,
+                     "bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300})}
+
+
+def every_product_once(client: redis.Redis, shop: RunningShop) -> None:
+    """Every product's item of the catalog spider is stored, once, and its frontier is empty."""
+    urls = Counter(str(i["url"]) for i in stored_items(client, "catalog"))
+    expected = {"%s/product/%d" % (shop.url, p) for p in range(PRODUCTS)}
+    assert not expected - set(urls), sorted(expected - set(urls))
+    assert max(urls.values()) == 1, urls
+    assert frontier_left(client, "catalog") == 0
+
+
 @pytest.mark.slow
 def test_a_redis_rollback_under_the_crawlspider_loses_no_item(
         tmp_path, shop: RunningShop, worker_pool: WorkerPool) -> None:
@@ -782,11 +798,7 @@ def test_a_redis_rollback_under_the_crawlspider_loses_no_item(
     server = RedisServer(tmp_path / "r")
     server.start()
     try:
-        settings = {"ENRICH_DELAY": "0.3", "SCHEDULER_LEASE_TIMEOUT": "3",
-                    "ITEM_PIPELINES": json.dumps({
-                        "shopcrawl.pipelines.EnrichPipeline": 100,
-                        "bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300})}
-        ws = workers(worker_pool, 2, "catalog", server.url, shop, settings)
+        ws = workers(worker_pool, 2, "catalog", server.url, shop, SLOW_PIPELINE)
         client = server.client()
 
         def stored_at_least(n: int) -> Any:
@@ -808,11 +820,7 @@ def test_a_redis_rollback_under_the_crawlspider_loses_no_item(
         run_workers(ws, CRAWL_TIMEOUT_S)
         check_exits(ws)
         assert any("is another server now" in w.text() for w in ws)
-        urls = Counter(str(i["url"]) for i in stored_items(client, "catalog"))
-        expected = {"%s/product/%d" % (shop.url, p) for p in range(PRODUCTS)}
-        assert not expected - set(urls), sorted(expected - set(urls))
-        assert max(urls.values()) == 1, urls
-        assert frontier_left(client, "catalog") == 0
+        every_product_once(client, shop)
         client.close()
     finally:
         server.stop()
@@ -836,11 +844,7 @@ def test_a_restart_that_kept_the_exchanges_and_lost_items_under_the_crawlspider(
     server.start()
     proxy = FaultProxy(server.port).start()
     try:
-        settings = {"ENRICH_DELAY": "0.3", "SCHEDULER_LEASE_TIMEOUT": "3",
-                    "ITEM_PIPELINES": json.dumps({
-                        "shopcrawl.pipelines.EnrichPipeline": 100,
-                        "bloomcrawl.crawl.pipelines.RedisItemsPipeline": 300})}
-        ws = workers(worker_pool, 2, "catalog", proxy.url, shop, settings)
+        ws = workers(worker_pool, 2, "catalog", proxy.url, shop, SLOW_PIPELINE)
         client = server.client()
         counts = [0]
 
@@ -869,11 +873,7 @@ def test_a_restart_that_kept_the_exchanges_and_lost_items_under_the_crawlspider(
         client = server.client()
         run_workers(ws, CRAWL_TIMEOUT_S)
         check_exits(ws)
-        urls = Counter(str(i["url"]) for i in stored_items(client, "catalog"))
-        expected = {"%s/product/%d" % (shop.url, p) for p in range(PRODUCTS)}
-        assert not expected - set(urls), sorted(expected - set(urls))
-        assert max(urls.values()) == 1, urls
-        assert frontier_left(client, "catalog") == 0
+        every_product_once(client, shop)
         assert any("kept this worker's exchanges, not all its items" in w.text() for w in ws), (
             "no worker found its exchanges kept and items lost: the case this test is for")
         client.close()
