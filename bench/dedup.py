@@ -1120,8 +1120,8 @@ def add(timing: Timing, other: Timing) -> None:
 
 
 def bench_window(client: redis.Redis, new_per_period: int, unseen: Sequence[bytes],
-                 generations: int = WINDOW_GENERATIONS, window_s: float = 8.0
-                 ) -> WindowResult:
+                 generations: int = WINDOW_GENERATIONS,
+                 window_s: float = FULL.window_s) -> WindowResult:
     """Feed a windowed filter and today's the same batches, period after period.
 
     Each batch is new URLs and URLs the windowed filter queued within W - WINDOW_MARGIN_S
