@@ -40,8 +40,9 @@ system-deps: ## install redis-server, prometheus (promtool), docker-compose, ope
 	scripts/ensure-system-packages.sh redis-server=redis-server promtool=prometheus \
 		docker-compose=docker-compose openssl=openssl ip=iproute2
 
-# tests at once (pytest-xdist; an idle process takes tests from a busy one); 0: one at a time
-TEST_PROCESSES ?= 2
+# tests at once (pytest-xdist; an idle process takes tests from a busy one); 0: one at a time.
+# Twice the CPUs (at most 8): most of a test's time is waiting on the processes it started
+TEST_PROCESSES ?= $(shell n=$$(nproc 2>/dev/null || echo 1); n=$$((2 * n)); [ $$n -gt 8 ] && n=8; echo $$n)
 
 test: venv system-deps ## run the test suite (starts its own redis-server, scrapyd, prometheus)
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist worksteal --durations=15 $(PYTEST_ARGS)

@@ -74,9 +74,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The cheap tests first, so that a break shows in the suite's first minute: those
     marked ``slow`` or starting processes (:data:`PROCESS_FIXTURES`) run after the rest,
-    each group in the order collected."""
-    def costly(item: pytest.Item) -> bool:
+    the ones marked ``long`` first of them, so that the run does not end waiting on one
+    of those; each group in the order collected."""
+    def cost(item: pytest.Item) -> int:
+        if item.get_closest_marker("long") is not None:
+            return 1
         names = getattr(item, "fixturenames", ())
-        return item.get_closest_marker("slow") is not None or not PROCESS_FIXTURES.isdisjoint(names)
+        costly = item.get_closest_marker("slow") is not None
+        return 2 if costly or not PROCESS_FIXTURES.isdisjoint(names) else 0
 
-    items.sort(key=costly)
+    items.sort(key=cost)

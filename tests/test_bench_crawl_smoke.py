@@ -37,6 +37,7 @@ TARGETS = [
 ]
 
 
+@pytest.mark.long
 def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str, str]) -> None:
     out = tmp_path / "crawl.json"
     proc = subprocess.run(
@@ -107,6 +108,7 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
     assert len(quarters) == 1 and quarters[0].count("us a page") == 4, proc.stdout
 
 
+@pytest.mark.long
 def test_repeat_reports_every_round_and_the_median(tmp_path: Path,
                                                    env_no_state: dict[str, str]) -> None:
     """``--repeat 2``: a row per round, and each target judged on the rounds' median."""

@@ -25,6 +25,7 @@ ROWS = ["min gap / delay", "peak rate / budget (10 gaps)", "span / (pages x dela
         "throughput / ideal", "domains with a gap < 0.9 x delay"]
 
 
+@pytest.mark.long
 def test_the_politeness_bench_runs_every_scenario(tmp_path: Path) -> None:
     out = tmp_path / "politeness.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", str(out)],

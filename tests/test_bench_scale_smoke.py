@@ -29,6 +29,7 @@ pytestmark = [
 TARGETS = [("1 Redis", "-"), ("cluster", "1"), ("cluster", "2"), ("cluster", "3")]
 
 
+@pytest.mark.long
 def test_quick_run_prints_every_target(tmp_path: Path, env_no_state: dict[str, str]) -> None:
     out = tmp_path / "scale.json"
     proc = subprocess.run(

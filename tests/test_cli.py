@@ -208,6 +208,7 @@ def bloomcrawl(env: dict[str, str], *args: str) -> str:
     return run.assert_ok().stdout
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_local_cluster_up_scale_deploy_demo_status_down(tmp_path: Path) -> None:
     env = dict(os.environ)

@@ -128,6 +128,7 @@ def test_deploy_fails_naming_the_module_the_spiders_cannot_import(
         assert "shopcrawl" not in node.node.request("listprojects.json")["projects"]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_deploy_installs_the_requirements_for_a_local_cluster_then_a_job_runs(
         project: Path, paths: Paths, local_cluster: list[ScrapydNode], redis_server: RedisServer,
@@ -165,6 +166,7 @@ def test_deploy_installs_the_requirements_for_a_local_cluster_then_a_job_runs(
         assert "No module named" not in log and "Spider closed (finished)" in log, log[-3000:]
 
 
+@pytest.mark.long
 def test_crawl_wait_of_a_spider_that_starts_itself_without_and_with_a_start_url(
         project: Path, paths: Paths, local_cluster: list[ScrapydNode], redis_server: RedisServer,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -258,6 +258,7 @@ def monitored_crawl(
                 prometheus.stop()
 
 
+@pytest.mark.long
 def test_every_panel_and_alert_query_returns_data_from_a_real_crawl(
     monitored_crawl: tuple[Prometheus, Worker, str],
     scrapyd_node: ScrapydNode,

@@ -122,6 +122,7 @@ def test_three_workers_crawl_a_cluster_exactly_once(clean_cluster, demo_site,
 # link is a lost subtree (a denser site would find it again through other pages)
 # big enough that the crawl is still going once the lagging replica is set up, on a
 # loaded machine too (the 48 MB ballast and the settling take seconds there)
+@pytest.mark.long
 @pytest.mark.parametrize("demo_site", [{"pages": 2000, "links_per_page": 2, "delay_ms": 20}],
                          indirect=True)
 @pytest.mark.parametrize("lagging", [False, True], ids=["caught-up", "lagging-replica"])
@@ -193,6 +194,7 @@ def test_a_master_killed_mid_crawl_loses_no_page(private_cluster, demo_site, lag
     check_exits(workers)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("demo_site", [{"pages": 1500, "delay_ms": 20}], indirect=True)
 def test_slots_migrated_mid_crawl_lose_nothing(private_cluster, demo_site,
                                                worker_pool: WorkerPool) -> None:

@@ -203,6 +203,7 @@ def central_env(tmp_path: Path, central_redis: ManagedProcess, hosts: Hosts) -> 
     return env
 
 
+@pytest.mark.long
 def test_a_worker_host_joins_over_tls_and_crawls_with_the_central_frontier(
         hosts: Hosts, central_redis: ManagedProcess, admin: redis.Redis,
         worker_host: WorkerHost, central_env: dict[str, str], tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
 import redis
 
 from kit.changing_site import ChangingSite
@@ -50,6 +51,7 @@ def crawl_run(pool: WorkerPool, redis_url: str, client: redis.Redis, site: Chang
     return Counter(url for _, url in fetches), [t for t, _ in fetches]
 
 
+@pytest.mark.long
 def test_runs_fetch_the_pages_past_the_bound_and_the_new_ones(
         redis_server, redis_client: redis.Redis, worker_pool: WorkerPool) -> None:
     with ChangingSite(articles=10) as site:
