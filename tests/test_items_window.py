@@ -125,6 +125,44 @@ def test_the_stored_mark_is_the_last_item_written(
     p.server.close()
 
 
+def test_a_call_whose_reply_was_lost_answers_what_its_first_send_did(
+        redis_server, redis_client: redis.Redis, items_keys: tuple[str, str, str]) -> None:
+    """The pipeline sends a call again when its reply is lost (here: applied by Redis,
+    the reply swallowed by the proxy, the connection closed). The first send stored the
+    item: "already stored" would leave the stored mark on the item before, and a restart
+    from a snapshot taken between the two would look as if it had lost nothing of this
+    worker's."""
+    from faults.proxy import FaultProxy
+
+    items, _, recent = items_keys
+    with FaultProxy(redis_server.port) as proxy:
+        p = pipeline(proxy.url)
+        mark = p.mark
+        assert mark is not None
+        assert p.push_many([("fp:0", '{"o":0}')]) == [True]
+        proxy.drop_replies(b"fp:1")
+        token = p.new_token()
+        with pytest.raises(redis.ConnectionError):
+            p.push_many([("fp:1", '{"o":1}')], token)
+        assert proxy.drops_pending == 0 and redis_client.llen(items) == 2  # it was stored
+        # sent again with its token, as the pipeline's retry does: what the first send did
+        assert p.push_many([("fp:1", '{"o":1}')], token) == [True]
+        assert mark.last_id == "fp:1"
+        assert redis_client.lrange(items, 0, -1) == [b'{"o":0}', b'{"o":1}']  # once each
+        # a new call of the same items is told they were stored before
+        assert p.push_many([("fp:1", '{"o":1}')]) == [False]
+        token = p.new_token()
+        assert p.push_many([("fp:2", "{}"), ("fp:0", "{}")], token) == [True, False]
+        assert p.push_many([("fp:2", "{}"), ("fp:0", "{}")], token) == [True, False]
+        assert p.push_many([("fp:2", "{}")]) == [False]
+        assert mark.last_id == "fp:2" and redis_client.llen(items) == 3
+        assert redis_client.zcard(recent) == 3
+        # the record of the pipeline's last call expires after the retries' time
+        record_ttl = redis_client.pttl(p.record_key)
+        assert 0 < record_ttl <= p.record_ms
+        p.server.close()
+
+
 def test_the_stored_mark_tells_what_a_restarted_server_lost_of_each_server(
         tmp_path) -> None:
     """The pipeline's connection is not the scheduler's: it may store items on the new

@@ -18,6 +18,7 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
+from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.frontier import Frontier
 from bloomcrawl.core.keys import FrontierKeys
@@ -232,10 +233,12 @@ def real_frontier(client: redis.Redis, spider: str = "site", partitions: int = 2
     front.take_start_entries(2)
     # the items pipeline's script: each item stored once, its id kept for the window
     push = Script("items_push.lua")
-    for origin in ("f1:0", "f1:1", "f2:0", "f1:0"):
+    record = keys.item_call_key(frontier_keys.items, "0a1b")
+    for call, origin in enumerate(("f1:0", "f1:1", "f2:0", "f1:0")):
         run_scripts(client, [ScriptCall(push, [frontier_keys.items, frontier_keys.item_ids,
-                                               frontier_keys.recent_item_ids],
-                                        ["60000", origin, json.dumps({"o": origin})])])
+                                               frontier_keys.recent_item_ids, record],
+                                        ["60000", str(call), "60000", origin,
+                                         json.dumps({"o": origin})])])
     return front
 
 

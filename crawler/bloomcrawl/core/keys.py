@@ -144,6 +144,17 @@ def recent_item_ids_key(items_key: str) -> str:
     return "{%s}:recent_ids" % items_key
 
 
+def item_calls_prefix(items_key: str) -> str:
+    """What the records of each items pipeline's last call start with (same slot)."""
+    return "{%s}:call:" % items_key
+
+
+def item_call_key(items_key: str, caller: str) -> str:
+    """One items pipeline's record of its last call: a call sent again answers what it
+    did the first time (expires some minutes after the pipeline's last call)."""
+    return item_calls_prefix(items_key) + caller
+
+
 def filter_name_from_meta(key: str) -> str:
     return key[: -len(META_SUFFIX)]
 

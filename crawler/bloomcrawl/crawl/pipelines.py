@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 _PUSH = Script("items_push.lua")
 #: the most items, and JSON bytes of them, stored in one call
 BATCH_ITEMS = 256
+#: a pipeline's record of its last call outlives REDIS_ITEMS_RETRY_TIMEOUT by this much
+RECORD_MARGIN_S = 60.0
 BATCH_BYTES = 1 << 20
 
 
@@ -140,6 +142,12 @@ class RedisItemsPipeline:
         self._batches: set[Any] = set()
         self.key = ""
         self.mark: StoredMark | None = None
+        #: this pipeline's record of its last call (a call sent again answers what it did
+        #: the first time), kept this long after the call
+        self.record_key = ""
+        self.record_ms = round((retry_timeout + RECORD_MARGIN_S) * 1000)
+        self._caller = uuid.uuid4().hex[:16]
+        self._calls = 0
         self.errors = RedisErrorPolicy(logger, server, "items wait until they can be stored",
                                        max_delay=5.0)
 
@@ -159,6 +167,7 @@ class RedisItemsPipeline:
     def open_spider(self, spider: Spider | None = None) -> None:
         assert self.crawler.spider is not None
         self.key = keys.spider_key(self.key_pattern, self.crawler.spider.name)
+        self.record_key = keys.item_call_key(self.key, self._caller)
         self.mark = StoredMark(keys.recent_item_ids_key(self.key))
         if not is_cluster(self.server):
             on_each_connection(self.server, self.mark.connected)
@@ -240,10 +249,11 @@ class RedisItemsPipeline:
         until ``deadline``. Their ``pages`` are told first (:func:`origins.sending`):
         a restart may lose what reached the server before it."""
         origins.sending(pages)
+        token = self.new_token()  # every try is the same call
         while True:
             try:
                 stored: list[bool] = await maybe_deferred_to_future(
-                    deferToThread(self.push_many, pairs))
+                    deferToThread(self.push_many, pairs, token))
             except REDIS_ERRORS as exc:
                 kind = error_kind(exc)
                 if (kind != "unreachable" and kind not in TRANSIENT_REPLIES) or (
@@ -276,10 +286,21 @@ class RedisItemsPipeline:
         """Store one item under its id unless stored within the window (blocks on Redis)."""
         return self.push_many([(origin, data)])[0]
 
-    def push_many(self, pairs: Sequence[tuple[str, str]]) -> list[bool]:
+    def new_token(self) -> str:
+        """A call's token: the same call sent again carries the same one."""
+        self._calls += 1
+        return str(self._calls)
+
+    def push_many(self, pairs: Sequence[tuple[str, str]], token: str | None = None
+                  ) -> list[bool]:
         """Store items ``(id, JSON)`` in order, each unless its id was stored within the
-        window, in one call (blocks on Redis); whether each was stored."""
-        args: list[str] = [str(self.dedup_window_ms)]
+        window, in one call (blocks on Redis); whether each was stored.
+
+        ``token`` (default: a new one): the call sent again with the token it
+        had answers what its first send did, even when that reply was lost.
+        """
+        args: list[str] = [str(self.dedup_window_ms), token or self.new_token(),
+                           str(self.record_ms)]
         for origin, data in pairs:
             args += (origin, data)
         mark = self.mark
@@ -288,7 +309,7 @@ class RedisItemsPipeline:
         try:
             (stored,) = run_scripts(self.server, [ScriptCall(
                 _PUSH, [self.key, keys.item_ids_key(self.key),
-                        keys.recent_item_ids_key(self.key)], args)])
+                        keys.recent_item_ids_key(self.key), self.record_key], args)])
             if mark is not None:
                 for (origin, _), one in zip(pairs, stored, strict=True):
                     if one:

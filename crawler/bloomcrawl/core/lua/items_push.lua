@@ -3,16 +3,29 @@
 -- twice (a worker died before its ack) or a call sent twice stores nothing new.
 -- Ids are remembered for the dedup window only (by Redis's clock), so the id
 -- zset holds the ids of that window, not of every item ever stored.
+-- A call sent again (its reply was lost: redis-py's retry, or the pipeline's own)
+-- answers what it did the first time, from the caller's record of its last call:
+-- "already stored" would hide from the caller that the first send stored them,
+-- and the caller must know which server holds the last item it wrote.
 -- KEYS[1] items list, KEYS[2] set of ids of before the window (read, never written),
--- KEYS[3] zset of recent ids -> when stored (ms)
--- ARGV[1] the dedup window (ms), then for each item: its id, its JSON
+-- KEYS[3] zset of recent ids -> when stored (ms), KEYS[4] the caller's record of its
+-- last call (the call's token, then its replies as digits)
+-- ARGV[1] the dedup window (ms), ARGV[2] the call's token (the same when sent again),
+-- ARGV[3] how long the record is kept (ms), then for each item: its id, its JSON
 -- Returns for each item 1 when stored, 0 when an item with its id was stored within
 -- the window (an id twice in one call: the second is not stored).
+local token = ARGV[2]
+local record = redis.call('GET', KEYS[4])
+if record and string.sub(record, 1, #token + 1) == token .. ':' then
+  local replies = {}
+  for i = #token + 2, #record do replies[#replies + 1] = string.byte(record, i) - 48 end
+  return replies
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - tonumber(ARGV[1])))
 local stored, replies = {}, {}
-for i = 2, #ARGV - 1, 2 do
+for i = 4, #ARGV - 1, 2 do
   local id = ARGV[i]
   if redis.call('ZSCORE', KEYS[3], id) or redis.call('SISMEMBER', KEYS[2], id) == 1 then
     replies[#replies + 1] = 0
@@ -26,4 +39,5 @@ end
 for first = 1, #stored, 1000 do
   redis.call('RPUSH', KEYS[1], unpack(stored, first, math.min(first + 999, #stored)))
 end
+redis.call('SET', KEYS[4], token .. ':' .. table.concat(replies), 'PX', ARGV[3])
 return replies

@@ -278,7 +278,9 @@ def _names_of(frontier: keys.FrontierKeys) -> tuple[set[str], list[tuple[str, re
              frontier.recent_item_ids,
              keys.crawl_key(frontier.spider)}
     tag = "{%s:" % frontier.filter
-    return exact, [_partitioned(tag), _partitioned("%s:%s" % (frontier.queue, tag))]
+    calls = keys.item_calls_prefix(frontier.items)
+    return exact, [_partitioned(tag), _partitioned("%s:%s" % (frontier.queue, tag)),
+                   (_glob_escape(calls) + "*", re.compile(re.escape(calls) + r"[0-9a-f]+"))]
 
 
 def spider_key_names(client: redis.Redis, spider: str
