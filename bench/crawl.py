@@ -280,7 +280,8 @@ def print_worker_cpu(runs: list[CrawlRun],
         worker_cpu.get((r.contender.key, r.workers)))
         for r in runs if r.contender is BLOOMCRAWL and r.distinct]
     separate = {r.workers: profile.SeparateRow(r.per_page(r.worker_cpu_s),
-                                               r.pages_per_second / r.workers)
+                                               r.pages_per_second / r.workers,
+                                               worker_cpu.get((r.contender.key, r.workers)))
                 for r in runs if r.separate}
     profile.print_worker_cpu(rows, memory.per_page(memory.worker_cpu_s) if memory else None,
                              ceiling_of(runs), separate,

@@ -6,6 +6,7 @@ A check that the benchmark works, not a timing: no rate is asserted.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -71,6 +72,16 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
     gc_lines = [x for x in lines if x.strip().startswith("garbage collection:")]
     assert len(gc_lines) == 2 and all("n/a" not in x for x in gc_lines), proc.stdout
     assert all(float(x.split()[2]) > 0 for x in gc_lines), gc_lines
+    # the middle half of the crawl apart from its ends: bloomcrawl's, beside the in-memory
+    # scheduler's (1 process) and the separate crawls' (2)
+    middle = [x for x in lines if x.strip().startswith("the middle half of each worker's")]
+    assert len(middle) == 2, proc.stdout
+    assert "(the in-memory scheduler: " in middle[0], middle
+    assert "(the separate in-memory crawls: " in middle[1], middle
+    for line in middle:
+        found = re.findall(r"([\d.]+) ms/page \(([\d.]+) of it in the kernel\), ([\d.]+)"
+                           r" voluntary and ([\d.]+) involuntary", line)
+        assert len(found) == 2 and all(float(f[0]) > float(f[1]) > 0 for f in found), line
     for name in TARGETS:
         line = next((x for x in lines if x.strip().startswith(name)), None)
         assert line is not None, name

@@ -45,6 +45,7 @@ import json
 import os
 import pstats
 import re
+import resource
 import threading
 import time
 from collections import defaultdict
@@ -143,6 +144,10 @@ class ThreadCpu:
         self.last: tuple[int, dict[int, float]] | None = None
         self.gc = GcClock()
         self.gc_first = self.gc_last = (0, 0.0)
+        #: at every reading: responses, the process's CPU s, its voluntary and
+        #: involuntary context switches, and its system CPU s (the middle of the crawl,
+        #: apart from its ends)
+        self.samples: list[tuple[int, float, int, int, float]] = []
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ThreadCpu:
@@ -162,6 +167,11 @@ class ThreadCpu:
         elif self.responses % THREADS_EVERY == 0:
             self.last = (self.responses, thread_cpu_times())
             self.gc_last = self.gc.reading()
+        else:
+            return
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.samples.append((self.responses, usage.ru_utime + usage.ru_stime, usage.ru_nvcsw,
+                             usage.ru_nivcsw, usage.ru_stime))
 
     def spider_closed(self, **kwargs: Any) -> None:
         if self.first is None or self.last is None:
@@ -175,6 +185,7 @@ class ThreadCpu:
             "other_s": sum(cpu for tid, cpu in spent.items() if tid != main),
             "gc_collections": self.gc_last[0] - self.gc_first[0],
             "gc_s": self.gc_last[1] - self.gc_first[1],
+            "samples": self.samples,
         }))
 
 
@@ -289,6 +300,9 @@ class WorkerCpu:
     responses: int = 0
     gc_collections: int = 0
     gc_s: float = 0.0
+    #: the middle half of each worker's responses: how many, the workers' CPU s in
+    #: it, their voluntary and involuntary context switches, and their system CPU s
+    middle: tuple[int, float, int, int, float] = (0, 0.0, 0, 0, 0.0)
 
     def gc_line(self) -> str:
         """The garbage collector's runs and CPU a page."""
@@ -296,11 +310,35 @@ class WorkerCpu:
         return "%.2f collections and %.0f us a page" % (self.gc_collections / pages,
                                                         self.gc_s / pages * 1e6)
 
+    def middle_line(self) -> str:
+        """CPU and context switches a page in the middle half of the crawl."""
+        pages, cpu_s, voluntary, involuntary, system_s = self.middle
+        if not pages:
+            return "n/a"
+        return ("%.2f ms/page (%.2f of it in the kernel), %.2f voluntary and %.2f involuntary"
+                " context switches a page" % (cpu_s / pages * 1e3, system_s / pages * 1e3,
+                                              voluntary / pages, involuntary / pages))
+
+
+def middle_half(samples: list[list[float]]) -> tuple[int, float, int, int, float]:
+    """From one worker's readings: its responses, CPU s and context switches between
+    a quarter and three quarters of its responses (none: too few readings)."""
+    if len(samples) < 3:
+        return (0, 0.0, 0, 0, 0.0)
+    total = samples[-1][0]
+    start = min(samples, key=lambda x: abs(x[0] - total / 4))
+    end = min(samples, key=lambda x: abs(x[0] - total * 3 / 4))
+    if end[0] <= start[0]:
+        return (0, 0.0, 0, 0, 0.0)
+    return (int(end[0] - start[0]), end[1] - start[1], int(end[2] - start[2]),
+            int(end[3] - start[3]), end[4] - start[4])
+
 
 def read_thread_cpu(threads_dir: Path, worker_prefix: str) -> WorkerCpu | None:
     """What the ThreadCpu of the workers named ``<worker_prefix>*`` wrote, added up."""
     main = other = gc_s = 0.0
     responses = collections = 0
+    middle = [0, 0.0, 0, 0, 0.0]
     for path in threads_dir.glob("%s*.json" % worker_prefix):
         data = json.loads(path.read_text())
         main += data["main_s"]
@@ -308,9 +346,12 @@ def read_thread_cpu(threads_dir: Path, worker_prefix: str) -> WorkerCpu | None:
         responses += data["responses"]
         collections += data["gc_collections"]
         gc_s += data["gc_s"]
+        for i, value in enumerate(middle_half(data.get("samples", []))):
+            middle[i] += value
     if main + other <= 0:
         return None
-    return WorkerCpu(other / (main + other), responses, collections, gc_s)
+    return WorkerCpu(other / (main + other), responses, collections, gc_s,
+                     (int(middle[0]), middle[1], int(middle[2]), int(middle[3]), middle[4]))
 
 
 def codec_cost_s(repeat: int = 2000) -> tuple[float, float]:
@@ -365,6 +406,7 @@ class SeparateRow:
 
     worker_cpu_per_page_s: float
     pages_per_second_per_process: float
+    cpu: WorkerCpu | None = None
 
 
 def print_worker_cpu(rows: list[CpuRow], memory_cpu_per_page_s: float | None,
@@ -412,6 +454,13 @@ def print_worker_cpu(rows: list[CpuRow], memory_cpu_per_page_s: float | None,
                 row.cpu.gc_line(), memory_cpu.gc_line() if memory_cpu is not None
                 and memory_cpu.responses else "n/a"))
         alone = (separate or {}).get(row.workers)
+        if row.cpu is not None:
+            middle = [("the in-memory scheduler", memory_cpu)] if row.workers == 1 else [
+                ("the separate in-memory crawls", alone.cpu if alone is not None else None)]
+            print("     the middle half of each worker's responses: %s (%s)" % (
+                row.cpu.middle_line(), "; ".join(
+                    "%s: %s" % (name, cpu.middle_line() if cpu is not None else "n/a")
+                    for name, cpu in middle)))
         if alone is not None:
             print("     floor with %d processes on this machine: %d separate in-memory crawls"
                   " side by side (no shared frontier, each fetches every page) take %.2f"
