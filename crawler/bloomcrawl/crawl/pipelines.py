@@ -12,6 +12,7 @@ window, not every item ever stored.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -74,6 +75,8 @@ class StoredMark:
         #: run_id -> the id of the last item written to that server
         self.last_ids: dict[str | None, str] = {}
         self.in_flight = False
+        #: wrote() runs on the pipeline's thread, kept_on() on the scheduler's I/O thread
+        self._lock = threading.Lock()
 
     @property
     def last_id(self) -> str | None:
@@ -84,22 +87,25 @@ class StoredMark:
         self.server = run_id
 
     def wrote(self, item_id: str) -> None:
-        self.last_ids[self.server] = item_id
+        with self._lock:
+            self.last_ids[self.server] = item_id
 
     def kept_on(self, server: redis.Redis, run_id: str | None) -> bool:
         """Whether ``server`` (whose run_id is ``run_id``) holds the last item written to
         each server. Once answered, the servers other than it are forgotten (asked once);
         a Redis error leaves them to be asked again."""
-        marks = list(self.last_ids.items())
+        with self._lock:
+            marks = list(self.last_ids.items())
         if not marks:
             return True
         pipe = server.pipeline(transaction=False)
         for _, item_id in marks:
             pipe.zscore(self.ids_key, item_id)
         scores = pipe.execute()
-        for other, item_id in marks:
-            if other != run_id and self.last_ids.get(other) == item_id:
-                del self.last_ids[other]
+        with self._lock:  # a server written to since is asked again
+            for other, item_id in marks:
+                if other != run_id and self.last_ids.get(other) == item_id:
+                    del self.last_ids[other]
         return all(score is not None for score in scores)
 
 
