@@ -290,6 +290,10 @@ def worker_settings(contender_settings: dict[str, str], settings: dict[str, str]
     return {**settings, **extra, "EXTENSIONS": json.dumps(extensions)}
 
 
+#: no middle half of a crawl: too few readings
+NO_MIDDLE = (0, 0.0, 0, 0, 0.0)
+
+
 @dataclass(frozen=True)
 class WorkerCpu:
     """One run's worker CPU, split between the reactor threads and the others."""
@@ -302,7 +306,7 @@ class WorkerCpu:
     gc_s: float = 0.0
     #: the middle half of each worker's responses: how many, the workers' CPU s in
     #: it, their voluntary and involuntary context switches, and their system CPU s
-    middle: tuple[int, float, int, int, float] = (0, 0.0, 0, 0, 0.0)
+    middle: tuple[int, float, int, int, float] = NO_MIDDLE
 
     def gc_line(self) -> str:
         """The garbage collector's runs and CPU a page."""
@@ -322,14 +326,14 @@ class WorkerCpu:
 
 def middle_half(samples: list[list[float]]) -> tuple[int, float, int, int, float]:
     """From one worker's readings: its responses, CPU s and context switches between
-    a quarter and three quarters of its responses (none: too few readings)."""
+    a quarter and three quarters of its responses (:data:`NO_MIDDLE`: too few readings)."""
     if len(samples) < 3:
-        return (0, 0.0, 0, 0, 0.0)
+        return NO_MIDDLE
     total = samples[-1][0]
     start = min(samples, key=lambda x: abs(x[0] - total / 4))
     end = min(samples, key=lambda x: abs(x[0] - total * 3 / 4))
     if end[0] <= start[0]:
-        return (0, 0.0, 0, 0, 0.0)
+        return NO_MIDDLE
     return (int(end[0] - start[0]), end[1] - start[1], int(end[2] - start[2]),
             int(end[3] - start[3]), end[4] - start[4])
 

@@ -47,9 +47,9 @@ logger = logging.getLogger(__name__)
 _PUSH = Script("items_push.lua")
 #: the most items, and JSON bytes of them, stored in one call
 BATCH_ITEMS = 256
+BATCH_BYTES = 1 << 20
 #: a pipeline's record of its last call outlives REDIS_ITEMS_RETRY_TIMEOUT by this much
 RECORD_MARGIN_S = 60.0
-BATCH_BYTES = 1 << 20
 
 
 class StoredMark:
