@@ -7,7 +7,6 @@ duplicate, one added more than 3 s ago is new again. Times are Redis's.
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import redis
@@ -19,6 +18,7 @@ from bloomcrawl.core.errors import FilterMismatchError, InvalidFilterParameters,
 from bloomcrawl.core.frontier import Frontier
 from bloomcrawl.core.keys import FrontierKeys
 from bloomcrawl.core.sizing import FilterParams
+from bloomcrawl.crawl import seen
 from bloomcrawl.crawl.config import FilterConfig, parse_duration
 from bloomcrawl.crawl.seen import SeenCache
 from bloomcrawl.ops.inspection import partition_fill
@@ -242,19 +242,31 @@ def test_the_frontier_tells_which_fingerprints_it_queued(redis_client: redis.Red
         e.fingerprint for e in again if e.fingerprint not in {f.fingerprint for f in first})
 
 
-def test_a_windowed_seen_cache_answers_for_half_the_window_to_the_whole() -> None:
-    cache = SeenCache(100, expire_after=0.2)
+def test_a_windowed_seen_cache_answers_for_half_the_window_to_the_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the cache's own clock, stepped by the test (binary fractions, exact): an
+    entry is answered for at least E and less than 2E after it went in."""
+    expire_after, step = 0.25, 1 / 64
+    now = [1024.0]
+    monkeypatch.setattr(seen.time, "monotonic", lambda: now[0])
+    cache = SeenCache(100, expire_after=expire_after)
     fps = fingerprints(3)
+    now[0] += expire_after / 4  # the entry goes in a quarter into the cache's period
     cache.remember(fps[:1], sent=1)
-    added = time.monotonic()
-    assert fps[0] in cache
-    wait_until(lambda: fps[0] not in cache, timeout=2, interval=0.01,
-               what="the entry to expire")
-    assert 0.2 <= time.monotonic() - added < 0.4 + 0.2  # 2E and a loaded poll; never 4E
+    answered = []
+    for k in range(1, 65):
+        now[0] += step
+        answered.append((k * step, fps[0] in cache))
+    kept = [after for after, yes in answered if yes]
+    assert all(yes for after, yes in answered if after < expire_after), answered
+    # until the end of the period after its own: 2E less the quarter it went in late
+    assert max(kept) == 2 * expire_after - expire_after / 4 - step, answered
+    assert not any(yes for after, yes in answered if after >= 2 * expire_after), answered
     cache.remember(fps[1:2], sent=1)
     assert fps[1] in cache
     forever = SeenCache(100)
     forever.remember(fps, sent=3)
+    now[0] += 100.0
     assert all(fp in forever for fp in fps) and not forever.expires
 
 
