@@ -58,11 +58,21 @@ def shop() -> Iterator[RunningShop]:
         yield site
 
 
+#: MAX_IDLE_TIME_BEFORE_CLOSE of several workers started together (workers())
+MULTI_IDLE_S = "4"
+
+
 def workers(pool: WorkerPool, n: int, spider: str, redis_url: str, shop: RunningShop,
             settings: dict[str, str] | None = None, first: int = 0,
             **spider_args: str) -> list[Worker]:
-    """``n`` workers of the user's project, its dependency on their PYTHONPATH."""
+    """``n`` workers of the user's project, its dependency on their PYTHONPATH.
+
+    Several stay MULTI_IDLE_S idle before they close: a worker that finds the crawl over
+    when it starts begins another, whose start requests come again, and on a loaded
+    machine one worker may take seconds longer to start than another."""
     args = {} if spider.startswith("redis_") else {"shop_url": shop.url, **spider_args}
+    if n > 1:
+        settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": MULTI_IDLE_S, **(settings or {})}
     return pool.start_many(n, redis_url, settings, first=first, spider=spider, args=args,
                            project=USERPROJECT, pythonpath=(PRICEFMT,))
 
