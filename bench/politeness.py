@@ -59,6 +59,7 @@ sys.path[:0] = [str(CRAWLER), str(ROOT / "tests")]
 
 import redis  # noqa: E402
 from _crawl import BLOOMCRAWL, ITEM_PIPELINES, SCRAPY_REDIS, Contender, Worker  # noqa: E402
+from _redis import cpu_sample  # noqa: E402
 from _report import fmt, ratio, verdict  # noqa: E402
 
 from bloomcrawl.ops.cluster.processes import (  # noqa: E402
@@ -177,6 +178,23 @@ class HostsSiteProcess:
         self.stop()
 
 
+@dataclass(frozen=True)
+class RedisWork:
+    """What a crawl cost its Redis, from seeding to the workers' exit: the main
+    thread's CPU, the exchanges (one MULTI/EXEC each on one Redis) and the script
+    calls (EVALSHA) in them."""
+
+    cpu_s: float
+    exchanges: int
+    script_calls: int
+
+
+def redis_counters(client: redis.Redis) -> tuple[float, int, int]:
+    stats = client.info("commandstats")
+    return (cpu_sample(client).main_thread_s, int(stats.get("cmdstat_exec", {}).get("calls", 0)),
+            int(stats.get("cmdstat_evalsha", {}).get("calls", 0)))
+
+
 @dataclass
 class Run:
     """What one scenario measured, from the site's arrivals."""
@@ -185,6 +203,7 @@ class Run:
     arrivals: list[Arrival]
     exit_codes: list[int | None]
     failure: str = ""
+    redis: RedisWork | None = None
 
     @property
     def pages(self) -> list[Arrival]:
@@ -273,6 +292,7 @@ def run_scenario(scenario: Scenario, server: RedisServer, workdir: Path) -> Run:
                           settings={**settings, "USER_AGENT": agent(scenario, i)})
                    for i in range(WORKERS)]
         failure = ""
+        before = redis_counters(client)
         try:
             if scenario.contender.start == "redis":
                 failure = open_failure(workers)
@@ -287,6 +307,9 @@ def run_scenario(scenario: Scenario, server: RedisServer, workdir: Path) -> Run:
                     if w.wait(deadline - time.monotonic()) is None:
                         failure = "worker %s did not close by itself" % w.name
             arrivals = site.client.arrivals()
+            cpu, exchanges, calls = (b - a for a, b in zip(before, redis_counters(client),
+                                                           strict=True))
+            work = RedisWork(float(cpu), int(exchanges), int(calls))
         finally:
             for w in workers:
                 w.kill()
@@ -296,7 +319,7 @@ def run_scenario(scenario: Scenario, server: RedisServer, workdir: Path) -> Run:
             failure = "workers exited with %s" % codes
         if failure:
             failure += "\n" + logs(workers)
-        return Run(scenario, arrivals, codes, failure)
+        return Run(scenario, arrivals, codes, failure, work)
 
 
 def open_failure(workers: list[Worker]) -> str:
@@ -399,6 +422,16 @@ def print_many_domains(run: Run | None) -> None:
         ("pages fetched / twice", "%d / %d" % (run.distinct, run.duplicates), "", ""),
         ("pages per worker", "/".join(map(str, run.per_worker())), "", ""),
     ]
+    pages = len(run.pages)
+    if run.redis is not None and pages:
+        # a paced crawl's exchanges: docs/scale.md's estimate assumes one a page
+        rows += [
+            ("Redis: exchanges a page (one MULTI/EXEC each)",
+             fmt(run.redis.exchanges / pages), "", ""),
+            ("Redis: script calls a page", fmt(run.redis.script_calls / pages), "", ""),
+            ("Redis: main thread CPU us a page", fmt(run.redis.cpu_s * 1e6 / pages, ".0f"),
+             "", ""),
+        ]
     for name, value, target, result in rows:
         print("  %-52s %10s  %-6s %s" % (name, value, target, result))
     print()
@@ -412,6 +445,9 @@ def as_json(runs: dict[str, Run]) -> dict[str, Any]:
         "ideal_throughput": r.ideal_throughput, "max_outstanding": r.outstanding,
         "distinct": r.distinct, "duplicates": r.duplicates, "per_worker": r.per_worker(),
         "failure": r.failure.split("\n")[0],
+        "redis": None if r.redis is None else {
+            "cpu_s": r.redis.cpu_s, "exchanges": r.redis.exchanges,
+            "script_calls": r.redis.script_calls},
     } for key, r in runs.items()}
 
 

@@ -49,13 +49,18 @@ def test_a_lease_call_sent_twice_loses_nothing(frontier: Frontier,
 def test_an_exchange_with_the_lease_partition_and_no_want_only_acks(
         frontier: Frontier) -> None:
     """``lease_from`` with ``want`` 0: the acks ride in that partition's call, nothing is
-    leased, and the reply (no wait: none was asked) reads as no lease."""
+    leased, and the reply says when a host of the partition is ready, after the acks:
+    a.test/2 now. Every call of an exchange says it for its partition."""
     frontier.exchange(outgoing("http://a.test/1", "http://a.test/2"), {})
     [lease] = frontier.lease(0, 1)
     done = frontier.exchange([], {0: [lease.token]}, lease_from=0, want=0, ahead=3)
-    assert (done.leases, done.ready_in) == ([], None)
-    assert frontier.reap() == 0  # the ack ended the lease: nothing is left to expire
-    assert [x.payload for x in frontier.lease(0, 5)] == [b'{"url": "http://a.test/2"}']
+    assert (done.leases, done.ready_in, done.waits) == ([], 0.0, {})
+    [lease] = frontier.lease(0, 1)  # the want-0 exchange leased nothing
+    assert lease.payload == b'{"url": "http://a.test/2"}'
+    done = frontier.exchange([], {0: [lease.token]})  # acks only: nothing queued is left
+    assert (done.leases, done.waits) == ([], {0: None})
+    assert frontier.reap() == 0  # the acks ended the leases: nothing is left to expire
+    assert frontier.lease(0, 5) == []
 
 
 def test_a_recorded_fingerprint_is_never_queued_and_filters_what_comes_after(

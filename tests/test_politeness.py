@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from typing import Any
 
@@ -17,6 +18,7 @@ from bloomcrawl.core.bloom import BloomFilter, partition_of
 from bloomcrawl.core.errors import FilterMismatchError, SettingError
 from bloomcrawl.core.frontier import Frontier, Outgoing
 from bloomcrawl.core.keys import FrontierKeys
+from bloomcrawl.core.leases import ONE_SLOT
 from bloomcrawl.core.politeness import (
     BUSY_RETRY_S,
     Feedback,
@@ -212,6 +214,14 @@ def test_a_lease_says_whether_its_host_has_a_delay(redis_client: redis.Redis) ->
     assert (free.paced, paced.paced) == (False, True)
     assert [json.loads(x.payload)["url"] for x in (free, paced)] == ["http://x.test/1",
                                                                      "http://y.test/1"]
+    # its delay, and its next lease a margin after (what lateness it absorbs unreported)
+    assert (paced.delay, paced.room) == (0.5, math.floor(500 * MARGIN) / 1000)
+    assert paced.slack == pytest.approx(0.025)
+    # a host of one slot: its next lease waits for the ack, which says when it ended
+    c = worker(redis_client, "c", Politeness(delay=0.5, concurrency=1))
+    c.exchange(outgoing(c, "http://z.test/1"), {})
+    [one] = c.exchange((), {}, lease_from=home("z.test"), want=1).leases
+    assert (one.paced, one.delay, one.room, one.slack) == (True, 0.5, ONE_SLOT, math.inf)
 
 
 def test_a_lease_ahead_comes_only_from_hosts_without_a_delay(redis_client: redis.Redis) -> None:

@@ -7,6 +7,7 @@ tests; these pin down what each part promises the others.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from pathlib import Path
 
@@ -18,12 +19,13 @@ from twisted.python.failure import Failure
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.connection import ServerWatch
 from bloomcrawl.core.errors import RedisUnavailableError
-from bloomcrawl.core.frontier import Frontier, Lease, Outgoing
+from bloomcrawl.core.frontier import Frontier, Outgoing
 from bloomcrawl.core.keys import FrontierKeys
+from bloomcrawl.core.leases import ONE_SLOT, Lease
 from bloomcrawl.crawl.exchanges import PACE_WINDOW_S, Pace, SoonestCall
 from bloomcrawl.crawl.held import HeldRequests
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LeaseRef, Outcome
-from bloomcrawl.crawl.lease_book import LeaseBook
+from bloomcrawl.crawl.lease_book import NO_ROOM, LeaseBook
 from bloomcrawl.crawl.outbox import Outbox, Reply
 from bloomcrawl.crawl.readiness import INF, PartitionReadiness
 from bloomcrawl.crawl.redis_io import RedisIO
@@ -81,6 +83,24 @@ def test_a_late_request_is_reported_from_when_it_went_out() -> None:
     assert book.leased_at("a") == 9.0
     book.finish((0, "a"))
     assert book.leased_at("a") is None
+
+
+def test_a_paced_lease_knows_how_late_its_request_may_leave() -> None:
+    """A host of several slots: the margin between its delay and its next lease. A host
+    of one slot: any lateness (its next lease counts from the ack), and its ack carries
+    when the request ended even when no response came."""
+    book = LeaseBook()
+    book.take(Lease(0, "many", b"{}", 5.0, True, 0.5, 0.525), Request("http://a.test/a"))
+    book.take(Lease(0, "one", b"{}", 5.0, True, 0.5, ONE_SLOT), Request("http://b.test/b"))
+    book.take(lease(0, "old", at=5.0), Request("http://c.test/c"))
+    assert book.room("many") == pytest.approx((0.025, 0.525, 0.5))
+    assert book.room("one") == (math.inf, ONE_SLOT, 0.5) and book.room("one").one_slot
+    assert book.room("old") == NO_ROOM == (0.0, 0.0, 0.0)  # nothing known: any lag is reported
+    before = time.monotonic()
+    token, _, ended = book.finish((0, "one")).partition("|")
+    assert token == "one" and before <= float(ended) <= time.monotonic()
+    assert book.finish((0, "many")) == "many"  # no response: its lease's room holds
+    assert book.room("many") == NO_ROOM
 
 
 def test_a_request_of_a_host_without_a_delay_is_never_reported_late() -> None:

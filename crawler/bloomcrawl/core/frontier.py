@@ -34,6 +34,7 @@ from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import partition_of
 from bloomcrawl.core.connection import ServerWatch, describe_redis, is_cluster
 from bloomcrawl.core.errors import SettingError
+from bloomcrawl.core.leases import Lease, parse_leases
 from bloomcrawl.core.politeness import BUSY_RETRY_S, Feedback, Politeness
 from bloomcrawl.core.scripts import Script, ScriptCall, load_scripts, transactions_allowed
 from bloomcrawl.core.sizing import BACKENDS
@@ -83,20 +84,6 @@ class Outgoing:
     record_only: bool = False
 
 
-@dataclass(frozen=True)
-class Lease:
-    """A request leased from ``partition``; ``token`` acks, renews or releases it."""
-
-    partition: int
-    token: str
-    payload: bytes
-    #: time.monotonic() when the lease call was sent: the lease is no older
-    at: float = 0.0
-    #: the host had a delay when leased: when the request left matters to the host's next
-    #: lease, so a request that leaves late is reported (a host without one: nothing to move)
-    paced: bool = True
-
-
 @dataclass
 class Exchanged:
     """What one :meth:`Frontier.exchange` did."""
@@ -111,6 +98,9 @@ class Exchanged:
     ready_in: float | None = None
     #: the same for each partition ``peek`` named
     peeked: dict[int, float | None] = field(default_factory=dict)
+    #: the same for every other partition the exchange had a call for (acks, requests,
+    #: what this worker saw of hosts), after that call
+    waits: dict[int, float | None] = field(default_factory=dict)
     #: the fingerprints the filter queued (not those of dont_filter requests)
     queued_fingerprints: list[bytes] = field(default_factory=list)
 
@@ -315,6 +305,9 @@ class Frontier:
                                                                            is not None)])}
         if lease_from is not None:
             call_of[lease_from] = len(calls) - 1
+        for p, i in call_of.items():
+            if p != lease_from:
+                done.waits[p] = wait_seconds(int(results[i][1]))
         for p, entries in by_partition.items():
             decisions = results[call_of[p]][0]
             done.queued_fingerprints += [e.fingerprint for e, d in zip(entries, decisions,
@@ -326,8 +319,8 @@ class Frontier:
                            for p, ms in zip(peek, results[at:at + len(peek)], strict=True)}
         if lease_from is not None:
             reply = results[-1]
-            done.ready_in = wait_seconds(int(reply[1])) if reply[1] else None  # b'': want 0
-            done.leases = self._leases(lease_from, reply[2:], sent)
+            done.ready_in = wait_seconds(int(reply[1]))
+            done.leases = parse_leases(lease_from, reply[2:], sent)
         return done
 
     def _partition_call(self, partition: int, seen: Sequence[Any] | None,
@@ -364,11 +357,6 @@ class Frontier:
     def lease(self, partition: int, want: int) -> list[Lease]:
         """Lease up to ``want`` requests from one partition."""
         return self.exchange((), {}, lease_from=partition, want=want).leases
-
-    @staticmethod
-    def _leases(partition: int, reply: list[bytes], sent: float) -> list[Lease]:
-        return [Lease(partition, reply[i].decode(), reply[i + 1], sent, reply[i + 2] == b"1")
-                for i in range(0, len(reply), 3)]
 
     def renew(self, held: Mapping[str, int]) -> list[str]:
         """Extend the deadlines of the leases ``held`` (token -> partition).

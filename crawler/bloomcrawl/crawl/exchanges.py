@@ -18,7 +18,6 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from bloomcrawl.core.bloom import partition_of
 from bloomcrawl.core.connection import ServerChangedError
 from bloomcrawl.core.errors import FilterFullError
 from bloomcrawl.crawl.duplicates import DuplicateLog
@@ -35,7 +34,8 @@ if TYPE_CHECKING:
     from twisted.python.failure import Failure
 
     from bloomcrawl.core.connection import RedisErrorPolicy
-    from bloomcrawl.core.frontier import Frontier, Lease
+    from bloomcrawl.core.frontier import Frontier
+    from bloomcrawl.core.leases import Lease
     from bloomcrawl.crawl.engine import EngineInterface
     from bloomcrawl.crawl.idle import IdleCloser
     from bloomcrawl.crawl.lease import LeaseRef
@@ -143,13 +143,17 @@ class ExchangeLoop:
 
     def ack(self, ref: LeaseRef | tuple[int, str]) -> None:
         """The request of lease ``ref`` is done: its ack goes with the next exchange, within
-        ACK_DELAY (a host with a delay) or ACK_DELAY_UNPACED (one without)."""
+        ACK_DELAY (a host with a delay) or ACK_DELAY_UNPACED (one without, or one of a
+        single slot whose delay is at least twice that: its next lease counts from the
+        request's end the ack carries, and cannot come before half its delay is over)."""
         paced = self.book.leased_at(ref[1]) is not None
+        room = self.book.room(ref[1])
         ack = self.book.finish(ref)
         if ack is not None:
             self.pace.done += 1
             self.outbox.ack(int(ref[0]), ack)
-            self.flush_soon(ACK_DELAY if paced else ACK_DELAY_UNPACED)
+            unpaced = not paced or (room.one_slot and room.delay >= 2 * ACK_DELAY_UNPACED)
+            self.flush_soon(ACK_DELAY_UNPACED if unpaced else ACK_DELAY)
 
     def flush_soon(self, delay: float) -> None:
         """Send what is owed within ``delay`` s (with the next lease, if one comes first)."""
@@ -257,17 +261,12 @@ class ExchangeLoop:
             if reply.frontier_size == 0 and self.starved:
                 self.idle.recheck_in(IDLE_RECHECK_S)
         got = self._take(reply.leases)
-        if batch.lease_from is not None:
-            # a partition that gave all it was asked for may have more; one that gave
-            # less is ready when its soonest host is
-            for p, wait in reply.ready_in.items():
-                self.readiness.ready_in(p, wait)
-        if done.queued:
-            partitions = self.frontier.partitions
-            self.readiness.may_have_work({partition_of(e.fingerprint, partitions)
-                                          for e in batch.outgoing})
-        # acks free their hosts' slots
-        self.readiness.may_have_work(p for p, tokens in batch.acks.items() if tokens)
+        # a partition that gave all it was asked for may have more; one that gave less,
+        # or that the exchange acked, queued or reported to, is ready when its soonest
+        # host is, as its call found it after doing all that (an ack frees its host's
+        # slot, a new request may make its host ready: the call saw it)
+        for p, wait in reply.ready_in.items():
+            self.readiness.ready_in(p, wait)
         if got:
             self.frontier_size = None
             self.poller.found()

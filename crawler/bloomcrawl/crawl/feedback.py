@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: a late send's report waits at most this long for an exchange to ride with (and at
+#: most a quarter of what is left before its host's next lease)
+REPORT_LATE_WITHIN_S = 0.05
+
 
 def retry_after(response: Any, now: float | None = None) -> float:
     """Seconds a 429/503 asks to wait: Retry-After in seconds or as an HTTP date."""
@@ -131,14 +135,23 @@ class HostFeedback:
         the host's next one, leased to another worker on time.
         """
         leased_at = self.book.leased_at(token)
-        if leased_at is None or when - leased_at <= LAG_REPORTED_S:
+        if leased_at is None:
+            return
+        lag = when - leased_at
+        # the host's next lease comes a margin after its delay (polite_common.lua), there
+        # for this: a lag within it changes nothing (measured from when the lease call
+        # left, before Redis leased, so never less than the real one); a report is due
+        # before that next lease
+        slack, room, _ = self.book.room(token)
+        if lag <= max(LAG_REPORTED_S, slack):
             return
         self.book.went_out(token, when)  # reported up to here
-        self.stats.max_value("bloomcrawl/lease_lag_max_ms", round((when - leased_at) * 1000))
+        self.stats.max_value("bloomcrawl/lease_lag_max_ms", round(lag * 1000))
+        self.stats.inc_value("bloomcrawl/late_sends_reported")
         host = host_of(request.url)
         seen = self._for(host)
         seen.sent[host] = max(seen.sent.get(host, 0.0), when)
-        self.loop.flush_soon(0)
+        self.loop.flush_soon(min(REPORT_LATE_WITHIN_S, max(0.0, (room - lag) / 4)))
 
     def response(self, response: Any, request: Request, spider: Spider) -> None:
         """What a response says about its host's budget, for every worker."""

@@ -11,8 +11,10 @@ close.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bloomcrawl.core.connection import REDIS_ERRORS, server_infos
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LeaseRef
@@ -24,11 +26,30 @@ if TYPE_CHECKING:
     from twisted.python.failure import Failure
 
     from bloomcrawl.core.connection import RedisErrorPolicy, ServerWatch
-    from bloomcrawl.core.frontier import Frontier, Lease
+    from bloomcrawl.core.frontier import Frontier
+    from bloomcrawl.core.leases import Lease
     from bloomcrawl.crawl.readiness import PartitionReadiness
     from bloomcrawl.crawl.redis_io import RedisIO
 
 logger = logging.getLogger(__name__)
+
+
+class Room(NamedTuple):
+    """What a paced lease's host allows (:class:`~bloomcrawl.core.frontier.Lease`): how
+    late its request may leave unreported, how long after the lease the host's next one
+    may come, its delay (s)."""
+
+    slack: float
+    room: float
+    delay: float
+
+    @property
+    def one_slot(self) -> bool:
+        """The host's next lease waits for this one's ack and counts from its end."""
+        return self.slack == math.inf
+
+
+NO_ROOM = Room(0.0, 0.0, 0.0)
 
 
 class LeaseBook:
@@ -40,6 +61,8 @@ class LeaseBook:
         # token -> time.monotonic() the lease was asked for: leases of hosts with a delay
         # (Lease.paced) not sent out yet
         self._leased_at: dict[str, float] = {}
+        # token -> the room of a paced lease whose host's room is known
+        self._room: dict[str, Room] = {}
         # token -> when its response came (sent with the ack)
         self._responded_at: dict[str, float] = {}
         # leased requests not handed to the engine yet
@@ -53,6 +76,8 @@ class LeaseBook:
         self._held[lease.token] = lease.partition
         if lease.paced:
             self._leased_at[lease.token] = lease.at
+            if lease.room:
+                self._room[lease.token] = Room(lease.slack, lease.room, lease.delay)
         if request is not None:
             self._ready.append((LeaseRef(lease.partition, lease.token), request))
 
@@ -74,19 +99,29 @@ class LeaseBook:
         """The lease's request is done: the ack to send (None: the lease is not ours).
 
         The ack carries when the response came: the host's next lease counts
-        from no earlier.
+        from no earlier. A host of one slot is told no late send
+        (:class:`~bloomcrawl.core.frontier.Lease`): its ack carries now when no
+        response came (a failed download), which is no earlier than the send.
         """
         token = ref[1]
         self._leased_at.pop(token, None)
+        room = self._room.pop(token, NO_ROOM)
         responded = self._responded_at.pop(token, None)
         if self._held.pop(token, None) is None:
             return None
+        if responded is None and room.one_slot:
+            responded = time.monotonic()
         return token if responded is None else "%s|%r" % (token, responded)
 
     def leased_at(self, token: str) -> float | None:
         """When the lease was asked for, while its request has not been reported sent
         (None for a host without a delay: when its request leaves moves nothing)."""
         return self._leased_at.get(token)
+
+    def room(self, token: str) -> Room:
+        """The room of a paced lease; NO_ROOM when not known (a host without a delay, or
+        none known): any lag may matter, and a report or an ack is due soon."""
+        return self._room.get(token, NO_ROOM)
 
     def went_out(self, token: str, when: float) -> None:
         """The lease's request was reported sent at ``when``."""
@@ -104,6 +139,7 @@ class LeaseBook:
         for token in tokens:
             self._held.pop(token, None)
             self._leased_at.pop(token, None)
+            self._room.pop(token, None)
             self._responded_at.pop(token, None)
 
     def forget(self) -> int:
@@ -111,6 +147,7 @@ class LeaseBook:
         count = len(self._held)
         self._held.clear()
         self._leased_at.clear()
+        self._room.clear()
         self._responded_at.clear()
         return count
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from bloomcrawl.core.connection import ServerChangedError, ServerWatch, server_infos
 from bloomcrawl.core.errors import FilterFullError
-from bloomcrawl.core.frontier import Exchanged, Frontier, Lease, Outgoing
+from bloomcrawl.core.frontier import Exchanged, Frontier, Outgoing
+from bloomcrawl.core.leases import Lease
 from bloomcrawl.core.politeness import Feedback
 from bloomcrawl.crawl.stats_book import StatsBook
 
@@ -78,8 +79,9 @@ class Reply:
     leases: list[Lease] = field(default_factory=list)
     #: requests, leases and start URLs anywhere (asked when ``check_idle`` found no lease)
     frontier_size: int | None = None
-    #: partitions leased from that gave fewer than asked -> seconds until one of their
-    #: hosts is ready (None: none waits for a time); those that gave all asked are absent
+    #: partitions leased from that gave fewer than asked, and those the exchange only
+    #: acked, queued or reported to -> seconds until one of their hosts is ready (None:
+    #: none waits for a time); those that gave all asked are absent (maybe more now)
     ready_in: dict[int, float | None] = field(default_factory=dict)
 
 
@@ -332,6 +334,7 @@ class Outbox:
                                  lease_from=batch.lease_from, want=batch.want,
                                  ahead=batch.ahead, feedback=batch.feedback, peek=probe)
         reply = Reply(batch, done, list(done.leases))
+        reply.ready_in.update(done.waits)
         if batch.lease_from is not None:
             if len(done.leases) < batch.want:
                 reply.ready_in[batch.lease_from] = done.ready_in

@@ -8,9 +8,9 @@
 -- worker), ARGV[8] a random number in [0, 1) (the delay jitter), ARGV[9] how many more
 -- to lease from hosts without a delay (lease_ready), then the feedback triples (kind,
 -- host, value) and the tokens to ack
--- returns {'', wait, token1, payload1, paced1, token2, ...} (paced: '1' when the host
--- has a delay, see lease_ready): wait is the ms until the
+-- returns {'', wait, token1, payload1, paced1, token2, ...} (paced: '0' when the host
+-- has no delay, else its delay and room, see lease_ready): wait is the ms until the
 -- partition's next host is ready (-1: nothing queued; -2: requests queued, but every
--- host that has some is at its concurrency: ready again when a slot frees; '': no lease
--- asked)
+-- host that has some is at its concurrency: ready again when a slot frees), after the
+-- acks and the lease
 return exchange(nil)

@@ -277,8 +277,12 @@ end
 -- (fewer exchanges); a request that waits in a worker cannot break a delay its host
 -- does not have, and the host keeps slots for the other workers.
 -- u: a random number in [0, 1) for the delay jitter. Appends token, payload, paced, ...
--- to out; paced is '1' when the host has a delay (when its request left matters to its
--- next lease: a worker reports it if late), '0' when it has none.
+-- to out; paced is '0' for a host without a delay, else '1:<delay ms>:<room ms>': the
+-- delay (jitter applied) and how long after this lease the host's next one may come at
+-- the earliest (the delay and its margin). When the request left matters to that next
+-- lease: a worker reports it when late by more than the margin can absorb. Room -1: a
+-- host of one slot, whose next lease waits for this one's ack and counts from the end
+-- it carries (end_leases), so when it left never needs reporting.
 local function lease_ready(leases, deadlines, counter, want, ahead, lease_ms, prefix, u, out)
   local n, most, spare = 0, want + ahead, {}
   while n < most do
@@ -308,12 +312,16 @@ local function lease_ready(leases, deadlines, counter, want, ahead, lease_ms, pr
     if count == 0 then
       redis.call('ZREM', PR.ready, host)
     else
-      local paced = delay > 0 and '1' or '0'
       if PR.jitter > 0 and delay > 0 then
         u = (u + 0.6180339887) % 1
         delay = delay * (1 + PR.jitter * (2 * u - 1))
       end
-      local at = math.max(PR.now + math.floor(delay * PR.margin), hold)
+      local room = math.floor(delay * PR.margin)
+      local paced = '0'
+      if delay > 0 then
+        paced = '1:' .. math.floor(delay) .. ':' .. (conc == 1 and -1 or room)
+      end
+      local at = math.max(PR.now + room, hold)
       redis.call('ZADD', PR.next, at, host)
       if redis.call('HINCRBY', PR.busy, host, count) >= conc
           or not redis.call('ZSCORE', PR.depth, host) then
@@ -362,8 +370,8 @@ end
 -- ARGV[6] lease ms, ARGV[7] token prefix (the worker), ARGV[8] a random number in [0, 1),
 -- ARGV[9] ahead (lease_ready), then the feedback triples, the acks, and what enqueue
 -- reads.
--- Returns {decisions, wait, token1, payload1, paced1, ...}; wait as ready_wait() ('' when
--- want is 0).
+-- Returns {decisions, wait, token1, payload1, paced1, ...}; wait as ready_wait(), after
+-- all of it (acks and new requests may have made a host ready, or set when it is).
 local function exchange(enqueue)
   polite_init(5, ARGV[1])
   PR.qtype = ARGV[2]
@@ -378,7 +386,7 @@ local function exchange(enqueue)
   if want > 0 then
     lease_ready(KEYS[2], KEYS[3], KEYS[4], want, tonumber(ARGV[9]), tonumber(ARGV[6]), ARGV[7],
                 tonumber(ARGV[8]), out)
-    out[2] = ready_wait()
   end
+  out[2] = ready_wait()
   return out
 end
