@@ -203,6 +203,26 @@ def test_a_request_that_went_out_late_moves_its_hosts_next_lease(
     assert wait is not None and wait > 1.0 - took - 0.01, (wait, took)
 
 
+def test_a_host_ready_within_the_horizon_is_leased_for_then(redis_client: redis.Redis) -> None:
+    """Workers that learnt when a paced host is ready would each ask then, and all but
+    one find nothing: with a horizon, the first to ask gets the request for that time,
+    and the host's next lease counts from it."""
+    polite = Politeness(delay=0.3, concurrency=4)
+    a, b, c = (worker(redis_client, name, polite) for name in "abc")
+    a.exchange(outgoing(a, *("http://x.test/%d" % i for i in range(3))), {})
+    assert lease(a, "x.test")[0] == ["http://x.test/0"]
+    before = time.monotonic()
+    [later] = b.exchange((), {}, lease_from=home("x.test"), want=5, horizon=0.5).leases
+    took = time.monotonic() - before
+    assert json.loads(later.payload)["url"] == "http://x.test/1"  # one per delay, still
+    # due a delay after the first lease, as the worker's clock has it once the reply came
+    assert 0.3 - took - 0.01 < later.due - time.monotonic() <= 0.3 * MARGIN
+    got, wait = lease(c, "x.test")  # nothing now; the next a delay after the one for later
+    assert got == [] and wait is not None and 0.6 - took - 0.01 < wait <= 0.6 * MARGIN + 0.01
+    # beyond the horizon: not leased
+    assert b.exchange((), {}, lease_from=home("x.test"), want=5, horizon=0.2).leases == []
+
+
 def test_a_lease_says_whether_its_host_has_a_delay(redis_client: redis.Redis) -> None:
     """A request of a host without a delay is not reported when it leaves late."""
     a = worker(redis_client, "a", Politeness(delay=0.0, concurrency=4))

@@ -22,7 +22,6 @@ from bloomcrawl.core.errors import RedisUnavailableError
 from bloomcrawl.core.frontier import Frontier, Outgoing
 from bloomcrawl.core.keys import FrontierKeys
 from bloomcrawl.core.leases import ONE_SLOT, Lease
-from bloomcrawl.crawl.exchanges import PACE_WINDOW_S, Pace, SoonestCall
 from bloomcrawl.crawl.held import HeldRequests
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LeaseRef, Outcome
 from bloomcrawl.crawl.lease_book import NO_ROOM, LeaseBook
@@ -30,6 +29,7 @@ from bloomcrawl.crawl.outbox import Outbox, Reply
 from bloomcrawl.crawl.readiness import INF, PartitionReadiness
 from bloomcrawl.crawl.redis_io import RedisIO
 from bloomcrawl.crawl.seen import SeenCache
+from bloomcrawl.crawl.timing import PACE_WINDOW_S, Pace, SoonestCall, lease_demand
 
 from kit.redis import RedisServer
 
@@ -101,6 +101,37 @@ def test_a_paced_lease_knows_how_late_its_request_may_leave() -> None:
     assert token == "one" and before <= float(ended) <= time.monotonic()
     assert book.finish((0, "many")) == "many"  # no response: its lease's room holds
     assert book.room("many") == NO_ROOM
+
+
+def test_a_request_leased_for_later_waits_in_the_book_until_its_time() -> None:
+    book = LeaseBook()
+    now = time.monotonic()
+    book.take(Lease(0, "later", b"{}", now, True, 0.5, ONE_SLOT, now + 0.2),
+              Request("http://a.test/later"))
+    book.take(Lease(0, "soon", b"{}", now, True, 0.5, ONE_SLOT, now + 0.1),
+              Request("http://b.test/soon"))
+    book.take(lease(0, "now", at=now), Request("http://c.test/now"))
+    assert (book.ready(), book.waiting(), len(book)) == (1, 2, 3)
+    assert book.next_due() == now + 0.1
+    assert book.leased_at("soon") == now + 0.1  # late from its time, not its lease call
+    assert book.pop_ready().url == "http://c.test/now"
+    while book.ready() == 0:
+        time.sleep(0.01)
+    assert time.monotonic() >= now + 0.1
+    assert [book.pop_ready().url] == ["http://b.test/soon"]  # the sooner first
+    assert (book.waiting(), book.next_due()) == (1, now + 0.2)
+    book.lost(["later"])  # Redis gave it to another worker: never fetched here
+    assert (book.waiting(), book.next_due()) == (0, math.inf)
+    assert book.held() == {"soon": 0, "now": 0}
+
+
+def test_requests_leased_for_later_hold_the_slots_they_will_take() -> None:
+    # 16 free slots, 3 ready, 5 waiting for their time: 8 more; none once they cover them
+    assert lease_demand(16, 3, 5, prefetch=1, pace=0.0) == (8, 0)
+    assert lease_demand(16, 0, 16, prefetch=1, pace=0.0) == (0, 0)
+    # nothing waiting: at least SCHEDULER_PREFETCH, and ahead from the pace
+    assert lease_demand(0, 0, 0, prefetch=1, pace=0.0) == (1, 0)
+    assert lease_demand(4, 0, 0, prefetch=1, pace=100.0) == (4, 16)
 
 
 def test_a_request_of_a_host_without_a_delay_is_never_reported_late() -> None:

@@ -254,6 +254,7 @@ class Frontier:
     def exchange(self, outgoing: Sequence[Outgoing], acks: Mapping[int, Sequence[str]],
                  stats: Sequence[tuple[int, Mapping[str, int]]] = (), *,
                  lease_from: int | None = None, want: int = 1, ahead: int = 0,
+                 horizon: float = 0.0,
                  feedback: Mapping[int, Feedback] | None = None,
                  peek: Sequence[int] = ()) -> Exchanged:
         """One round trip: enqueue-if-new, acks, shared stats and, optionally, a lease.
@@ -266,8 +267,9 @@ class Frontier:
         sent (resend the counts of a failed exchange under its own number).
         ``feedback`` is what this worker saw of hosts, by partition. ``peek``:
         partitions to tell when a host of theirs may be leased
-        (:attr:`Exchanged.peeked`), read in the same round trip. Every call
-        may be sent again safely.
+        (:attr:`Exchanged.peeked`), read in the same round trip. ``horizon`` (s):
+        a host with a delay ready that soon is leased too, for then
+        (:attr:`Lease.due`). Every call may be sent again safely.
         """
         f = self.keys
         by_partition: dict[int, list[Outgoing]] = defaultdict(list)
@@ -289,13 +291,15 @@ class Frontier:
             partitions.append(lease_from)
             calls.append(self._partition_call(lease_from, seen.get(lease_from),
                                               by_partition.get(lease_from, ()),
-                                              acks.get(lease_from, ()), want, ahead))
+                                              acks.get(lease_from, ()), want, ahead,
+                                              horizon))
         if not calls:
             return Exchanged()
         sent = time.monotonic()
         # whole: a snapshot with a page's ack and not its links would lose them for good
         results = self.bloom.run_scripts(calls, recreate_filter=self._recreate_filter,
                                          whole=self.whole)
+        received = time.monotonic()
         replies = [r for r in results if isinstance(r, list)]
         revisited = sum(reply[0].count(b"2") for reply in replies)
         queued = sum(reply[0].count(b"1") for reply in replies) + revisited
@@ -320,12 +324,12 @@ class Frontier:
         if lease_from is not None:
             reply = results[-1]
             done.ready_in = wait_seconds(int(reply[1]))
-            done.leases = parse_leases(lease_from, reply[2:], sent)
+            done.leases = parse_leases(lease_from, reply[2:], sent, received)
         return done
 
     def _partition_call(self, partition: int, seen: Sequence[Any] | None,
                         outgoing: Sequence[Outgoing], acks: Sequence[str],
-                        want: int, ahead: int = 0) -> ScriptCall:
+                        want: int, ahead: int = 0, horizon: float = 0.0) -> ScriptCall:
         """The one call of an exchange on ``partition``: what this worker saw of its hosts
         (:meth:`Feedback.args`), requests, acks, lease."""
         f = self.keys
@@ -334,7 +338,8 @@ class Frontier:
                            want, self.lease_ms,
                            # tokens: "<worker>/<epoch>:<partition>:<number from Redis>"
                            "%s%d:" % (self._token_prefix(), partition), repr(random.random()),
-                           ahead, *seen, *ack_args(acks)]
+                           "%d:%d" % (ahead, horizon * 1000) if horizon > 0 else ahead,
+                           *seen, *ack_args(acks)]
         script = _LEASE
         if outgoing:
             script = _ENQUEUE[self.bloom.params.backend, self.bloom.params.windowed]

@@ -2,7 +2,7 @@
 
 The partition scripts (``core/lua/polite_common.lua``, ``lease_ready``) answer
 each leased request with three values: its token, its queue entry, and what
-its host allows (``0``: no delay; ``1:<delay ms>:<room ms>``).
+its host allows (``0``: no delay; ``1:<delay ms>:<room ms>:<not before ms>``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ class Lease:
     #: ONE_SLOT for a host of one slot: its next lease counts from this one's ack
     delay: float = 0.0
     room: float = 0.0
+    #: time.monotonic() before which the request may not leave (a paced host leased for
+    #: when it is ready, within the call's horizon); 0.0: at once
+    due: float = 0.0
 
     @property
     def slack(self) -> float:
@@ -39,17 +42,20 @@ class Lease:
         return math.inf if self.room == ONE_SLOT else max(0.0, self.room - self.delay)
 
 
-def parse_leases(partition: int, reply: list[bytes], sent: float) -> list[Lease]:
-    """The leases of one partition call's reply (after its decisions and wait)."""
+def parse_leases(partition: int, reply: list[bytes], sent: float,
+                 received: float = 0.0) -> list[Lease]:
+    """The leases of one partition call's reply (after its decisions and wait); ``sent``
+    and ``received``: time.monotonic() when the call left and its reply came (a lease's
+    start counts from then: Redis leased before it)."""
     leases = []
     for i in range(0, len(reply), 3):
         paced = reply[i + 2]
         if paced == b"0":
             leases.append(Lease(partition, reply[i].decode(), reply[i + 1], sent, False))
             continue
-        # b"1:<delay ms>:<room ms>" (b"1" alone: neither known)
-        _, _, times = paced.partition(b":")
-        delay, _, room = times.partition(b":")
+        # b"1:<delay ms>:<room ms>:<not before ms>" (b"1" alone: none known)
+        _, delay, room, later = [*paced.split(b":"), b"", b"", b""][:4]
+        due = received + int(later) / 1000 if later and later != b"0" else 0.0
         leases.append(Lease(partition, reply[i].decode(), reply[i + 1], sent, True,
-                            int(delay or 0) / 1000, int(room or 0) / 1000))
+                            int(delay or 0) / 1000, int(room or 0) / 1000, due))
     return leases

@@ -14,7 +14,6 @@ Nothing here blocks the reactor: the exchange itself runs on the I/O thread.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from bloomcrawl.crawl.idle import IDLE_RECHECK_S
 from bloomcrawl.crawl.lease import ENTRY_META_KEY, LOCAL_META_KEY
 from bloomcrawl.crawl.redis_io import call_later, log_unexpected, redis_failed
 from bloomcrawl.crawl.serialization import entry_id, request_from_json
+from bloomcrawl.crawl.timing import Pace, SoonestCall, lease_demand
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -51,8 +51,6 @@ logger = logging.getLogger(__name__)
 
 #: requests buffered that start an exchange by themselves
 MAX_BATCH = 500
-#: requests leased in one exchange at the most
-MAX_LEASE = 32
 MAX_POLL_DELAY = 1.0
 FIRST_POLL_DELAY = 0.05
 #: a worker that got leases this recently has work: it reads start URLs once a
@@ -64,12 +62,10 @@ ACK_DELAY = 0.05
 #: an ack of a host without one waits longer, for a lease to ride with: each exchange
 #: costs Redis a wake-up, and a worker with requests ready does not lease for a while
 ACK_DELAY_UNPACED = 0.15
-#: a lease may hold this many seconds of the worker's recent pace beyond the engine's
-#: free slots, from hosts without a delay: a fast crawl's exchanges each carry more
-#: pages, and so are fewer (each costs Redis a wake-up and a script call's fixed work)
-LEASE_AHEAD_S = 0.2
-#: the pace is the requests finished over the last window this long
-PACE_WINDOW_S = 0.5
+#: a lease takes a host with a delay that is ready this soon too, for then (the request
+#: waits in the lease book): workers that all learnt when a host is ready would each ask
+#: for it then, and all but one find nothing. At most a quarter of the lease timeout
+LEASE_LATER_S = 0.5
 
 
 class ExchangeLoop:
@@ -119,6 +115,9 @@ class ExchangeLoop:
         self._wake_call = SoonestCall(self._exchange_owed)
         #: after a failed exchange, once its back-off passed (none starts meanwhile)
         self._retry_call = SoonestCall(self._exchange_owed)
+        #: a request leased for later is due: the engine gets it
+        self._due_call = SoonestCall(self._due)
+        self.horizon = min(LEASE_LATER_S, frontier.lease_ms / 4000)
         self.pace = Pace()
 
     # -- starting and stopping -----------------------------------------------------------
@@ -132,12 +131,13 @@ class ExchangeLoop:
         """No more timers or retries: the scheduler is closing."""
         self.closing = True
         self.poller.stop()
-        for timer in (self._flush_call, self._wake_call, self._retry_call):
+        for timer in (self._flush_call, self._wake_call, self._retry_call, self._due_call):
             timer.cancel()
 
     def busy_here(self) -> bool:
-        """Leased requests wait for the engine, or Redis is owed something or answering."""
-        return bool(self.book.ready() or self.outbox.owes() or self.outbox.exchanging)
+        """Leased requests wait (for the engine or their time), or Redis is owed or busy."""
+        return bool(self.book.ready() or self.book.waiting() or self.outbox.owes()
+                    or self.outbox.exchanging)
 
     # -- what the scheduler and its parts ask for ----------------------------------------
 
@@ -181,13 +181,13 @@ class ExchangeLoop:
             return
         lease_from = None
         probe: list[int] = []
+        want, ahead = self._demand()
         ready = self.readiness.ready_now()
-        if lease and not self.book.ready() and ready:
+        if lease and want and not self.book.ready() and ready:
             order = self.readiness.lease_order(ready, first=self.outbox.ack_partition())
             lease_from, probe = order[0], order[1:]
-        elif lease and not self.book.ready():
+        elif lease and want and not self.book.ready():
             self._wake_when_ready()  # no host is ready yet: ask when the first one is
-        want, ahead = self._demand()
         self._send(lease_from, want=want, ahead=ahead, check_idle=check_idle, probe=probe)
 
     def send_now(self) -> None:
@@ -206,26 +206,21 @@ class ExchangeLoop:
 
     def _send(self, lease_from: int | None, *, want: int, ahead: int, check_idle: bool,
               probe: list[int], failures: list[Failure] | None = None) -> None:
-        d = self.outbox.send(lease_from, want=want, ahead=ahead, check_idle=check_idle,
-                             probe=probe)
+        horizon = self.horizon if self.io.threaded else 0.0
+        d = self.outbox.send(lease_from, want=want, ahead=ahead, horizon=horizon,
+                             check_idle=check_idle, probe=probe)
         if d is None:
             return
         d.addCallbacks(self._exchanged, self._failed if failures is None else failures.append)
         d.addErrback(log_unexpected, logger, self.log_extra)
 
     def _demand(self) -> tuple[int, int]:
-        """How many to lease: SCHEDULER_PREFETCH or the engine's free slots (leasing
-        one per exchange would leave slots idle a round trip each); and how many
-        more from hosts without a delay, up to LEASE_AHEAD_S of the recent pace."""
-        if not self.io.threaded:
+        """How many to lease, and how many more from hosts without a delay (lease_demand)."""
+        active = self.engine.active_downloads() if self.io.threaded else None
+        if active is None:  # inline, or no engine (yet)
             return self.prefetch, 0
-        active = self.engine.active_downloads()
-        if active is None:  # no engine (yet)
-            return self.prefetch, 0
-        ready = self.book.ready()
-        want = max(self.prefetch, min(self.concurrency - active - ready, MAX_LEASE))
-        pace = math.ceil(self.pace.per_second(time.monotonic()) * LEASE_AHEAD_S)
-        return want, max(0, min(pace, MAX_LEASE) - want - ready)
+        return lease_demand(self.concurrency - active, self.book.ready(), self.book.waiting(),
+                            self.prefetch, self.pace.per_second(time.monotonic()))
 
     # -- replies ---------------------------------------------------------------------------
 
@@ -261,6 +256,8 @@ class ExchangeLoop:
             if reply.frontier_size == 0 and self.starved:
                 self.idle.recheck_in(IDLE_RECHECK_S)
         got = self._take(reply.leases)
+        if self.book.waiting():
+            self._due_call.within(max(0.0, self.book.next_due() - time.monotonic()))
         # a partition that gave all it was asked for may have more; one that gave less,
         # or that the exchange acked, queued or reported to, is ready when its soonest
         # host is, as its call found it after doing all that (an ack frees its host's
@@ -313,6 +310,14 @@ class ExchangeLoop:
         request = self.book.pop_ready()
         request.meta[LOCAL_META_KEY] = True
         self.engine.crawl(request)
+
+    def _due(self) -> None:
+        """Requests leased for later are due: to the engine, as a lease's are."""
+        if self.closing:
+            return
+        self._wake_engine()
+        if self.book.waiting():
+            self._due_call.within(max(0.0, self.book.next_due() - time.monotonic()))
 
     def _failed(self, failure: Failure) -> None:
         """The exchange failed; its batch is back in the buffers."""
@@ -434,51 +439,3 @@ class Poller:
             self.loop.errors.ok()
             self._delay = FIRST_POLL_DELAY
             self.loop.exchange(lease=self.loop.starved)
-
-
-class SoonestCall:
-    """A one-shot timer that only moves earlier: asked for a later time than it is set
-    for (give or take ``slack`` s), it keeps its own."""
-
-    def __init__(self, fire: Callable[[], None], later: Callable[..., Any] = call_later) -> None:
-        self._fire = fire
-        self._later = later
-        self._call: Any = None
-        self._at = 0.0
-
-    def within(self, delay: float, slack: float = 0.0) -> None:
-        at = time.monotonic() + delay
-        if self._call is not None:
-            if self._at <= at + slack:
-                return
-            self._call.cancel()
-        self._at = at
-        self._call = self._later(delay, self._run)
-
-    def pending(self) -> bool:
-        return self._call is not None
-
-    def cancel(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
-
-    def _run(self) -> None:
-        self._call = None
-        self._fire()
-
-
-class Pace:
-    """Requests a worker finished per second, over its last complete window."""
-
-    def __init__(self, now: float | None = None) -> None:
-        self.done = 0
-        self._since = time.monotonic() if now is None else now
-        self._rate = 0.0
-
-    def per_second(self, now: float) -> float:
-        elapsed = now - self._since
-        if elapsed >= PACE_WINDOW_S:
-            self._rate = self.done / elapsed
-            self._since, self.done = now, 0
-        return self._rate

@@ -10,6 +10,7 @@ close.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import time
@@ -67,6 +68,9 @@ class LeaseBook:
         self._responded_at: dict[str, float] = {}
         # leased requests not handed to the engine yet
         self._ready: deque[tuple[LeaseRef, Request]] = deque()
+        # leased for later (Lease.due): (due, order, ref, request), moved to _ready when due
+        self._later: list[tuple[float, int, LeaseRef, Request]] = []
+        self._taken = 0
 
     def __len__(self) -> int:
         return len(self._held)
@@ -75,18 +79,40 @@ class LeaseBook:
         """A lease came; ``request`` is made of it (None: its entry was unreadable)."""
         self._held[lease.token] = lease.partition
         if lease.paced:
-            self._leased_at[lease.token] = lease.at
+            # late from its time, not from when it was leased ahead of it
+            self._leased_at[lease.token] = max(lease.at, lease.due)
             if lease.room:
                 self._room[lease.token] = Room(lease.slack, lease.room, lease.delay)
-        if request is not None:
-            self._ready.append((LeaseRef(lease.partition, lease.token), request))
+        if request is None:
+            return
+        ref = LeaseRef(lease.partition, lease.token)
+        if lease.due > time.monotonic():
+            self._taken += 1
+            heapq.heappush(self._later, (lease.due, self._taken, ref, request))
+        else:
+            self._ready.append((ref, request))
 
     def ready(self) -> int:
-        """Leased requests waiting to be handed to the engine."""
+        """Leased requests waiting to be handed to the engine (those leased for later,
+        once their time came)."""
+        later = self._later
+        if later and later[0][0] <= time.monotonic():
+            now = time.monotonic()
+            while later and later[0][0] <= now:
+                _, _, ref, request = heapq.heappop(later)
+                self._ready.append((ref, request))
         return len(self._ready)
 
+    def waiting(self) -> int:
+        """Leased requests whose time has not come (:attr:`Lease.due`)."""
+        return len(self._later)
+
+    def next_due(self) -> float:
+        """When the first of them may leave (time.monotonic(); inf: none waits)."""
+        return self._later[0][0] if self._later else math.inf
+
     def pop_ready(self) -> Request:
-        """The next leased request, carrying its lease in meta."""
+        """The next leased request, carrying its lease in meta (call :meth:`ready` first)."""
         ref, request = self._ready.popleft()
         request.meta[LEASE_META_KEY] = ref
         return request
@@ -136,6 +162,11 @@ class LeaseBook:
 
     def lost(self, tokens: list[str]) -> None:
         """Redis no longer holds these leases for us: never renewed or acked again."""
+        gone = set(tokens)
+        if self._later and any(ref[1] in gone for _, _, ref, _ in self._later):
+            # never fetched: another worker gets them when their leases expire
+            self._later = [e for e in self._later if e[2][1] not in gone]
+            heapq.heapify(self._later)
         for token in tokens:
             self._held.pop(token, None)
             self._leased_at.pop(token, None)
@@ -155,6 +186,7 @@ class LeaseBook:
         """Closing: the leases went back to the queue, the ready requests with them."""
         self.forget()
         self._ready.clear()
+        self._later.clear()
 
 
 class LeaseUpkeep:

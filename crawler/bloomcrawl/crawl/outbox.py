@@ -68,6 +68,8 @@ class Batch:
     seeds: list[tuple[bytes, str]] = field(default_factory=list)
     #: how many more to lease from ``lease_from``'s hosts without a delay
     ahead: int = 0
+    #: a host with a delay ready within this many seconds is leased for then
+    horizon: float = 0.0
 
 
 @dataclass
@@ -243,7 +245,7 @@ class Outbox:
     # -- sending -------------------------------------------------------------------------
 
     def send(self, lease_from: int | None = None, *, want: int = 1, ahead: int = 0,
-             check_idle: bool = False,
+             horizon: float = 0.0, check_idle: bool = False,
              probe: list[int] | None = None) -> Deferred[Reply] | None:
         """Start one exchange with all that is owed (None: nothing to do, or one is under
         way). The Deferred fires on the reactor with the :class:`Reply`, or with the
@@ -260,7 +262,7 @@ class Outbox:
                                        at_once=not self.io.threaded)
         batch = Batch(outgoing, self._acks, stats, self._start_waiting, self._dropped,
                       lease_from, want, check_idle, self.watch.epoch, probe or [],
-                      self._feedback, duplicates, self._seeds, ahead)
+                      self._feedback, duplicates, self._seeds, ahead, horizon)
         self._outgoing, self._acks, self._feedback = [], defaultdict(list), {}
         self._start_waiting, self._dropped, self._seeds = [], [], []
         self.exchanging = True
@@ -332,9 +334,9 @@ class Outbox:
         probe = batch.probe if batch.lease_from is not None else []
         done = frontier.exchange(batch.outgoing, batch.acks, batch.stats,
                                  lease_from=batch.lease_from, want=batch.want,
-                                 ahead=batch.ahead, feedback=batch.feedback, peek=probe)
-        reply = Reply(batch, done, list(done.leases))
-        reply.ready_in.update(done.waits)
+                                 ahead=batch.ahead, horizon=batch.horizon, peek=probe,
+                                 feedback=batch.feedback)
+        reply = Reply(batch, done, list(done.leases), ready_in=dict(done.waits))
         if batch.lease_from is not None:
             if len(done.leases) < batch.want:
                 reply.ready_in[batch.lease_from] = done.ready_in
@@ -348,7 +350,7 @@ class Outbox:
                     continue
                 if len(reply.leases) >= batch.want:
                     break
-                more = frontier.exchange((), {}, lease_from=p,
+                more = frontier.exchange((), {}, lease_from=p, horizon=batch.horizon,
                                          want=batch.want - len(reply.leases))
                 reply.leases += more.leases
                 if len(reply.leases) < batch.want:

@@ -332,8 +332,8 @@ class Scheduler:
         if self.tool is not None:
             return bool(self.tool.has_pending_requests())
         outbox = self.loop.outbox
-        return bool(self.book.ready() or len(self.held) or outbox.requests()
-                    or self.loop.readiness.ready_now() or outbox.exchanging)
+        return bool(self.book.ready() or self.book.waiting() or len(self.held)
+                    or outbox.requests() or self.loop.readiness.ready_now() or outbox.exchanging)
 
     def enqueue_request(self, request: Request) -> bool:
         """Queue a request in the shared frontier (buffered, sent with the next exchange).

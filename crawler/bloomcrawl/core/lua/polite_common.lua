@@ -276,30 +276,40 @@ end
 -- at most half its free slots: a worker keeps those for its engine's next free slots
 -- (fewer exchanges); a request that waits in a worker cannot break a delay its host
 -- does not have, and the host keeps slots for the other workers.
+-- Within `want`, a paced host ready within `horizon` ms is leased for then: the worker
+-- holds its request until that time (the lease says how long from now), and the host's
+-- next lease counts from it. Workers that all learnt when a host is ready would
+-- otherwise each ask at that moment, and all but one find nothing.
 -- u: a random number in [0, 1) for the delay jitter. Appends token, payload, paced, ...
--- to out; paced is '0' for a host without a delay, else '1:<delay ms>:<room ms>': the
--- delay (jitter applied) and how long after this lease the host's next one may come at
--- the earliest (the delay and its margin). When the request left matters to that next
--- lease: a worker reports it when late by more than the margin can absorb. Room -1: a
+-- to out; paced is '0' for a host without a delay, else
+-- '1:<delay ms>:<room ms>:<not before ms>': the delay (jitter applied), how long after
+-- this lease's time the host's next one may come at the earliest (the delay and its
+-- margin), and how long from now the request may not leave (0: at once). When the
+-- request left matters to that next lease: a worker reports it when late by more than
+-- the margin can absorb (from its time, not before). Room -1: a
 -- host of one slot, whose next lease waits for this one's ack and counts from the end
 -- it carries (end_leases), so when it left never needs reporting.
-local function lease_ready(leases, deadlines, counter, want, ahead, lease_ms, prefix, u, out)
+local function lease_ready(leases, deadlines, counter, want, ahead, horizon, lease_ms, prefix,
+                           u, out)
   local n, most, spare = 0, want + ahead, {}
   while n < most do
-    local r = redis.call('ZRANGEBYSCORE', PR.ready, '-inf', PR.now, 'LIMIT', 0, 2)
+    local r = redis.call('ZRANGEBYSCORE', PR.ready, '-inf', PR.now + horizon, 'WITHSCORES',
+                         'LIMIT', 0, 2)
     if #r == 0 then break end
-    local host = r[1]
+    local host, start = r[1], math.max(PR.now, tonumber(r[2]))
     local delay, conc, hold = host_policy(host)
     if delay > 0 and n >= want then break end
+    -- a host ready later (within the horizon): only a paced one, claimed for its time
+    if start > PR.now and delay == 0 then break end
     local take, need = 1, want - n
-    if delay == 0 and most - n > 1 and (#r == 1 or need <= 0) then
+    if delay == 0 and most - n > 1 and (#r == 2 or need <= 0) then
       local free = conc - tonumber(redis.call('HGET', PR.busy, host) or '0')
       local due = math.max(0, math.min(need, free))
       -- ahead, at most half the free slots the host had when this call first took
       -- from it: requests held in a worker must not keep the others from its slots
       local left = spare[host] or math.floor((free - due) / 2)
       -- several hosts ready (need <= 0 then): one each in turn
-      local extra = math.max(0, math.min(left, #r > 1 and 1 or most - n - due))
+      local extra = math.max(0, math.min(left, #r > 2 and 1 or most - n - due))
       spare[host] = left - extra
       take = due + extra
       if take < 1 then
@@ -319,9 +329,10 @@ local function lease_ready(leases, deadlines, counter, want, ahead, lease_ms, pr
       local room = math.floor(delay * PR.margin)
       local paced = '0'
       if delay > 0 then
-        paced = '1:' .. math.floor(delay) .. ':' .. (conc == 1 and -1 or room)
+        paced = '1:' .. math.floor(delay) .. ':' .. (conc == 1 and -1 or room) .. ':'
+                .. (start - PR.now)
       end
-      local at = math.max(PR.now + room, hold)
+      local at = math.max(start + room, hold)
       redis.call('ZADD', PR.next, at, host)
       if redis.call('HINCRBY', PR.busy, host, count) >= conc
           or not redis.call('ZSCORE', PR.depth, host) then
@@ -330,7 +341,7 @@ local function lease_ready(leases, deadlines, counter, want, ahead, lease_ms, pr
         redis.call('ZADD', PR.ready, at, host)
       end
       local last = redis.call('INCRBY', counter, count)
-      local values, deadline, expiry = {}, {}, PR.now + lease_ms
+      local values, deadline, expiry = {}, {}, start + lease_ms
       for i = 1, count do
         local token = prefix .. (last - count + i)
         local payload = got[2 * i - 1]
@@ -368,8 +379,8 @@ end
 -- counter, KEYS[5..10] politeness (polite_init)
 -- ARGV[1] cfg, ARGV[2] queue type, ARGV[3] feedback triples, ARGV[4] acks, ARGV[5] want,
 -- ARGV[6] lease ms, ARGV[7] token prefix (the worker), ARGV[8] a random number in [0, 1),
--- ARGV[9] ahead (lease_ready), then the feedback triples, the acks, and what enqueue
--- reads.
+-- ARGV[9] ahead[:horizon] (lease_ready), then the feedback triples, the acks, and what
+-- enqueue reads.
 -- Returns {decisions, wait, token1, payload1, paced1, ...}; wait as ready_wait(), after
 -- all of it (acks and new requests may have made a host ready, or set when it is).
 local function exchange(enqueue)
@@ -384,8 +395,10 @@ local function exchange(enqueue)
   local out = {enqueue and enqueue(at) or '', ''}
   end_leases(KEYS[2], KEYS[3], ack_from, at - 1)
   if want > 0 then
-    lease_ready(KEYS[2], KEYS[3], KEYS[4], want, tonumber(ARGV[9]), tonumber(ARGV[6]), ARGV[7],
-                tonumber(ARGV[8]), out)
+    -- ARGV[9]: "<ahead>" or "<ahead>:<horizon ms>"
+    local ahead, horizon = string.match(ARGV[9], '^(%d+):?(%d*)$')
+    lease_ready(KEYS[2], KEYS[3], KEYS[4], want, tonumber(ahead), tonumber(horizon) or 0,
+                tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), out)
   end
   out[2] = ready_wait()
   return out
