@@ -22,7 +22,9 @@ BENCH = ROOT / "bench" / "politeness.py"
 pytestmark = pytest.mark.slow
 
 ROWS = ["min gap / delay", "peak rate / budget (10 gaps)", "span / (pages x delay)",
-        "throughput / ideal", "domains with a gap < 0.9 x delay"]
+        "throughput / ideal", "domains with a gap < 0.9 x delay",
+        "Redis: exchanges a page", "Redis: script calls a page",
+        "Redis: main thread CPU us a page"]
 
 
 @pytest.mark.long
@@ -40,3 +42,8 @@ def test_the_politeness_bench_runs_every_scenario(tmp_path: Path) -> None:
         assert run["distinct"] == run["domains"] * run["pages"], (name, run)
         assert run["duplicates"] == 0, (name, run)
         assert run["min_gap_s"] > 0, (name, run)
+        # what the crawl cost its Redis: every contender's crawl makes commands
+        redis_work = run["redis"]
+        assert redis_work["cpu_s"] > 0, (name, run)
+        if name != "c":  # bloomcrawl's: its exchanges, each a MULTI/EXEC of script calls
+            assert 0 < redis_work["exchanges"] <= redis_work["script_calls"], (name, run)
