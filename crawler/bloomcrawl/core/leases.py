@@ -8,6 +8,7 @@ its host allows (``0``: no delay; ``1:<delay ms>:<room ms>:<not before ms>``).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 #: Lease.room of a host with one slot (the lease script's -1 ms)
@@ -48,6 +49,7 @@ def parse_leases(partition: int, reply: list[bytes], sent: float,
     and ``received``: time.monotonic() when the call left and its reply came (a lease's
     start counts from then: Redis leased before it)."""
     leases = []
+    received = received or time.monotonic()
     for i in range(0, len(reply), 3):
         paced = reply[i + 2]
         if paced == b"0":
