@@ -205,21 +205,29 @@ def test_a_request_that_went_out_late_moves_its_hosts_next_lease(
 
 def test_a_host_ready_within_the_horizon_is_leased_for_then(redis_client: redis.Redis) -> None:
     """Workers that learnt when a paced host is ready would each ask then, and all but
-    one find nothing: with a horizon, the first to ask gets the request for that time,
-    and the host's next lease counts from it."""
-    polite = Politeness(delay=0.3, concurrency=4)
+    one find nothing: with a horizon, the first to ask gets the request for that time.
+    Only a host of one slot: its next lease waits for the ack and counts from the end it
+    carries. A host of more slots could be leased again before a late send were told."""
+    polite = Politeness(delay=0.3, concurrency=1)
     a, b, c = (worker(redis_client, name, polite) for name in "abc")
     a.exchange(outgoing(a, *("http://x.test/%d" % i for i in range(3))), {})
-    assert lease(a, "x.test")[0] == ["http://x.test/0"]
-    before = time.monotonic()
+    [first] = a.exchange((), {}, lease_from=home("x.test"), want=1).leases
+    answered = time.monotonic()
+    a.exchange((), {home("x.test"): ["%s|%r" % (first.token, answered)]})
     [later] = b.exchange((), {}, lease_from=home("x.test"), want=5, horizon=0.5).leases
-    took = time.monotonic() - before
+    took = time.monotonic() - answered
     assert json.loads(later.payload)["url"] == "http://x.test/1"  # one per delay, still
-    # due a delay after the first lease, as the worker's clock has it once the reply came
+    # due a delay after the response, as the worker's clock has it once the reply came
     assert 0.3 - took - 0.01 < later.due - time.monotonic() <= 0.3 * MARGIN
-    got, wait = lease(c, "x.test")  # nothing now; the next a delay after the one for later
-    assert got == [] and wait is not None and 0.6 - took - 0.01 < wait <= 0.6 * MARGIN + 0.01
-    # beyond the horizon: not leased
+    assert later.slack == math.inf  # one slot: its ack tells the host's next lease
+    got, wait = lease(c, "x.test")  # its only slot is taken
+    assert got == [] and wait == BUSY_RETRY_S
+    # beyond the horizon, or a host of two slots: not leased for later
+    d = worker(redis_client, "d", Politeness(delay=0.3, concurrency=2))
+    d.exchange(outgoing(d, "http://y.test/1", "http://y.test/2"), {})
+    assert len(d.exchange((), {}, lease_from=home("y.test"), want=1).leases) == 1
+    assert d.exchange((), {}, lease_from=home("y.test"), want=5, horizon=0.5).leases == []
+    b.exchange((), {home("x.test"): ["%s|%r" % (later.token, time.monotonic())]})
     assert b.exchange((), {}, lease_from=home("x.test"), want=5, horizon=0.2).leases == []
 
 

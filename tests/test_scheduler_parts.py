@@ -101,6 +101,17 @@ def test_a_paced_lease_knows_how_late_its_request_may_leave() -> None:
     assert token == "one" and before <= float(ended) <= time.monotonic()
     assert book.finish((0, "many")) == "many"  # no response: its lease's room holds
     assert book.room("many") == NO_ROOM
+    # a retry that failed after a response: the ack carries now, not that response
+    book.take(Lease(0, "retried", b"{}", 5.0, True, 0.5, ONE_SLOT), Request("http://d.test/"))
+    book.responded("retried", 6.0)
+    book.sending("retried", 7.0)
+    before = time.monotonic()
+    _, _, ended = book.finish((0, "retried")).partition("|")
+    assert float(ended) >= before
+    book.take(Lease(0, "answered", b"{}", 5.0, True, 0.5, ONE_SLOT), Request("http://e.test/"))
+    book.sending("answered", 6.0)
+    book.responded("answered", 7.0)
+    assert book.finish((0, "answered")) == "answered|7.0"
 
 
 def test_a_request_leased_for_later_waits_in_the_book_until_its_time() -> None:

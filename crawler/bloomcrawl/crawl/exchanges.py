@@ -269,10 +269,12 @@ class ExchangeLoop:
             self.poller.found()
             self._wake_engine()
         # a starved engine gets its next lease now (with what piled up meanwhile: acks,
-        # new links); else what piled up rides with the next lease, or the ack timer's
-        # exchange. After an empty lease, looking for work again is the poller's job.
+        # new links), unless requests leased for later fill its free slots; else what
+        # piled up rides with the next lease, or the ack timer's exchange. After an
+        # empty lease, looking for work again is the poller's job.
         if not self.closing and (
-                (self.starved and self.readiness.ready_now() and not self.book.ready())
+                (self.starved and self.readiness.ready_now() and not self.book.ready()
+                 and self._demand()[0] > 0)
                 or self.outbox.requests() >= MAX_BATCH):
             self.exchange()
         elif not self.closing and self.outbox.has_feedback():
@@ -313,11 +315,10 @@ class ExchangeLoop:
 
     def _due(self) -> None:
         """Requests leased for later are due: to the engine, as a lease's are."""
-        if self.closing:
-            return
-        self._wake_engine()
-        if self.book.waiting():
-            self._due_call.within(max(0.0, self.book.next_due() - time.monotonic()))
+        if not self.closing:
+            self._wake_engine()
+            if self.book.waiting():
+                self._due_call.within(max(0.0, self.book.next_due() - time.monotonic()))
 
     def _failed(self, failure: Failure) -> None:
         """The exchange failed; its batch is back in the buffers."""

@@ -137,13 +137,15 @@ class HostFeedback:
         leased_at = self.book.leased_at(token)
         if leased_at is None:
             return
+        self.book.sending(token, when)
         lag = when - leased_at
-        # the host's next lease comes a margin after its delay (polite_common.lua), there
-        # for this: a lag within it changes nothing (measured from when the lease call
-        # left, before Redis leased, so never less than the real one); a report is due
-        # before that next lease
+        # the host's next lease comes a margin after its delay (polite_common.lua): a lag
+        # within half of it changes nothing (measured from when the lease call left,
+        # before Redis leased, so never less than the real one; the other half is for
+        # the way to the site, which nothing reports); a report is due before that next
+        # lease. A host of one slot: never (its ack carries when the request ended)
         slack, room, _ = self.book.room(token)
-        if lag <= max(LAG_REPORTED_S, slack):
+        if lag <= max(LAG_REPORTED_S, slack / 2):
             return
         self.book.went_out(token, when)  # reported up to here
         self.stats.max_value("bloomcrawl/lease_lag_max_ms", round(lag * 1000))

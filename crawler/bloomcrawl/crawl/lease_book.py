@@ -66,6 +66,8 @@ class LeaseBook:
         self._room: dict[str, Room] = {}
         # token -> when its response came (sent with the ack)
         self._responded_at: dict[str, float] = {}
+        # token -> when its request (or a retry of it) last went out: paced leases
+        self._sent_at: dict[str, float] = {}
         # leased requests not handed to the engine yet
         self._ready: deque[tuple[LeaseRef, Request]] = deque()
         # leased for later (Lease.due): (due, order, ref, request), moved to _ready when due
@@ -126,16 +128,19 @@ class LeaseBook:
 
         The ack carries when the response came: the host's next lease counts
         from no earlier. A host of one slot is told no late send
-        (:class:`~bloomcrawl.core.frontier.Lease`): its ack carries now when no
-        response came (a failed download), which is no earlier than the send.
+        (:class:`~bloomcrawl.core.leases.Lease`): its ack carries now when no
+        response came to the last send (a failed download, a retry that failed),
+        which is no earlier than that send.
         """
         token = ref[1]
         self._leased_at.pop(token, None)
         room = self._room.pop(token, NO_ROOM)
         responded = self._responded_at.pop(token, None)
+        sent = self._sent_at.pop(token, None)
         if self._held.pop(token, None) is None:
             return None
-        if responded is None and room.one_slot:
+        if room.one_slot and (responded is None or (sent is not None and sent > responded)):
+            # no response to its last send (a failed download, or a retry that failed)
             responded = time.monotonic()
         return token if responded is None else "%s|%r" % (token, responded)
 
@@ -148,6 +153,11 @@ class LeaseBook:
         """The room of a paced lease; NO_ROOM when not known (a host without a delay, or
         none known): any lag may matter, and a report or an ack is due soon."""
         return self._room.get(token, NO_ROOM)
+
+    def sending(self, token: str, when: float) -> None:
+        """A paced lease's request (or a retry of it) went out at ``when``."""
+        if when > self._sent_at.get(token, 0.0):
+            self._sent_at[token] = when
 
     def went_out(self, token: str, when: float) -> None:
         """The lease's request was reported sent at ``when``."""
@@ -172,6 +182,7 @@ class LeaseBook:
             self._leased_at.pop(token, None)
             self._room.pop(token, None)
             self._responded_at.pop(token, None)
+            self._sent_at.pop(token, None)
 
     def forget(self) -> int:
         """Give up every lease (Redis lost state): they expire; returns how many."""
@@ -180,6 +191,7 @@ class LeaseBook:
         self._leased_at.clear()
         self._room.clear()
         self._responded_at.clear()
+        self._sent_at.clear()
         return count
 
     def clear(self) -> None:

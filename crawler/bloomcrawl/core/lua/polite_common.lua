@@ -276,9 +276,9 @@ end
 -- at most half its free slots: a worker keeps those for its engine's next free slots
 -- (fewer exchanges); a request that waits in a worker cannot break a delay its host
 -- does not have, and the host keeps slots for the other workers.
--- Within `want`, a paced host ready within `horizon` ms is leased for then: the worker
--- holds its request until that time (the lease says how long from now), and the host's
--- next lease counts from it. Workers that all learnt when a host is ready would
+-- Within `want`, a host with a delay and one slot ready within `horizon` ms is leased for
+-- then: the worker holds its request until that time (the lease says how long from now),
+-- and the host's next lease counts from it. Workers that all learnt when a host is ready would
 -- otherwise each ask at that moment, and all but one find nothing.
 -- u: a random number in [0, 1) for the delay jitter. Appends token, payload, paced, ...
 -- to out; paced is '0' for a host without a delay, else
@@ -299,17 +299,22 @@ local function lease_ready(leases, deadlines, counter, want, ahead, horizon, lea
     local host, start = r[1], math.max(PR.now, tonumber(r[2]))
     local delay, conc, hold = host_policy(host)
     if delay > 0 and n >= want then break end
-    -- a host ready later (within the horizon): only a paced one, claimed for its time
-    if start > PR.now and delay == 0 then break end
+    -- a host ready later (within the horizon): only one with a delay and one slot is
+    -- leased for its time. Its next lease waits for this one's ack and counts from the
+    -- end the ack carries; a host of more slots could be leased again before a late send
+    -- of this request, or a 429, were reported
+    if start > PR.now and (delay == 0 or conc > 1) then break end
+    -- another host ready now besides this one
+    local several = #r > 2 and tonumber(r[4]) <= PR.now
     local take, need = 1, want - n
-    if delay == 0 and most - n > 1 and (#r == 2 or need <= 0) then
+    if delay == 0 and most - n > 1 and (not several or need <= 0) then
       local free = conc - tonumber(redis.call('HGET', PR.busy, host) or '0')
       local due = math.max(0, math.min(need, free))
       -- ahead, at most half the free slots the host had when this call first took
       -- from it: requests held in a worker must not keep the others from its slots
       local left = spare[host] or math.floor((free - due) / 2)
       -- several hosts ready (need <= 0 then): one each in turn
-      local extra = math.max(0, math.min(left, #r > 2 and 1 or most - n - due))
+      local extra = math.max(0, math.min(left, several and 1 or most - n - due))
       spare[host] = left - extra
       take = due + extra
       if take < 1 then
