@@ -81,7 +81,10 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
     for line in middle:
         found = re.findall(r"([\d.]+) ms/page \(([\d.]+) of it in the kernel\), ([\d.]+)"
                            r" voluntary and ([\d.]+) involuntary", line)
-        assert len(found) == 2 and all(float(f[0]) > float(f[1]) > 0 for f in found), line
+        # the kernel's share may round to 0 over the few pages of a quick run (its
+        # clock ticks in ms)
+        assert len(found) == 2 and all(float(f[0]) > 0 and float(f[0]) >= float(f[1]) >= 0
+                                       for f in found), line
     for name in TARGETS:
         line = next((x for x in lines if x.strip().startswith(name)), None)
         assert line is not None, name
