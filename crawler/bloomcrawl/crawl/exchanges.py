@@ -62,9 +62,10 @@ ACK_DELAY = 0.05
 #: an ack of a host without one waits longer, for a lease to ride with: each exchange
 #: costs Redis a wake-up, and a worker with requests ready does not lease for a while
 ACK_DELAY_UNPACED = 0.15
-#: a lease takes a host with a delay that is ready this soon too, for then (the request
-#: waits in the lease book): workers that all learnt when a host is ready would each ask
-#: for it then, and all but one find nothing. At most a quarter of the lease timeout
+#: a lease takes a host with a delay and one slot that is ready this soon too, for then
+#: (the request waits in the lease book): workers that all learnt when a host is ready
+#: would each ask for it then, and all but one find nothing. At most a quarter of the
+#: lease timeout
 LEASE_LATER_S = 0.5
 
 
