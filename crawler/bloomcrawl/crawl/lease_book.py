@@ -98,7 +98,7 @@ class LeaseBook:
         """Leased requests waiting to be handed to the engine (those leased for later,
         once their time came)."""
         later = self._later
-        if later and later[0][0] <= time.monotonic():
+        if later:
             now = time.monotonic()
             while later and later[0][0] <= now:
                 _, _, ref, request = heapq.heappop(later)
