@@ -122,6 +122,8 @@ local WHOLE_READ_BYTES = 512
 -- (whole: slice -> its copy, looked: slice -> blocks read from it, nil for one item);
 -- undecided, done: the call's items still to decide and decided.
 local function lookup(h1, h2, h3, h4, newest, frozen, whole, looked, undecided, done)
+  -- the lane loops' upvalues as locals: one instruction less each time a lane reads one
+  local lb, lm, mask, quadratic, byte = LB, LM, MASK, QUADRATIC, byte
   local swap = n > 1 and items < CAP[n - 1]
   local lk, nl, v, d, c2, w = 0, 0, 0, 0, 0, 0  -- nl lanes computed, for k = lk
   local n_key, n_off, n_chunk, n_blk, n_unallocated
@@ -170,23 +172,33 @@ local function lookup(h1, h2, h3, h4, newest, frozen, whole, looked, undecided, 
     end
     if blk and not (i == newest and n_unallocated) then
       if k ~= lk then lk, nl, v, d, c2, w = k, 0, h2, h3 + h4, h4 + h4, floor(BLOCK_BITS / k) end
-      local all = true
-      for t = 1, k do
-        if t > nl then  -- lane nl (from 0)
+      -- the lanes an earlier slice of this k computed, then the others, each computed
+      -- and tested in one step: the loop a lookup spends most of its time in
+      local all, upto = true, nl < k and nl or k
+      for t = 1, upto do
+        local m = lm[t]
+        if byte(blk, base + lb[t]) % (m + m) < m then all = false; break end
+      end
+      if all and nl < k then
+        local lane = nl * w
+        for t = nl + 1, k do
           local pos
-          if QUADRATIC then
+          if quadratic then
             local x = v % 16777216 * w
-            pos = nl * w + (x - x % 16777216) / 16777216
-            v, d = v + d, d + c2
+            pos = lane + (x - x % 16777216) / 16777216
+            v = v + d
+            d = d + c2
           else
-            pos = nl * w + (h2 + nl * h3 + nl * (nl - 1) / 2 * h4) % w
+            local j = t - 1
+            pos = lane + (h2 + j * h3 + j * (j - 1) / 2 * h4) % w
           end
-          nl = t
+          lane = lane + w
           local r8 = pos % 8
-          LB[t], LM[t] = (pos - r8) / 8 + 1, MASK[r8]
+          local bi, m = (pos - r8) / 8 + 1, mask[r8]
+          lb[t], lm[t] = bi, m
+          if byte(blk, base + bi) % (m + m) < m then nl = t; all = false; break end
         end
-        local m = LM[t]
-        if byte(blk, base + LB[t]) % (m + m) < m then all = false; break end
+        if all then nl = k end
       end
       if all then return true end
     end
@@ -194,18 +206,21 @@ local function lookup(h1, h2, h3, h4, newest, frozen, whole, looked, undecided, 
   if newest > 0 then  -- the newest slice's lanes, all of them, for the write
     local k = K[newest]
     if k ~= lk then nl, v, d, c2, w = 0, h2, h3 + h4, h4 + h4, floor(BLOCK_BITS / k) end
-    while nl < k do
+    local lane = nl * w
+    for t = nl + 1, k do
       local pos
-      if QUADRATIC then
+      if quadratic then
         local x = v % 16777216 * w
-        pos = nl * w + (x - x % 16777216) / 16777216
-        v, d = v + d, d + c2
+        pos = lane + (x - x % 16777216) / 16777216
+        v = v + d
+        d = d + c2
       else
-        pos = nl * w + (h2 + nl * h3 + nl * (nl - 1) / 2 * h4) % w
+        local j = t - 1
+        pos = lane + (h2 + j * h3 + j * (j - 1) / 2 * h4) % w
       end
-      nl = nl + 1
+      lane = lane + w
       local r8 = pos % 8
-      LB[nl], LM[nl] = (pos - r8) / 8 + 1, MASK[r8]
+      lb[t], lm[t] = (pos - r8) / 8 + 1, mask[r8]
     end
   end
   return false, n_key, n_off, n_chunk, n_blk, n_unallocated
