@@ -692,16 +692,20 @@ def measure_slice_cost(client: redis.Redis) -> SliceCost:
 
 
 def measure_exchanges(target: Target, count: int, by_host: bool = False,
-                      plan_mix: bool = False) -> Exchanges:
+                      plan_mix: bool = False, sized: bool = False) -> Exchanges:
     """``count`` exchanges (:func:`synthetic_pages`; ``plan_mix``: :func:`plan_pages`, by
     host), one after another, each with the previous lease's ack, a lease
     (:func:`lease_partitions`) and the worker's stats (on a cluster with one exchange in
-    CLUSTER_STATS_EVERY, as a worker sends them)."""
+    CLUSTER_STATS_EVERY, as a worker sends them). ``sized``: the filter's first slices
+    hold its whole capacity (BLOOMFILTER_INITIAL_CAPACITY), one slice a partition, as
+    docs/scale.md recommends; else each partition grows from its first small slice."""
     target.client.flushall()
     by_host = by_host or plan_mix
     frontier_keys = keys.FrontierKeys("synthetic", partitions=target.partitions)
-    bloom = BloomFilter(target.client, frontier_keys.filter, capacity=count * EXCHANGE_LINKS,
-                        partitions=target.partitions, error_rate=ERROR_RATE, backend="bitmap")
+    capacity = count * EXCHANGE_LINKS
+    bloom = BloomFilter(target.client, frontier_keys.filter, capacity=capacity,
+                        partitions=target.partitions, error_rate=ERROR_RATE, backend="bitmap",
+                        initial_capacity=capacity if sized else None)
     frontier = Frontier(target.client, bloom, frontier_keys, queue_type="priority",
                         lease_timeout=300, worker_id="synthetic", node="synthetic")
     frontier.record_layout()
@@ -995,6 +999,8 @@ class TargetResult:
     host_exchanges: Exchanges
     #: pages of docs/scale.md's crawl, by host (:func:`plan_pages`)
     plan_exchanges: Exchanges
+    #: the same, the filter sized up front (BLOOMFILTER_INITIAL_CAPACITY: one slice)
+    plan_sized_exchanges: Exchanges
     crawls: list[Crawl] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -1038,9 +1044,11 @@ def run_target(masters: int, plan: Plan, site: SiteProcess, workdir: Path,
         say_progress("  %s: the plan's pages, %d new link of %d ..."
                      % (what, PLAN_NEW_LINKS, EXCHANGE_LINKS))
         plan_exchanges = measure_exchanges(target, plan.exchanges, plan_mix=True)
+        say_progress("  %s: the plan's pages, the filter sized up front ..." % what)
+        plan_sized = measure_exchanges(target, plan.exchanges, plan_mix=True, sized=True)
         result = TargetResult(target.name, target.masters, target.partitions,
                               target.idle_cpu_per_s, decisions, exchanges, host_exchanges,
-                              plan_exchanges)
+                              plan_exchanges, plan_sized)
         for workers in plan.workers if crawl else ():
             say_progress("  %s: crawl by %d worker%s ..." % (what, workers,
                                                               "" if workers == 1 else "s"))
@@ -1106,11 +1114,11 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
              f" trip {rtt:.1f} us, a slice more {slice_us:.2f} us, measured on one Redis"
              f" below):"]
     sized_us, sized_floor_us = 0.0, 0
-    for name, e, by_host, new in (
-            ("by fingerprint, 10 new links", biggest.exchanges, False, half),
-            ("by host, 10 new links", biggest.host_exchanges, True, half),
+    for name, e, by_host, new, measured_sized in (
+            ("by fingerprint, 10 new links", biggest.exchanges, False, half, None),
+            ("by host, 10 new links", biggest.host_exchanges, True, half, None),
             (f"by host, the plan's page ({PLAN_NEW_LINKS} new link)", biggest.plan_exchanges,
-             True, PLAN_NEW_LINKS)):
+             True, PLAN_NEW_LINKS, biggest.plan_sized_exchanges)):
         seen = EXCHANGE_LINKS - new
         scripts = e.calls("evalsha")
         fingerprints = new * per_new + seen * per_seen
@@ -1136,10 +1144,25 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
         sized = (new * max(0.0, design_depth(ESTIMATE_PARTITIONS, ESTIMATE_URLS) - e.new_depth)
                  + seen * max(0.0, design_seen_depth(ESTIMATE_PARTITIONS, ESTIMATE_URLS)
                               - e.seen_depth))
-        sized_us = high + sized * slice_us
-        lines.append(f"    with BLOOMFILTER_INITIAL_CAPACITY={ESTIMATE_URLS} too (one slice"
-                     f" a partition for its share): + {sized:.0f} lookups = {sized_us:,.0f}"
-                     f" us a page")
+        if measured_sized is None:
+            # arithmetic only: the measured filter's own depth stays in (an upper bound)
+            sized_us = high + sized * slice_us
+            lines.append(f"    with BLOOMFILTER_INITIAL_CAPACITY={ESTIMATE_URLS} too (one"
+                         f" slice a partition for its share): + {sized:.0f} lookups ="
+                         f" {sized_us:,.0f} us a page (the measured filter's depth kept)")
+        else:
+            # measured: the same pages on a filter of one slice a partition, as the plan's
+            s_scripts = measured_sized.calls("evalsha")
+            s_call = max(0.0, measured_sized.redis_us - fingerprints) / s_scripts
+            s_extra = max(0.0, reached - spread(biggest.masters, s_scripts))
+            sized_us = calls * s_call + fingerprints + s_extra * rtt
+            lines.append(f"    with BLOOMFILTER_INITIAL_CAPACITY={ESTIMATE_URLS} too, measured"
+                         f" on a filter sized up front (a new link looked up in"
+                         f" {measured_sized.new_depth:.1f} slices, a seen one in"
+                         f" {measured_sized.seen_depth:.1f}, as in the plan's filter):"
+                         f" {calls:.1f} calls x {s_call:.1f} us + {fingerprints:.0f} +"
+                         f" {s_extra:.1f} x {rtt:.1f} us = {sized_us:,.0f} us a page")
+            sized = 0.0
         stats = 1 / CLUSTER_STATS_EVERY  # stats calls a page
         least = (floor.page_us(calls - stats, new, seen) + stats * extras.stats.us_pipelined
                  + reached * rtt)
@@ -1312,9 +1335,10 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
               "cmds/page", "scripts/page", "us/script", "hottest", "leased", "queued/page"]
     rows = []
     for r in results:
-        for new, e in ((EXCHANGE_LINKS // 2, r.host_exchanges),
-                       (PLAN_NEW_LINKS, r.plan_exchanges)):
-            rows.append([r.label, str(r.masters), str(new),
+        for new, e in ((str(EXCHANGE_LINKS // 2), r.host_exchanges),
+                       (str(PLAN_NEW_LINKS), r.plan_exchanges),
+                       (f"{PLAN_NEW_LINKS}, sized", r.plan_sized_exchanges)):
+            rows.append([r.label, str(r.masters), new,
                          "%.2f" % (e.per_exchange(e.seconds) * 1e3),
                          fmt_us(e.per_exchange(e.client_cpu_s) * 1e6), fmt_us(e.redis_us),
                          "%.1f" % e.calls(), "%.1f" % e.calls("evalsha"),
@@ -1325,8 +1349,10 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
     emit(f"new links {PLAN_NEW_LINKS}: docs/scale.md's page. Its crawl dedups 10^10 URLs and"
          f" fetches 10^10 pages, so a page's links hold one new URL on average; the other"
          f" {EXCHANGE_LINKS - PLAN_NEW_LINKS}, on the same hosts as above, are in the filter"
-         f" before the first page. queued/page: requests the exchanges queued (their new"
-         f" links less the filter's false positives).")
+         f" before the first page; sized: the same pages on a filter whose first slice a"
+         f" partition holds its whole share (BLOOMFILTER_INITIAL_CAPACITY, as docs/scale.md"
+         f" recommends), so a link is looked up in one slice. queued/page: requests the"
+         f" exchanges queued (their new links less the filter's false positives).")
     for line in estimate_lines(results, extras, plan):
         emit(line)
 
@@ -1481,6 +1507,14 @@ def as_json(plan: Plan, results: list[TargetResult], extras: Extras | None,
                                "exchanges": r.plan_exchanges.exchanges,
                                "new_links": PLAN_NEW_LINKS,
                                "seen_depth": r.plan_exchanges.seen_depth},
+            "plan_sized_exchanges": {
+                "redis_us_per_exchange": r.plan_sized_exchanges.redis_us,
+                "scripts_per_exchange": r.plan_sized_exchanges.calls("evalsha"),
+                "queued": r.plan_sized_exchanges.queued,
+                "exchanges": r.plan_sized_exchanges.exchanges,
+                "new_links": PLAN_NEW_LINKS,
+                "new_depth": r.plan_sized_exchanges.new_depth,
+                "seen_depth": r.plan_sized_exchanges.seen_depth},
             "projected_decisions_per_second": projected_decisions(r),
             "projected_pages_per_second": projected_pages(r),
             "crawls": [{

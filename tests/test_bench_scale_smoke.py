@@ -48,7 +48,8 @@ def test_quick_run_prints_every_target(tmp_path: Path, env_no_state: dict[str, s
     for name in ("MEASURED here", "* PROJECTED, not measured", "PROJECTED (arithmetic",
                  "stats slot:", "partition script call", "queue memory:",
                  "exporter snapshot", "exchange floor", "FLOOR, the same page",
-                 "the plan's page (1 new link)", "TARGET: at most 400 us a page"):
+                 "the plan's page (1 new link)", "measured on a filter sized up front",
+                 "TARGET: at most 400 us a page"):
         assert any(name in line for line in lines), (name, proc.stdout)
     # the target's line says whether this machine could meet it at all: its floor there
     target = next(line for line in lines if "TARGET: at most 400 us a page" in line)
@@ -73,10 +74,14 @@ def test_quick_run_prints_every_target(tmp_path: Path, env_no_state: dict[str, s
         assert new["decisions_per_second"] > 0 and new["redis_us_per_decision"] > 0
         # the synthetic pages queue their new links: 10 a page, and the plan's page 1 (its
         # other 19 in the filter first); only a false positive (0.1 %) is not queued
-        for pages, new_links in (("host_exchanges", 10), ("plan_exchanges", 1)):
+        for pages, new_links in (("host_exchanges", 10), ("plan_exchanges", 1),
+                                 ("plan_sized_exchanges", 1)):
             done = target[pages]
             expected = done["exchanges"] * new_links
             assert 0.98 * expected <= done["queued"] <= expected, (pages, done)
+        # sized up front, every partition has one slice: a link is looked up in it alone
+        sized = target["plan_sized_exchanges"]
+        assert sized["new_depth"] == sized["seen_depth"] == 1.0, sized
     crawled = {(t["target"], t["masters"]): t["crawls"] for t in numbers["targets"]
                if t["crawls"]}
     assert set(crawled) == {("redis", 1), ("cluster", 3)}
