@@ -231,6 +231,23 @@ def test_a_host_ready_within_the_horizon_is_leased_for_then(redis_client: redis.
     assert b.exchange((), {}, lease_from=home("x.test"), want=5, horizon=0.2).leases == []
 
 
+def test_renewing_a_lease_for_later_never_brings_its_deadline_forward(
+        redis_client: redis.Redis) -> None:
+    """A lease taken for a later time expires a lease timeout after that time; renewed
+    before then (the worker renews what it holds), its deadline stays where it was."""
+    polite = Politeness(delay=0.3, concurrency=1)
+    a, b = worker(redis_client, "a", polite), worker(redis_client, "b", polite)
+    a.exchange(outgoing(a, "http://x.test/1", "http://x.test/2"), {})
+    [first] = a.exchange((), {}, lease_from=home("x.test"), want=1).leases
+    a.exchange((), {home("x.test"): ["%s|%r" % (first.token, time.monotonic())]})
+    [later] = b.exchange((), {}, lease_from=home("x.test"), want=1, horizon=0.5).leases
+    assert later.due - time.monotonic() > 0.1  # leased for its time, ahead of it
+    deadlines = b.keys.deadlines(home("x.test"))
+    deadline = redis_client.zscore(deadlines, later.token)
+    assert b.renew({later.token: home("x.test")}) == []
+    assert redis_client.zscore(deadlines, later.token) == deadline
+
+
 def test_a_lease_says_whether_its_host_has_a_delay(redis_client: redis.Redis) -> None:
     """A request of a host without a delay is not reported when it leaves late."""
     a = worker(redis_client, "a", Politeness(delay=0.0, concurrency=4))
