@@ -163,9 +163,15 @@ class ScrapydNode:
         return (self.workdir / "logs" / project / spider / f"{job}.log").read_text()
 
     def cancel_all(self, project: str = "probe") -> None:
+        """Cancel every job of ``project``, a running one with SIGKILL: scrapyd's default
+        SIGINT stops a job only before Scrapy installed its handler, and after that a
+        ``sleeper`` sleeps out its seconds in its constructor (a test waiting for the
+        node to be idle then waited as long)."""
         jobs = self.get(f"listjobs.json?project={project}")
-        for job in jobs.get("pending", []) + jobs.get("running", []):
+        for job in jobs.get("pending", []):
             self.post("cancel.json", project=project, job=job["id"])
+        for job in jobs.get("running", []):
+            self.post("cancel.json", project=project, job=job["id"], signal="KILL")
 
     # --- the end ----------------------------------------------------------------------
 
