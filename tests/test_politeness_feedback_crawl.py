@@ -399,9 +399,12 @@ def test_autothrottle_adapts_the_shared_delay_to_the_latency(
         peak_rates(served, 5), closest(served, HOST))
     # one at a time but when an answer is late (the site runs in the test's process)
     assert max_outstanding(served)[HOST] <= 3
-    # and not slower than it needs: about one request per delay
-    assert statistics.median(gaps) <= 1.5 * max(settled), (statistics.median(gaps), settled)
-    assert len(per_agent(served)) >= 2, per_agent(served)
+    # and not slower than it needs: about one request per delay. Which workers fetch
+    # is not this test's business: the worker that leased a host is told when it is
+    # ready next and asks then, so one worker may hold a one-host crawl while the
+    # others wait; the delay each one leases by is the one in Redis, sampled above
+    assert statistics.median(gaps) <= 1.5 * max(settled), (
+        statistics.median(gaps), settled, per_agent(served))
 
 
 @pytest.mark.slow
