@@ -5,7 +5,7 @@
 -- host with some at its concurrency.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local first = redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
 if #first > 0 then return math.max(0, tonumber(first[2]) - now) end
 if tonumber(redis.call('GET', KEYS[2]) or '0') > 0 then return -2 end
 return -1

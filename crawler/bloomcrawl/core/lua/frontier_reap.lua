@@ -13,7 +13,7 @@ for _, token in ipairs(expired) do
   redis.call('HDEL', KEYS[1], token)
   redis.call('ZREM', KEYS[2], token)
   if v then
-    local host, score, payload = lease_host(v)
+    local host, score, payload = lease_host(v, true)
     local counted = host ~= nil
     if not counted then  -- a lease of before per-host queues
       local bar = string.find(v, '|', 1, true)

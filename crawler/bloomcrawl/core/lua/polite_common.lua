@@ -14,6 +14,8 @@ local PR = {}
 -- a host's delay is kept this much longer: a request can leave its worker some ms
 -- after its lease (a busy or descheduled process), its successor on time
 PR.margin = 1.05
+-- constant numbers a call passes to Redis are written as strings ('0'): Redis formats each
+-- number argument with %.17g, about 0.1 us each
 
 local function polite_init(base, cfg)
   PR.ready, PR.depth, PR.busy = KEYS[base], KEYS[base + 1], KEYS[base + 2]
@@ -45,11 +47,14 @@ local function host_policy(host)
 end
 
 -- the host a lease value "score|host|payload" is for; nil for a value of before
--- per-host queues ("score|payload"): it was never counted as in flight
-local function lease_host(v)
+-- per-host queues ("score|payload"): it was never counted as in flight. With `whole`,
+-- its score and payload too (each string a script makes is hashed byte by byte: an ack
+-- needs the host alone)
+local function lease_host(v, whole)
   local bar = string.find(v, '|', 1, true)
-  if string.sub(v, bar + 1, bar + 1) == '{' then return nil end
+  if string.byte(v, bar + 1) == 123 then return nil end  -- '{': a payload
   local bar2 = string.find(v, '|', bar + 1, true)
+  if not whole then return string.sub(v, bar + 1, bar2 - 1) end
   return string.sub(v, bar + 1, bar2 - 1), string.sub(v, 1, bar - 1), string.sub(v, bar2 + 1)
 end
 
@@ -75,7 +80,7 @@ local function hq_push(host, score, payload, front)
     redis.call('RPUSH', q, payload)
   end
   if added == 1 then
-    redis.call('ZINCRBY', PR.depth, 1, host)
+    redis.call('ZINCRBY', PR.depth, '1', host)
     redis.call('INCR', PR.queued)
   end
   return added
@@ -294,7 +299,7 @@ local function lease_ready(leases, deadlines, counter, want, ahead, horizon, lea
   local n, most, spare = 0, want + ahead, {}
   while n < most do
     local r = redis.call('ZRANGEBYSCORE', PR.ready, '-inf', PR.now + horizon, 'WITHSCORES',
-                         'LIMIT', 0, 2)
+                         'LIMIT', '0', '2')
     if #r == 0 then break end
     local host, start = r[1], math.max(PR.now, tonumber(r[2]))
     local delay, conc, hold = host_policy(host)
@@ -368,7 +373,7 @@ end
 -- ms until the partition's next host is ready: -1 nothing queued, -2 requests queued but
 -- every host with some is at its concurrency (ready again when a slot frees)
 local function ready_wait()
-  local first = redis.call('ZRANGE', PR.ready, 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', PR.ready, '0', '0', 'WITHSCORES')
   if #first > 0 then
     return tostring(math.max(0, tonumber(first[2]) - PR.now))
   elseif tonumber(redis.call('GET', PR.queued) or '0') > 0 then
