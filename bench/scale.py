@@ -1141,17 +1141,20 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
                      f" {deep_new:.1f} slices more than here, a seen one in {deep_seen:.1f}"
                      f" more: + {lookups:.0f} lookups x {slice_us:.2f} us ="
                      f" {high + lookups * slice_us:,.0f} us a page")
-        sized = (new * max(0.0, design_depth(ESTIMATE_PARTITIONS, ESTIMATE_URLS) - e.new_depth)
-                 + seen * max(0.0, design_seen_depth(ESTIMATE_PARTITIONS, ESTIMATE_URLS)
-                              - e.seen_depth))
         if measured_sized is None:
             # arithmetic only: the measured filter's own depth stays in (an upper bound)
+            sized = (new * max(0.0, design_depth(ESTIMATE_PARTITIONS, ESTIMATE_URLS)
+                               - e.new_depth)
+                     + seen * max(0.0, design_seen_depth(ESTIMATE_PARTITIONS, ESTIMATE_URLS)
+                                  - e.seen_depth))
             sized_us = high + sized * slice_us
             lines.append(f"    with BLOOMFILTER_INITIAL_CAPACITY={ESTIMATE_URLS} too (one"
                          f" slice a partition for its share): + {sized:.0f} lookups ="
                          f" {sized_us:,.0f} us a page (the measured filter's depth kept)")
         else:
             # measured: the same pages on a filter of one slice a partition, as the plan's
+            # (no lookup more than those measured)
+            sized = 0.0
             s_scripts = measured_sized.calls("evalsha")
             s_call = max(0.0, measured_sized.redis_us - fingerprints) / s_scripts
             s_extra = max(0.0, reached - spread(biggest.masters, s_scripts))
@@ -1162,7 +1165,6 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
                          f" {measured_sized.seen_depth:.1f}, as in the plan's filter):"
                          f" {calls:.1f} calls x {s_call:.1f} us + {fingerprints:.0f} +"
                          f" {s_extra:.1f} x {rtt:.1f} us = {sized_us:,.0f} us a page")
-            sized = 0.0
         stats = 1 / CLUSTER_STATS_EVERY  # stats calls a page
         least = (floor.page_us(calls - stats, new, seen) + stats * extras.stats.us_pipelined
                  + reached * rtt)
@@ -1474,6 +1476,13 @@ def report(plan: Plan, args: argparse.Namespace, results: list[TargetResult],
                     f" {load * extras.stats.us_pipelined / 1e6:.2f} if pipelined")
 
 
+def plan_pages_json(e: Exchanges) -> dict[str, Any]:
+    """The plan's pages (:func:`plan_pages`) in the JSON output, grown or sized."""
+    return {"redis_us_per_exchange": e.redis_us, "scripts_per_exchange": e.calls("evalsha"),
+            "queued": e.queued, "exchanges": e.exchanges, "new_links": PLAN_NEW_LINKS,
+            "new_depth": e.new_depth, "seen_depth": e.seen_depth}
+
+
 def as_json(plan: Plan, results: list[TargetResult], extras: Extras | None,
             env: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"plan": asdict(plan), "environment": env, "targets": []}
@@ -1501,20 +1510,8 @@ def as_json(plan: Plan, results: list[TargetResult], extras: Extras | None,
                                "scripts_per_exchange": r.host_exchanges.calls("evalsha"),
                                "queued": r.host_exchanges.queued,
                                "exchanges": r.host_exchanges.exchanges},
-            "plan_exchanges": {"redis_us_per_exchange": r.plan_exchanges.redis_us,
-                               "scripts_per_exchange": r.plan_exchanges.calls("evalsha"),
-                               "queued": r.plan_exchanges.queued,
-                               "exchanges": r.plan_exchanges.exchanges,
-                               "new_links": PLAN_NEW_LINKS,
-                               "seen_depth": r.plan_exchanges.seen_depth},
-            "plan_sized_exchanges": {
-                "redis_us_per_exchange": r.plan_sized_exchanges.redis_us,
-                "scripts_per_exchange": r.plan_sized_exchanges.calls("evalsha"),
-                "queued": r.plan_sized_exchanges.queued,
-                "exchanges": r.plan_sized_exchanges.exchanges,
-                "new_links": PLAN_NEW_LINKS,
-                "new_depth": r.plan_sized_exchanges.new_depth,
-                "seen_depth": r.plan_sized_exchanges.seen_depth},
+            "plan_exchanges": plan_pages_json(r.plan_exchanges),
+            "plan_sized_exchanges": plan_pages_json(r.plan_sized_exchanges),
             "projected_decisions_per_second": projected_decisions(r),
             "projected_pages_per_second": projected_pages(r),
             "crawls": [{

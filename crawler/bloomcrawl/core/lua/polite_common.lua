@@ -14,8 +14,8 @@ local PR = {}
 -- a host's delay is kept this much longer: a request can leave its worker some ms
 -- after its lease (a busy or descheduled process), its successor on time
 PR.margin = 1.05
--- constant numbers a call passes to Redis are written as strings ('0'): Redis formats each
--- number argument with %.17g, about 0.1 us each
+-- constant numbers the exchange's calls pass to Redis are written as strings ('0'): Redis
+-- formats each number argument with %.17g, about 0.1 us each
 
 local function polite_init(base, cfg)
   PR.ready, PR.depth, PR.busy = KEYS[base], KEYS[base + 1], KEYS[base + 2]
