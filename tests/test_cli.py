@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -158,6 +160,24 @@ def test_max_idle_is_whole_seconds_on_the_command_line(
             capsys.readouterr().err
 
 
+def free_port_pair() -> int:
+    """A port ``p`` such that ``p`` and ``p + 1`` are free, below the kernel's ephemeral
+    range: the port after one that :func:`free_port` gave may be taken meanwhile by any
+    outgoing connection or another test's ``free_port()``, and the second worker of
+    ``bloomcrawl scale 2`` then could not listen."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral = int(f.read().split()[0])
+    for port in random.sample(range(20000, ephemeral - 1), 200):
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports below %d" % ephemeral)
+
+
 def test_worker_ports_of_the_local_cluster() -> None:
     from bloomcrawl.ops.cluster.local import worker_ports
 
@@ -217,7 +237,7 @@ def test_local_cluster_up_scale_deploy_demo_status_down(tmp_path: Path) -> None:
                HOME=str(tmp_path / "home"))
     env.pop("PYTHONPATH", None)
     # free ports rather than the defaults, which a developer's cluster may hold
-    worker_port = free_port()
+    worker_port = free_port_pair()
     (tmp_path / ".env").write_text("".join("%s=%d\n" % (name, free_port()) for name in (
         "REDIS_PORT", "EXPORTER_PORT", "PROMETHEUS_PORT", "DEMO_PORT"))
         + "WORKER_PORTS=%d-%d\n" % (worker_port, worker_port + 1))
