@@ -49,7 +49,7 @@ def test_quick_run_prints_every_target(tmp_path: Path, env_no_state: dict[str, s
                  "stats slot:", "partition script call", "queue memory:",
                  "exporter snapshot", "exchange floor", "FLOOR, the same page",
                  "the plan's page (1 new link)", "measured on a filter sized up front",
-                 "TARGET: at most 400 us a page"):
+                 "TARGET: at most 400 us a page", "sized: the median of 3 turns;"):
         assert any(name in line for line in lines), (name, proc.stdout)
     # the target's line says whether this machine could meet it at all: its floor there
     target = next(line for line in lines if "TARGET: at most 400 us a page" in line)
@@ -82,6 +82,10 @@ def test_quick_run_prints_every_target(tmp_path: Path, env_no_state: dict[str, s
         # sized up front, every partition has one slice: a link is looked up in it alone
         sized = target["plan_sized_exchanges"]
         assert sized["new_depth"] == sized["seen_depth"] == 1.0, sized
+        # measured in turns, the median kept: the estimate's verdict rests on it
+        turns = sized["turns_redis_us"]
+        assert len(turns) == 3 and turns == sorted(turns), sized
+        assert sized["redis_us_per_exchange"] == turns[1], sized
     crawled = {(t["target"], t["masters"]): t["crawls"] for t in numbers["targets"]
                if t["crawls"]}
     assert set(crawled) == {("redis", 1), ("cluster", 3)}
