@@ -128,11 +128,11 @@ class Site(Protocol):
 class ThreadSite:
     """:func:`bloomcrawl.ops.demo_site.serve_in_thread`, in the test process."""
 
-    def __init__(self, pages: int) -> None:
+    def __init__(self, pages: int, delay_ms: float = 0.0) -> None:
         from bloomcrawl.ops.demo_site import serve_in_thread
 
         self.pages = pages
-        self.running = serve_in_thread(pages=pages)
+        self.running = serve_in_thread(pages=pages, delay_ms=delay_ms)
 
     @property
     def url(self) -> str:
@@ -318,7 +318,7 @@ class FaultRun:
                  pages: int = 200, workers: int = 2, settings: dict[str, str] | None = None,
                  redis_server: RedisServer | None = None, site: Site | None = None,
                  seeds: list[str] | None = None, exporter: bool = True,
-                 spider: str = "site") -> None:
+                 spider: str = "site", site_delay_ms: float = 0.0) -> None:
         self.workdir = workdir
         self.scenario = scenario
         self.contender = contender
@@ -330,7 +330,7 @@ class FaultRun:
         #: more redis-servers a scenario started (a replica); stopped with the run
         self.other_servers: list[RedisServer] = []
         self._own_site = site is None
-        self.site: Site = site if site is not None else ThreadSite(pages)
+        self.site: Site = site if site is not None else ThreadSite(pages, site_delay_ms)
         self.pages = self.site.pages
         self.seeds = seeds
         self.want_exporter = exporter
