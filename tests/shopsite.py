@@ -11,7 +11,9 @@ crawl fetched each page exactly once.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -21,6 +23,9 @@ from bloomcrawl.ops.site_server import ThreadedSite
 
 CATEGORIES = ("books", "games", "tools")
 PER_PAGE = 5
+#: the longest a gated page waits for its gate (a test that never opens it does not hang
+#: the site)
+GATE_MAX_S = 60.0
 
 
 class ShopServer:
@@ -34,6 +39,7 @@ class ShopServer:
         self.partners = partners
         self.hits: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._gates: dict[str, threading.Event] = {}
 
     # -- the catalogue -----------------------------------------------------------
 
@@ -83,6 +89,18 @@ class ShopServer:
         with self._lock:
             return Counter(self.hits)
 
+    def gate(self, key: str) -> threading.Event:
+        """``key`` (``"GET /path?query"``) is counted when asked for, and answered once
+        the returned event is set (at most :data:`GATE_MAX_S` later): a test knows a
+        worker holds that page, and chooses when its callback runs."""
+        with self._lock:
+            return self._gates.setdefault(key, threading.Event())
+
+    def open_gates(self) -> None:
+        with self._lock:
+            for gate in self._gates.values():
+                gate.set()
+
     @web.middleware
     async def _count(self, request: web.Request, handler: Any) -> web.StreamResponse:
         key = "%s %s" % (request.method, request.path_qs)
@@ -91,6 +109,11 @@ class ShopServer:
             first = self.hits[key] == 1
         if first and key in self.flaky:
             return web.Response(status=503, text="try again")
+        gate = self._gates.get(key)
+        if gate is not None:
+            deadline = time.monotonic() + GATE_MAX_S
+            while not gate.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
         return await handler(request)
 
     @staticmethod
@@ -176,6 +199,10 @@ class RunningShop(ThreadedSite[ShopServer]):
 
     def hits(self) -> Counter[str]:
         return self.server.snapshot()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.open_gates()
+        super().stop(timeout)
 
 
 def serve_shop(products: int = 60, flaky: frozenset[str] = frozenset(),

@@ -78,19 +78,23 @@ def workers(pool: WorkerPool, n: int, spider: str, redis_url: str, shop: Running
 
 
 def killed_and_finished(pool: WorkerPool, spider: str, redis_url: str, client: Any,
-                        shop: RunningShop, settings: dict[str, str], stored: int
+                        shop: RunningShop, settings: dict[str, str], stored: int, held: str
                         ) -> tuple[int, list[Worker]]:
-    """A worker of ``spider`` SIGKILLed once ``stored`` of its items are in Redis (its
-    pipeline holding more), then a second one that crawls to the end: the items stored
-    at the kill, and the second worker."""
+    """A worker of ``spider`` SIGKILLed once ``stored`` of its items are in Redis and it
+    holds the page ``held`` (``"GET /path"``, which the shop answers only after the kill),
+    then a second one that crawls to the end: the items stored at the kill, and the
+    second worker."""
+    gate = shop.server.gate(held)
     [first] = workers(pool, 1, spider, redis_url, shop, settings)
 
     def enough_stored() -> bool:
         assert first.running, first.tail()
-        return bool(client.llen("%s:items" % spider) >= stored)
+        return bool(client.llen("%s:items" % spider) >= stored and shop.hits()[held] >= 1)
 
-    wait_until(enough_stored, CRAWL_TIMEOUT_S, what="%d items stored" % stored)
+    wait_until(enough_stored, CRAWL_TIMEOUT_S,
+               what="%d items stored and %s asked for" % (stored, held))
     first.kill()
+    gate.set()
     at_kill = int(client.llen("%s:items" % spider))
     second = workers(pool, 1, spider, redis_url, shop, settings, first=1)
     run_workers(second, CRAWL_TIMEOUT_S)
@@ -553,38 +557,59 @@ def test_a_failed_request_is_acked_after_what_its_errback_yields_is_stored(
 def test_what_errbacks_yield_is_stored_once_when_their_pages_are_crawled_again(
         redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
     """``outage`` with 20 unreachable pages: each errback yields an item and a mirror
-    page of its own, fetched again on purpose (``dont_filter``). The first worker is
-    SIGKILLed with items in its pipeline, and a second crawls its leased pages again,
-    their errbacks too: each item is stored once. Scrapy hands an errback's output to no
-    spider middleware: its items were stored under random ids (and a warning blamed a
-    pipeline), its dont_filter requests were new visits, and both came twice."""
+    page of its own, fetched again on purpose (``dont_filter``). The first worker reaches
+    Redis through the fault proxy; once the shop holds its first mirror page, its frontier
+    calls are held, so that page's item is stored and the page never acked. The worker is
+    SIGKILLed, and a second crawls its leased pages again, their errbacks too: each item
+    is stored once. Scrapy hands an errback's output to no spider middleware: its items
+    were stored under random ids (and a warning blamed a pipeline), its dont_filter
+    requests were new visits, and both came twice."""
+    from faults.proxy import FaultProxy
+
     pages = 20
     down = "http://127.0.0.1:%d/" % free_port()  # nothing listens there
+    mirror = shop.url + "/deals?mirror=1"
+    gated = mirror + "&page=0"
+    gated_hit = "GET " + gated[len(shop.url):]
     settings = {"ENRICH_DELAY": "0.3", "SCHEDULER_LEASE_TIMEOUT": "3",
                 "ITEM_PIPELINES": json.dumps({"shopcrawl.pipelines.EnrichPipeline": 100,
                                               "bloomcrawl.crawl.pipelines.RedisItemsPipeline":
                                               300})}
-    [first] = workers(worker_pool, 1, "outage", redis_server.url, shop, settings,
-                      down_url=down, down_pages=str(pages))
+    gate = shop.server.gate(gated_hit)
+    proxy = FaultProxy(redis_server.port).start()
+    try:
+        [first] = workers(worker_pool, 1, "outage", proxy.url, shop, settings,
+                          down_url=down, down_pages=str(pages))
 
-    def enough_stored() -> bool:
-        assert first.running, first.tail()
-        return bool(redis_client.llen("outage:items") >= 8)
+        def holding_the_page() -> bool:
+            assert first.running, first.tail()
+            return shop.hits()[gated_hit] >= 1
 
-    wait_until(enough_stored, CRAWL_TIMEOUT_S, what="8 items stored")
-    first.kill()
+        wait_until(holding_the_page, CRAWL_TIMEOUT_S, what="the first worker holds " + gated)
+        proxy.hold_connections(b"{outage:bloomfilter:")
+        gate.set()
+
+        def page_item_stored() -> bool:
+            assert first.running, first.tail()
+            return any(i["url"] == gated for i in stored_items(redis_client, "outage"))
+
+        wait_until(page_item_stored, CRAWL_TIMEOUT_S, what="the item of " + gated)
+        first.kill()
+    finally:
+        proxy.stop()
     second = workers(worker_pool, 1, "outage", redis_server.url, shop, settings, first=1,
                      down_url=down, down_pages=str(pages))
     run_workers(second, CRAWL_TIMEOUT_S)
     check_exits(second)
     stored = Counter(str(i["url"]) for i in stored_items(redis_client, "outage"))
-    mirror = shop.url + "/deals?mirror=1"
     expected = Counter([shop.url + "/deals", down, mirror]
                        + ["%s?page=%d" % (down, i) for i in range(pages)]
                        + ["%s&page=%d" % (mirror, i) for i in range(pages)])
     assert stored == expected, (expected - stored, stored - expected)
     stats = second[0].stats()
-    # the second worker crawled again pages whose items the first had stored
+    # the second worker crawled again pages whose items the first had stored: the gated
+    # one at least
+    assert shop.hits()[gated_hit] >= 2, shop.hits()
     assert stats.get("bloomcrawl/items_stored_before", 0) > 0, stats
     assert "bloomcrawl/items_without_origin" not in stats, stats
     assert frontier_left(redis_client, "outage") == 0
@@ -614,7 +639,8 @@ def test_no_item_is_lost_when_a_worker_dies_with_items_in_its_pipeline(
                                               300}),
                 "EXTENSIONS": TAGS_AT_CLOSE}
     stored_at_kill, second = killed_and_finished(worker_pool, "catalog", redis_server.url,
-                                                 redis_client, shop, settings, 10)
+                                                 redis_client, shop, settings, 10,
+                                                 "GET /product/30/reviews")
     assert 10 <= stored_at_kill < PRODUCTS
     items = stored_items(redis_client, "catalog")
     urls = Counter(str(i["url"]) for i in items)
@@ -643,7 +669,7 @@ def test_a_page_fetched_again_on_purpose_stores_its_items_once_each_visit(
                                               "bloomcrawl.crawl.pipelines.RedisItemsPipeline":
                                               300})}
     killed_and_finished(worker_pool, "stock", redis_server.url, redis_client, shop, settings,
-                        20)
+                        20, "GET /product/30")
     stored = Counter((str(i["url"]), str(i["kind"]))
                      for i in stored_items(redis_client, "stock"))
     expected = Counter({("%s/product/%d" % (shop.url, p), kind): 1
@@ -801,28 +827,37 @@ def test_a_redis_rollback_under_the_crawlspider_loses_no_item(
     """Two workers of the project's CrawlSpider (items half-filled on the listing, passed
     in cb_kwargs, finished on the product page; a pipeline that takes 0.3 s an item)
     while Redis is SIGKILLed and started from a snapshot taken a moment before: the items
-    stored after it are gone, and so are the links queued and the acks. Every product's
+    stored after it are gone (a product's, whose reviews page the shop answers only after
+    the snapshot, at least), and so are the links queued and the acks. Every product's
     item is stored all the same, once, and the frontier ends empty."""
     from kit.redis import RedisServer
 
+    gated_hit = "GET /product/30/reviews"
+    gate = shop.server.gate(gated_hit)
     server = RedisServer(tmp_path / "r")
     server.start()
     try:
         ws = workers(worker_pool, 2, "catalog", server.url, shop, SLOW_PIPELINE)
         client = server.client()
 
-        def stored_at_least(n: int) -> Any:
-            def check() -> bool:
-                assert all(w.running for w in ws), [w.tail() for w in ws]
-                return bool(client.llen("catalog:items") >= n)
-            return check
+        def running() -> None:
+            assert all(w.running for w in ws), [w.tail() for w in ws]
 
-        wait_until(stored_at_least(10), CRAWL_TIMEOUT_S, what="10 items stored")
+        def holding_the_page() -> bool:
+            running()
+            return shop.hits()[gated_hit] >= 1
+
+        wait_until(holding_the_page, CRAWL_TIMEOUT_S, what="a worker holds " + gated_hit)
         server.bgsave()
-        # the snapshot holds at most this many items: the 8 more stored below are lost
-        at_snapshot = int(client.llen("catalog:items"))
-        wait_until(stored_at_least(at_snapshot + 8), CRAWL_TIMEOUT_S,
-                   what="8 more items stored")
+        gate.set()
+        gated_item = shop.url + "/product/30"
+
+        def gated_item_stored() -> bool:
+            running()
+            return gated_item in {i["url"] for i in stored_items(client, "catalog")}
+
+        # stored after the snapshot: lost with it
+        wait_until(gated_item_stored, CRAWL_TIMEOUT_S, what="the item of " + gated_item)
         server.kill()
         server.start()  # from the snapshot
         client.close()
@@ -840,16 +875,19 @@ def test_a_redis_rollback_under_the_crawlspider_loses_no_item(
 def test_a_restart_that_kept_the_exchanges_and_lost_items_under_the_crawlspider(
         tmp_path, shop: RunningShop, worker_pool: WorkerPool) -> None:
     """The CrawlSpider's two workers (a pipeline taking 0.3 s an item) reach Redis through
-    the fault proxy. At 10 items the frontier calls are held and a snapshot taken; the
-    items of the pages in hand are still stored on the pipeline's own connection; then
-    Redis is SIGKILLed and started from the snapshot. The server holds every exchange a
-    worker had confirmed and none of those items (AOF everysec, a replica a moment
-    behind): a worker must not ack their pages there. Every product's item is stored,
-    once."""
+    the fault proxy. Once the shop holds a product's reviews page (where its item is
+    finished), the frontier calls are held and a snapshot taken; then the shop answers,
+    and the items of the pages in hand, that one's included, are still stored on the
+    pipeline's own connection; then Redis is SIGKILLed and started from the snapshot.
+    The server holds every exchange a worker had confirmed and none of those items (AOF
+    everysec, a replica a moment behind): a worker must not ack their pages there. Every
+    product's item is stored, once."""
     from faults.proxy import FaultProxy
 
     from kit.redis import RedisServer
 
+    gated_hit = "GET /product/30/reviews"
+    gate = shop.server.gate(gated_hit)
     server = RedisServer(tmp_path / "r")
     server.start()
     proxy = FaultProxy(server.port).start()
@@ -858,23 +896,34 @@ def test_a_restart_that_kept_the_exchanges_and_lost_items_under_the_crawlspider(
         client = server.client()
         counts = [0]
 
-        def stored_then_quiet(n: int) -> Any:
-            def check() -> bool:
-                assert all(w.running for w in ws), [w.tail() for w in ws]
-                counts.append(int(client.llen("catalog:items")))
-                if n:
-                    return counts[-1] >= n
-                return len(counts) > 20 and len(set(counts[-20:])) == 1
-            return check
+        def running() -> None:
+            assert all(w.running for w in ws), [w.tail() for w in ws]
 
-        wait_until(stored_then_quiet(10), CRAWL_TIMEOUT_S, what="10 items stored")
+        def holding_the_page() -> bool:
+            running()
+            return shop.hits()[gated_hit] >= 1
+
+        def quiet() -> bool:
+            running()
+            counts.append(int(client.llen("catalog:items")))
+            return len(counts) > 20 and len(set(counts[-20:])) == 1
+
+        wait_until(holding_the_page, CRAWL_TIMEOUT_S, what="a worker holds " + gated_hit)
         proxy.hold_connections(b"{catalog:bloomfilter:")
         server.bgsave()
+        # the gated page's item is stored after this, so after the snapshot
         at_snapshot = int(client.llen("catalog:items"))
+        gate.set()
+        gated_item = shop.url + "/product/30"
+
+        def gated_item_stored() -> bool:
+            running()
+            return gated_item in {i["url"] for i in stored_items(client, "catalog")}
+
+        wait_until(gated_item_stored, 20, what="the item of " + gated_item)
         counts[:] = [at_snapshot]
-        wait_until(stored_then_quiet(0), 20, interval=0.05,
-                   what="the items of the pages in hand")
-        assert counts[-1] > at_snapshot, "no item was stored after the snapshot"
+        wait_until(quiet, 20, interval=0.05, what="the items of the pages in hand")
+        assert counts[-1] > at_snapshot, (counts[-1], at_snapshot)
         assert proxy.held_connections >= 1
         server.kill()
         server.start()  # from the snapshot
