@@ -319,6 +319,8 @@ class FaultRun:
                  redis_server: RedisServer | None = None, site: Site | None = None,
                  seeds: list[str] | None = None, exporter: bool = True,
                  spider: str = "site", site_delay_ms: float = 0.0) -> None:
+        if site is not None and site_delay_ms:
+            raise ValueError("site_delay_ms is for the run's own site: give the site its delay")
         self.workdir = workdir
         self.scenario = scenario
         self.contender = contender
