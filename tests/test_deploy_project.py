@@ -166,6 +166,58 @@ def test_deploy_installs_the_requirements_for_a_local_cluster_then_a_job_runs(
         assert "No module named" not in log and "Spider closed (finished)" in log, log[-3000:]
 
 
+@pytest.mark.slow
+def test_without_project_the_deployed_project_that_has_the_spider_is_used(
+        project: Path, paths: Paths, local_cluster: list[ScrapydNode], redis_server: RedisServer,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``schedule``, ``crawl`` and ``cancel`` without ``--project`` (the bundled project's
+    name was the default, and a user's own project then 'was not found'): the one project
+    deployed, or the only one with the spider; several or none is an error naming them,
+    and nothing is scheduled."""
+    assert deploy(capsys, "--project-dir", str(project), "--version", "1")[0] == 0
+    closed = f"http://127.0.0.1:{free_port()}"
+    schedule = ["schedule", "--spider", "catalog", "-a", f"shop_url={closed}",
+                "-s", f"REDIS_URL={redis_server.url}"]
+    assert cli.main([*schedule, "--max-idle", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "project shopcrawl: the one deployed", out
+    jobs = dict(line.split() for line in out[1:])
+    for node in local_cluster:
+        log = node.wait_finished("shopcrawl", "catalog", jobs[node.url])
+        assert "Spider closed (finished)" in log, log[-3000:]
+
+    # the same project under a second name, with the spiders of both: which is meant?
+    assert deploy(capsys, "--project-dir", str(project), "--project", "shop2", "--version", "1",
+                  "--no-requirements")[0] == 0
+
+    def ran_jobs() -> int:
+        return sum(len(node.node.list_jobs(name)[state]) for node in local_cluster
+                   for name in ("shopcrawl", "shop2") for state in ("pending", "running",
+                                                                    "finished"))
+
+    before = ran_jobs()
+    assert cli.main(schedule) == 1
+    assert capsys.readouterr().err == ("bloomcrawl schedule: spider catalog is in projects"
+                                       " shop2, shopcrawl: pass --project NAME\n")
+    assert cli.main(["crawl", "--spider", "nosuch", closed]) == 1
+    assert capsys.readouterr().err == ("bloomcrawl crawl: no deployed project has a spider"
+                                       " nosuch (deployed: shop2, shopcrawl): pass --spider,"
+                                       " or --project NAME\n")
+    assert ran_jobs() == before
+    assert redis_server.client().llen("nosuch:start_urls") == 0
+
+    # cancel without --project: the spider's jobs in every project (these never idle out)
+    assert cli.main([*schedule, "--project", "shop2"]) == 0
+    capsys.readouterr()
+    assert cli.main(["cancel", "--spider", "catalog"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "cancelled 2 job(s) of catalog on 2 of 2 node(s)", out
+    for node in local_cluster:
+        wait_until(lambda node=node: not any(node.node.list_jobs("shop2")[state]
+                                             for state in ("pending", "running")),
+                   60, what="the cancelled jobs' end")
+
+
 @pytest.mark.long
 def test_crawl_wait_of_a_spider_that_starts_itself_without_and_with_a_start_url(
         project: Path, paths: Paths, local_cluster: list[ScrapydNode], redis_server: RedisServer,

@@ -279,6 +279,10 @@ class Node:
         answer = self.request("listspiders.json?" + urllib.parse.urlencode(query))
         return [str(name) for name in answer.get("spiders", [])]
 
+    def list_projects(self, timeout: float = HTTP_TIMEOUT) -> list[str]:
+        answer = self.request("listprojects.json", timeout=timeout)
+        return [str(name) for name in answer.get("projects", [])]
+
     def list_jobs(self, project: str, timeout: float = 10.0) -> dict[str, Any]:
         return self.request(f"listjobs.json?project={urllib.parse.quote(project)}",
                             timeout=timeout)
@@ -400,19 +404,52 @@ def schedule(nodes: Sequence[Node], project: str, spider: str,
     return {node.url: str(answer["jobid"]) for node, answer, _ in results if answer}
 
 
-def cancel_spider(nodes: Sequence[Node], project: str, spider: str
+def cancel_spider(nodes: Sequence[Node], project: str | None, spider: str
                   ) -> list[tuple[Node, list[str] | None, str | None]]:
-    """Cancel every pending or running job of ``spider`` on every node: (node, the jobs
-    cancelled, error) for each."""
+    """Cancel every pending or running job of ``spider`` on every node, in ``project`` (None:
+    in every project the node has): (node, the jobs cancelled, error) for each."""
     def cancel(node: Node) -> list[str]:
-        listed = node.list_jobs(project)
-        jobs = [str(job["id"]) for state in ("pending", "running")
-                for job in listed.get(state, []) if job.get("spider") == spider]
-        for job in jobs:
-            node.request("cancel.json", [("project", project), ("job", job)])
-        return jobs
+        cancelled = []
+        for name in [project] if project is not None else node.list_projects():
+            listed = node.list_jobs(name)
+            jobs = [str(job["id"]) for state in ("pending", "running")
+                    for job in listed.get(state, []) if job.get("spider") == spider]
+            for job in jobs:
+                node.request("cancel.json", [("project", name), ("job", job)])
+            cancelled += jobs
+        return cancelled
 
     return for_each_node(nodes, cancel)
+
+
+def projects_with_spider(nodes: Sequence[Node], spider: str
+                         ) -> tuple[list[str], dict[str, list[str]]] | None:
+    """The projects deployed on the first node that answers, and {project: its spiders}
+    for those with ``spider`` (``scrapy list`` runs on the node for each, at once; a
+    single project is not asked); None when no node answers."""
+    for node in nodes:
+        try:
+            projects = node.list_projects()
+        except ScrapydError:
+            continue
+        if len(projects) <= 1:
+            return projects, {}
+        listed = _spiders_of(node, projects)
+        return projects, {name: names for name, names in listed.items() if spider in names}
+    return None
+
+
+def _spiders_of(node: Node, projects: Sequence[str]) -> dict[str, list[str]]:
+    """{project: its spiders on ``node``}, asked at once (none for a project that fails)."""
+    def spiders(name: str) -> list[str]:
+        try:
+            return node.list_spiders(name)
+        except ScrapydError:
+            return []
+
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(projects)),
+                            thread_name_prefix="scrapyd") as pool:
+        return dict(zip(projects, pool.map(spiders, projects), strict=True))
 
 
 def job_entries(nodes: Sequence[Node], project: str, jobs: dict[str, str]

@@ -137,6 +137,35 @@ def deploy_project(paths: Paths, target: Target, project: str | None = None, *,
     return 1 if failed else 0
 
 
+def resolve_project(nodes: Sequence[scrapyd.Node], spider: str, given: str | None) -> str:
+    """``given``; else the project deployed on the nodes that has ``spider``: the only
+    project there is, or the only one of several whose spiders include it. Several or
+    none: :class:`OpsError` naming them. :data:`DEFAULT_PROJECT` when no node answers (the
+    call that follows says why)."""
+    if given is not None:
+        return given
+    found = scrapyd.projects_with_spider(nodes, spider)
+    if found is None:
+        return DEFAULT_PROJECT
+    projects, having = found
+    if len(projects) == 1:
+        if projects[0] != DEFAULT_PROJECT:
+            say(f"project {projects[0]}: the one deployed")
+        return projects[0]
+    if not projects:
+        raise OpsError("no project is deployed on the nodes: deploy one first (make deploy,"
+                       " or make deploy PROJECT=path/to/your/project)")
+    if len(having) == 1:
+        [project] = having
+        say(f"project {project}: the deployed project with spider {spider}")
+        return project
+    if having:
+        raise OpsError(f"spider {spider} is in projects {', '.join(sorted(having))}: pass"
+                       " --project NAME")
+    raise OpsError(f"no deployed project has a spider {spider} (deployed:"
+                   f" {', '.join(sorted(projects))}): pass --spider, or --project NAME")
+
+
 def parse_pairs(pairs: Sequence[str], what: str) -> list[tuple[str, str]]:
     out = []
     for pair in pairs:
@@ -163,8 +192,11 @@ class CrawlOptions:
     max_idle: float | None = None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> CrawlOptions:
-        return cls(spider=args.spider, project=args.project, settings=args.setting or (),
+    def from_args(cls, args: argparse.Namespace, project: str | None = None) -> CrawlOptions:
+        """``project``: the one :func:`resolve_project` found, when ``--project`` was not
+        given."""
+        return cls(spider=args.spider, project=args.project or project or DEFAULT_PROJECT,
+                   settings=args.setting or (),
                    arguments=args.arg or (), allowed_domains=args.allowed_domains,
                    depth_limit=args.depth_limit, max_idle=args.max_idle)
 
@@ -358,7 +390,8 @@ def cmd_schedule(args: argparse.Namespace, paths: Paths) -> int:
         raise OpsError("--name, --replace and URLs make a recurring schedule: add --every or"
                        " --cron (or use `bloomcrawl crawl URL...` to crawl once)")
     target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=True)
-    for url, job in CrawlOptions.from_args(args).schedule(target.nodes, []).items():
+    project = resolve_project(target.nodes, args.spider, args.project)
+    for url, job in CrawlOptions.from_args(args, project).schedule(target.nodes, []).items():
         say(f"{url} {job}")
     return 0
 
@@ -378,7 +411,8 @@ def cmd_crawl(args: argparse.Namespace, paths: Paths) -> int:
     target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=True,
                             need_redis=True)
     client = target.redis()  # before any job starts: jobs without their seeds would idle
-    options = CrawlOptions.from_args(args)
+    options = CrawlOptions.from_args(args, resolve_project(target.nodes, args.spider,
+                                                           args.project))
     if not options.closes_when_idle():
         warn("without --max-idle the jobs end only if the project (or the workers'"
              " environment) sets MAX_IDLE_TIME_BEFORE_CLOSE: bloomcrawl's default, 0, never"

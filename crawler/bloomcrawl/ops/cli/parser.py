@@ -73,8 +73,9 @@ def project_arg(value: str) -> str:
 
 def _add_crawl_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spider", default=jobs.DEFAULT_SPIDER, type=spider_name)
-    p.add_argument("--project", default=jobs.DEFAULT_PROJECT, type=project_arg,
-                   help="the scrapyd project, by name or by the directory of its scrapy.cfg")
+    p.add_argument("--project", type=project_arg,
+                   help="the scrapyd project, by name or by the directory of its scrapy.cfg"
+                   " (default: the deployed project that has SPIDER)")
     p.add_argument("--allowed-domains", help="comma list; default: the start URLs' hosts")
     p.add_argument("--depth-limit", type=int)
     p.add_argument("--max-idle", type=whole_seconds, default=None,
@@ -172,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
                        " every node (each closes its spider: its leases go back to the queue)")
     _add_nodes(p)
     p.add_argument("--spider", default=jobs.DEFAULT_SPIDER, type=spider_name)
-    p.add_argument("--project", default=jobs.DEFAULT_PROJECT, type=project_arg)
+    p.add_argument("--project", type=project_arg,
+                   help="only this project's jobs (default: every project's)")
     p.set_defaults(func=jobs.cmd_cancel)
 
     p = sub.add_parser("clear", help="delete every key of a spider: filter, queue, leases,"

@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any
 
-from bloomcrawl.ops.cli.jobs import CrawlOptions, check_start_urls
+from bloomcrawl.ops.cli.jobs import CrawlOptions, check_start_urls, resolve_project
 from bloomcrawl.ops.cli.target import TargetOptions, resolve_target
 from bloomcrawl.ops.cluster.state import Paths
 from bloomcrawl.ops.console import OpsError, say
@@ -36,13 +36,21 @@ def add_schedule(args: argparse.Namespace, paths: Paths) -> int:
     options = CrawlOptions.from_args(args)
     options.scrapy_settings()  # NAME=VALUE checked now, not at the first firing
     options.spider_arguments(args.urls)
-    spec = spec_from_options(args.name, spider=args.spider, project=args.project,
+    spec = spec_from_options(args.name, spider=args.spider, project=options.project,
                              every=args.every, cron=args.cron, settings=args.setting or [],
                              arguments=args.arg or [], urls=args.urls,
                              allowed_domains=args.allowed_domains, depth_limit=args.depth_limit,
                              max_idle=args.max_idle)
     target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=False,
                             need_redis=True)
+    if args.project is None:
+        # the deployed project that has the spider, asked now; no node known: the default
+        try:
+            nodes = resolve_target(paths, TargetOptions.from_args(args), need_nodes=True,
+                                   quiet=True).nodes
+        except OpsError:
+            nodes = []
+        spec.project = resolve_project(nodes, args.spider, None)
     client = target.redis()
     schedule = ScheduleStore(client).add(spec, replace=args.replace)
     now = redis_time(client)
