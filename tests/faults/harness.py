@@ -36,6 +36,7 @@ pid it was started with, SIGCONT first when it was stopped.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -125,14 +126,61 @@ class Site(Protocol):
         ...
 
 
+#: the longest a page waits while the site holds its answers (a scenario that never
+#: releases them does not hang the site)
+HOLD_MAX_S = 60.0
+
+
+def _holding_server(site: Any, delay_ms: float) -> Any:
+    """A demo site's server that can hold its pages' answers (:meth:`ThreadSite.hold`)."""
+    from bloomcrawl.ops.demo_site import DemoServer
+
+    class HoldingServer(DemoServer):
+        def __init__(self) -> None:
+            super().__init__(site, delay_ms=delay_ms)
+            self.answering = threading.Event()
+            self.answering.set()
+            #: requests waiting for their answer now
+            self.held = 0
+
+        async def _serve_page(self, request: Any, page: int) -> Any:
+            if not self.answering.is_set():
+                self.held += 1
+                deadline = time.monotonic() + HOLD_MAX_S
+                try:
+                    while not self.answering.is_set() and time.monotonic() < deadline:
+                        await asyncio.sleep(0.01)
+                finally:
+                    self.held -= 1
+            return await super()._serve_page(request, page)
+
+    return HoldingServer()
+
+
 class ThreadSite:
-    """:func:`bloomcrawl.ops.demo_site.serve_in_thread`, in the test process."""
+    """:func:`bloomcrawl.ops.demo_site.serve_in_thread`, in the test process; it can hold
+    its pages' answers for a while (:meth:`hold`)."""
 
     def __init__(self, pages: int, delay_ms: float = 0.0) -> None:
-        from bloomcrawl.ops.demo_site import serve_in_thread
+        from bloomcrawl.ops.demo_site import DemoSite, RunningSite
 
         self.pages = pages
-        self.running = serve_in_thread(pages=pages, delay_ms=delay_ms)
+        self.running = RunningSite(DemoSite(pages), host="127.0.0.1", port=0,
+                                   delay_ms=delay_ms)
+        self.running.server = _holding_server(self.running.site, delay_ms)
+        self.running.start()
+
+    def hold(self) -> None:
+        """From now until :meth:`answer`, a page asked for is answered only then."""
+        self.running.server.answering.clear()
+
+    def answer(self) -> None:
+        self.running.server.answering.set()
+
+    @property
+    def held(self) -> int:
+        """Requests for pages waiting for their answer now."""
+        return int(self.running.server.held)
 
     @property
     def url(self) -> str:
@@ -149,6 +197,7 @@ class ThreadSite:
         return self.running.stats()
 
     def stop(self) -> None:
+        self.answer()
         self.running.stop()
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from faults.harness import BLOOMCRAWL, Contender, FaultRun, Outcome, Site
+from faults.harness import BLOOMCRAWL, Contender, FaultRun, Outcome, Site, ThreadSite
 
 from kit.redis import RedisServer
 from kit.wait import WaitTimeout, wait_until
@@ -133,17 +133,26 @@ def inject_recent_rollback(run: FaultRun, facts: dict[str, Any]) -> None:
 
 
 def inject_items_after_snapshot(run: FaultRun, facts: dict[str, Any]) -> None:
-    """At 1/2, every connection that sends a frontier call is held at the proxy, and
-    BGSAVE; the items of the pages in hand are still stored (the pipeline's own
-    connection goes on) until none came for a while; then SIGKILL Redis and start it
+    """At 1/2 the site holds its answers until a worker waits for one; then every
+    connection that sends a frontier call is held at the proxy, and BGSAVE; then the
+    site answers, and the items of the pages in hand are still stored (the pipeline's
+    own connection goes on) until none came for a while; then SIGKILL Redis and start it
     from that RDB. The server holds every exchange a worker had confirmed and lost
     the items stored after it (AOF everysec, a replica a moment behind)."""
     run.wait_pages(0.5)
     assert run.proxy is not None
-    run.proxy.hold_connections(b"{%s:bloomfilter:" % SPIDER.encode())
-    run.moment("hold")
-    run.redis.bgsave()
-    facts["snapshot_at"] = run.distinct()
+    site = run.site
+    if not isinstance(site, ThreadSite):
+        raise TypeError("items-after-snapshot holds the answers of the run's own site")
+    site.hold()
+    try:
+        wait_until(lambda: site.held >= 1, 30, interval=0.01, what="a page asked for")
+        run.proxy.hold_connections(b"{%s:bloomfilter:" % SPIDER.encode())
+        run.moment("hold")
+        run.redis.bgsave()
+        facts["snapshot_at"] = run.distinct()
+    finally:
+        site.answer()  # the held pages' items are stored after the snapshot
     key = "%s:items" % SPIDER
     client = run.client()
     try:
