@@ -70,9 +70,45 @@ def test_lost_leases_are_neither_renewed_nor_acked() -> None:
     book.lost(["a", "c"])
     assert book.held() == {"b": 0}
     assert book.finish((0, "a")) is None
+    # not handed to the engine yet: never fetched here (Redis hands them out again)
+    assert book.ready() == 1 and book.pop_ready().url == "http://a.test/b"
     assert book.forget() == 1 and book.held() == {}
     book.clear()
     assert book.ready() == 0
+
+
+def test_forgotten_leases_take_their_waiting_requests_with_them() -> None:
+    """Redis lost writes of this worker (a rollback): every lease is given up. A request
+    not handed to the engine yet is dropped, ready or leased for later: fetched now, it
+    would be fetched again when its lease expires and Redis requeues it."""
+    book = LeaseBook()
+    now = time.monotonic()
+    book.take(lease(0, "ready", at=now), Request("http://a.test/ready"))
+    book.take(Lease(0, "later", b"{}", now, True, 0.5, ONE_SLOT, now + 60),
+              Request("http://b.test/later"))
+    book.take(lease(1, "engine", at=now), Request("http://c.test/engine"))
+    assert book.pop_ready().url == "http://a.test/ready"
+    in_engine = book.pop_ready()
+    book.put_back(LeaseRef(0, "ready"), Request("http://a.test/ready"))
+    assert (book.ready(), book.waiting()) == (1, 1)
+    assert book.forget() == 3
+    assert (book.ready(), book.waiting(), book.next_due(), len(book)) == (0, 0, math.inf, 0)
+    # the one in the engine: done, never acked (its lease expires); back from the engine,
+    # not queued again
+    book.put_back(in_engine.meta[LEASE_META_KEY], in_engine)
+    assert book.ready() == 0
+    assert book.finish(in_engine.meta[LEASE_META_KEY]) is None
+
+
+def test_a_request_back_from_the_engine_after_its_lease_was_lost_is_not_queued() -> None:
+    book = LeaseBook()
+    book.take(lease(0, "a"), Request("http://a.test/a"))
+    book.take(lease(0, "b"), Request("http://a.test/b"))
+    first, second = book.pop_ready(), book.pop_ready()
+    book.lost(["a"])
+    book.put_back(first.meta[LEASE_META_KEY], first)
+    book.put_back(second.meta[LEASE_META_KEY], second)
+    assert book.ready() == 1 and book.pop_ready() is second
 
 
 def test_a_late_request_is_reported_from_when_it_went_out() -> None:

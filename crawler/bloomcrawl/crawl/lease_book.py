@@ -120,8 +120,12 @@ class LeaseBook:
         return request
 
     def put_back(self, ref: LeaseRef, request: Request) -> None:
-        """A leased request handed to the engine came back to the scheduler: it goes next."""
-        self._ready.append((ref, request))
+        """A leased request handed to the engine came back to the scheduler: it goes next,
+        unless its lease was given up meanwhile (:meth:`lost`, :meth:`forget`): Redis
+        hands it out again when the lease expires, and fetched here too it would be
+        fetched twice."""
+        if ref[1] in self._held:
+            self._ready.append((ref, request))
 
     def finish(self, ref: LeaseRef | tuple[int, str]) -> str | None:
         """The lease's request is done: the ack to send (None: the lease is not ours).
@@ -173,10 +177,12 @@ class LeaseBook:
     def lost(self, tokens: list[str]) -> None:
         """Redis no longer holds these leases for us: never renewed or acked again."""
         gone = set(tokens)
+        # not fetched yet, and never here: a worker gets them again from Redis
         if self._later and any(ref[1] in gone for _, _, ref, _ in self._later):
-            # never fetched: another worker gets them when their leases expire
             self._later = [e for e in self._later if e[2][1] not in gone]
             heapq.heapify(self._later)
+        if self._ready and any(ref[1] in gone for ref, _ in self._ready):
+            self._ready = deque(e for e in self._ready if e[0][1] not in gone)
         for token in tokens:
             self._held.pop(token, None)
             self._leased_at.pop(token, None)
@@ -185,20 +191,25 @@ class LeaseBook:
             self._sent_at.pop(token, None)
 
     def forget(self) -> int:
-        """Give up every lease (Redis lost state): they expire; returns how many."""
+        """Give up every lease (Redis lost state): they expire; returns how many.
+
+        The requests of those not handed to the engine yet are dropped with them:
+        each is crawled once, when Redis hands it out again (its lease expired, or
+        the lease itself was lost and the request is back in the queue), not here
+        now and there again."""
         count = len(self._held)
         self._held.clear()
         self._leased_at.clear()
         self._room.clear()
         self._responded_at.clear()
         self._sent_at.clear()
+        self._ready.clear()
+        self._later.clear()
         return count
 
     def clear(self) -> None:
         """Closing: the leases went back to the queue, the ready requests with them."""
         self.forget()
-        self._ready.clear()
-        self._later.clear()
 
 
 class LeaseUpkeep:
