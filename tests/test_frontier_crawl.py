@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -96,9 +97,17 @@ def test_sigkilled_worker_loses_nothing(redis_server, redis_client, demo_site,
     wait_until(lambda: pages_crawled(demo_site) >= total // 3, 180,
                what="a third of the site crawled")
     # killed while it holds leases (the site is one host: its budget may leave a worker
-    # with none for a moment)
-    wait_until(lambda: leases_held(redis_client, workers[0].pid) > 0, 60, interval=0.01,
-               what="worker 0 to hold a lease")
+    # with none for a moment): stopped first, so that none is acked between the look
+    # and the kill
+    def stopped_holding_leases() -> bool:
+        workers[0].pause()
+        time.sleep(0.05)  # what it wrote before the stop reaches Redis
+        if leases_held(redis_client, workers[0].pid) > 0:
+            return True
+        workers[0].resume()
+        return False
+
+    wait_until(stopped_holding_leases, 60, interval=0.01, what="worker 0 to hold a lease")
     workers[0].kill()
     run_workers(workers[1:], timeout=300)
     hits = demo_site.hits()

@@ -358,6 +358,25 @@ def lease_holder(run: FaultRun) -> Worker | None:
     return busiest if held[busiest] else None
 
 
+def stop_lease_holder(run: FaultRun) -> Worker | None:
+    """SIGSTOP the worker holding the most leases, if one holds any (None: all go on).
+
+    Every worker is stopped while Redis is asked, so that none acks its last lease
+    between the look and the stop; the others go on at once.
+    """
+    holder = None
+    for worker in run.workers:
+        worker.pause()
+    try:
+        time.sleep(0.05)  # what they wrote before the stop reaches Redis
+        holder = lease_holder(run)
+    finally:
+        for worker in run.workers:
+            if worker is not holder:
+                worker.resume()
+    return holder
+
+
 def inject_worker_sigstop(run: FaultRun, facts: dict[str, Any]) -> None:
     """At 1/3, SIGSTOP a worker holding leases for 8 s (leases last 3 s), then SIGCONT.
 
@@ -368,11 +387,11 @@ def inject_worker_sigstop(run: FaultRun, facts: dict[str, Any]) -> None:
     worker = None
     if run.contender.start == "redis":
         try:
-            worker = wait_until(lambda: lease_holder(run), 5, interval=0.01)
+            worker = wait_until(lambda: stop_lease_holder(run), 5, interval=0.01)
         except WaitTimeout:
             pass  # none held a lease: the first worker, as for other contenders
     worker = worker or run.workers[0]
-    worker.pause()
+    worker.pause()  # stopped already when it holds leases
     facts["stopped"] = worker.name
     facts["stopped_at"] = run.distinct()
     time.sleep(8.0)
@@ -436,8 +455,14 @@ def inject_malformed_meta(run: FaultRun, facts: dict[str, Any]) -> None:
                 "items": "%s:items" % spider, "pages_by_node": "{%s:stats}:pages_by_node" % spider})
     finally:
         client.close()
-    facts["malformed_from"] = time.monotonic()
+    facts["malformed_from"] = since = time.monotonic()
     run.fault_over()
+    # the crawl may end within a scrape or two of the fault: the exporter is judged on
+    # at least three (it is scraped until the run is measured)
+    exporter = run.exporter
+    if exporter is not None:
+        wait_until(lambda: sum(1 for s in exporter.scrapes if s.at >= since + 0.1) >= 3,
+                   10, what="three scrapes after the malformed meta")
 
 
 # -- start data ------------------------------------------------------------------------
