@@ -8,7 +8,6 @@ and only its log says the spider never opened.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import redis
@@ -70,11 +69,10 @@ def test_a_cancelled_job_fails_the_wait_saying_it_was_stopped(
                                ["running"]), 30, what="the job to run")
         log = scrapyd_node.workdir / "logs" / "probe" / "waiter" / ("%s.log" % job)
         # its spider open (cancelled before, the job would end as it ends when done), and
-        # its engine running: a signal right as the spider opens stops Scrapy without
-        # closing the spider
-        wait_until(lambda: log.exists() and "Spider opened" in log.read_text(), 30,
-                   what="the job's spider to open")
-        time.sleep(1.0)
+        # its engine running (a signal right as the spider opens stops Scrapy without
+        # closing the spider): the spider logs its first idle
+        wait_until(lambda: log.exists() and "waiter: open and idle" in log.read_text(), 30,
+                   what="the job's spider to open and go idle")
         assert scrapyd_node.post("cancel.json", project="probe", job=job)["status"] == "ok"
 
     canceller = threading.Thread(target=cancel_once_running)

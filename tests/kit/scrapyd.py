@@ -72,6 +72,9 @@ class Waiter(scrapy.Spider):
 
     def idle(self):
         if time.monotonic() < self.until:
+            if not getattr(self, "waiting", False):
+                self.waiting = True
+                self.logger.info("waiter: open and idle")  # the engine runs: tests wait for it
             raise DontCloseSpider
 """
 
