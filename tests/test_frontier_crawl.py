@@ -6,14 +6,19 @@ import json
 import os
 import re
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from scrapy import signals as scrapy_signals
 
-from kit.checks import assert_crawled_once, frontier_left, pages_crawled, shared_stats
+from kit.checks import (
+    assert_crawled_once,
+    frontier_left,
+    pages_crawled,
+    shared_stats,
+    stop_lease_holder,
+)
 from kit.redis import RedisServer
 from kit.wait import wait_until
 from kit.workers import BASE_SETTINGS, WorkerPool, check_exits, run_workers
@@ -69,13 +74,6 @@ def test_a_start_url_seen_before_is_said_in_the_log_and_crawled_again_with_dont_
     check_exits([first, second])
 
 
-def leases_held(client, pid: int) -> int:
-    """Leases of the worker process ``pid`` (its tokens begin with its id: host-pid-...)."""
-    mark = ("-%d-" % pid).encode()
-    return sum(1 for key in client.scan_iter(match="site:*:leases")
-               for token in client.hkeys(key) if mark in token.split(b":", 1)[0])
-
-
 @pytest.mark.parametrize("window", [
     {},
     # under a revisit window an item's id is its page's visit (the queue entry, which a
@@ -99,15 +97,8 @@ def test_sigkilled_worker_loses_nothing(redis_server, redis_client, demo_site,
     # killed while it holds leases (the site is one host: its budget may leave a worker
     # with none for a moment): stopped first, so that none is acked between the look
     # and the kill
-    def stopped_holding_leases() -> bool:
-        workers[0].pause()
-        time.sleep(0.05)  # what it wrote before the stop reaches Redis
-        if leases_held(redis_client, workers[0].pid) > 0:
-            return True
-        workers[0].resume()
-        return False
-
-    wait_until(stopped_holding_leases, 60, interval=0.01, what="worker 0 to hold a lease")
+    wait_until(lambda: stop_lease_holder(workers[:1], redis_client), 60, interval=0.01,
+               what="worker 0 to hold a lease")
     workers[0].kill()
     run_workers(workers[1:], timeout=300)
     hits = demo_site.hits()

@@ -21,6 +21,7 @@ import redis
 
 from faults.harness import BLOOMCRAWL, Contender, FaultRun, Outcome, Site, ThreadSite
 
+from kit.checks import stop_lease_holder
 from kit.redis import RedisServer
 from kit.wait import WaitTimeout, wait_until
 from kit.workers import Worker
@@ -339,42 +340,13 @@ def inject_failover(run: FaultRun, facts: dict[str, Any]) -> None:
     run.fault_over()
 
 
-def lease_holder(run: FaultRun) -> Worker | None:
-    """The worker holding the most of bloomcrawl's leases right now, if any holds one.
-
-    A lease token starts with its worker's id, ``<host>-<pid>-<random>``.
-    """
-    from bloomcrawl.core import keys
-
-    frontier = keys.FrontierKeys(SPIDER, partitions=4)
+def stop_a_lease_holder(run: FaultRun) -> Worker | None:
+    """:func:`kit.checks.stop_lease_holder` among the run's workers."""
     client = run.client()
     try:
-        tokens = [t.decode() for p in range(frontier.partitions)
-                  for t in client.hkeys(frontier.leases(p))]
+        return stop_lease_holder(run.workers, client, SPIDER)
     finally:
         client.close()
-    held = {w: sum(1 for t in tokens if "-%d-" % w.pid in t) for w in run.workers}
-    busiest = max(run.workers, key=lambda w: held[w])
-    return busiest if held[busiest] else None
-
-
-def stop_lease_holder(run: FaultRun) -> Worker | None:
-    """SIGSTOP the worker holding the most leases, if one holds any (None: all go on).
-
-    Every worker is stopped while Redis is asked, so that none acks its last lease
-    between the look and the stop; the others go on at once.
-    """
-    holder = None
-    for worker in run.workers:
-        worker.pause()
-    try:
-        time.sleep(0.05)  # what they wrote before the stop reaches Redis
-        holder = lease_holder(run)
-    finally:
-        for worker in run.workers:
-            if worker is not holder:
-                worker.resume()
-    return holder
 
 
 def inject_worker_sigstop(run: FaultRun, facts: dict[str, Any]) -> None:
@@ -387,7 +359,7 @@ def inject_worker_sigstop(run: FaultRun, facts: dict[str, Any]) -> None:
     worker = None
     if run.contender.start == "redis":
         try:
-            worker = wait_until(lambda: stop_lease_holder(run), 5, interval=0.01)
+            worker = wait_until(lambda: stop_a_lease_holder(run), 5, interval=0.01)
         except WaitTimeout:
             pass  # none held a lease: the first worker, as for other contenders
     worker = worker or run.workers[0]

@@ -12,6 +12,7 @@ once, the frontier empty, the workers gone cleanly.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -52,6 +53,35 @@ def leases_held(client: Any, spider: str = "site") -> int:
     """Leases held in a spider's frontier, every partition's."""
     f = frontier_keys(client, spider)
     return sum(client.hlen(f.leases(p)) for p in range(f.partitions))
+
+
+def leases_of(client: Any, pids: Iterable[int], spider: str = "site") -> dict[int, int]:
+    """Leases each worker process holds (a lease token begins ``<node>-<pid>-``)."""
+    f = frontier_keys(client, spider)
+    tokens = [t.split(b":", 1)[0] for p in range(f.partitions) for t in client.hkeys(f.leases(p))]
+    return {pid: sum(1 for t in tokens if b"-%d-" % pid in t) for pid in pids}
+
+
+def stop_lease_holder(workers: Sequence[Worker], client: Any,
+                      spider: str = "site") -> Worker | None:
+    """SIGSTOP the worker holding the most leases, if one holds any (None: all go on).
+
+    Every worker is stopped while Redis is asked, so that none acks its last lease
+    between the look and the stop; the others go on at once.
+    """
+    holder = None
+    for worker in workers:
+        worker.pause()
+    try:
+        time.sleep(0.05)  # what they wrote before the stop reaches Redis
+        held = leases_of(client, [w.pid for w in workers], spider)
+        busiest = max(workers, key=lambda w: held[w.pid])
+        holder = busiest if held[busiest.pid] else None
+    finally:
+        for worker in workers:
+            if worker is not holder:
+                worker.resume()
+    return holder
 
 
 def leased_entries(client: Any, spider: str = "site") -> list[bytes]:

@@ -63,6 +63,7 @@ class Waiter(scrapy.Spider):
     def __init__(self, *args, seconds="60", **kwargs):
         super().__init__(*args, **kwargs)
         self.until = time.monotonic() + float(seconds)
+        self.waiting = False
 
     @classmethod
     def from_crawler(cls, crawler, *args, **kwargs):
@@ -72,7 +73,7 @@ class Waiter(scrapy.Spider):
 
     def idle(self):
         if time.monotonic() < self.until:
-            if not getattr(self, "waiting", False):
+            if not self.waiting:
                 self.waiting = True
                 self.logger.info("waiter: open and idle")  # the engine runs: tests wait for it
             raise DontCloseSpider
