@@ -18,7 +18,7 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-from bloomcrawl.core import keys
+from bloomcrawl.core import keys, presence
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.frontier import Frontier
 from bloomcrawl.core.keys import FrontierKeys
@@ -231,6 +231,7 @@ def real_frontier(client: redis.Redis, spider: str = "site", partitions: int = 2
     client.rpush(frontier_keys.start_urls, "http://a.test/", "http://b.test/",
                  "http://c.test/")
     front.take_start_entries(2)
+    presence.here(front)  # a worker alive
     # the items pipeline's script: each item stored once, its id kept for the window
     push = Script("items_push.lua")
     record = keys.item_call_key(frontier_keys.items, "0a1b")
@@ -297,6 +298,7 @@ def test_clear_leaves_no_key_of_the_spider_and_every_key_of_the_others(
     for wanted in (front.keys.lease_counter(0), front.keys.start_leases,
                    front.keys.start_deadlines, front.keys.start_counter,
                    front.keys.stats_applied, "{site:items}:recent_ids", front.keys.pages_by_node,
+                   front.keys.workers,
                    custom.meta, custom.lease_counter(1)):
         assert wanted in mine, f"the frontier did not write {wanted}: the test proves nothing"
 

@@ -15,6 +15,7 @@ from bloomcrawl.crawl.lease import HOLD_META_KEY
 from bloomcrawl.crawl.scheduler import check_middlewares
 from bloomcrawl.crawl.seeds import take_start_items
 
+from kit.wait import wait_until
 from test_scheduler import drain, finish, make_scheduler
 
 
@@ -156,13 +157,47 @@ def test_a_worker_that_flushes_leaves_a_crawl_other_workers_hold_alone(
     assert left == 3
     make_scheduler(redis_server.url, SCHEDULER_PERSIST=False).close("finished")
     assert busy.frontier.size(with_leases=True) == left
-    make_scheduler(redis_server.url, SCHEDULER_FLUSH_ON_START=True)
+    make_scheduler(redis_server.url, SCHEDULER_FLUSH_ON_START=True).close("finished")
     assert busy.frontier.size(with_leases=True) == left
-    # no lease held: flushed
+    # no lease held, no other worker alive: flushed
     finish(busy, leased)
     busy.close("finished")
     make_scheduler(redis_server.url, SCHEDULER_PERSIST=False).close("finished")
     assert busy.frontier.size(with_leases=True) == 0
+
+
+def test_a_worker_between_leases_keeps_its_crawl_from_a_flush(
+        redis_server, redis_client) -> None:
+    """A worker alive may hold no lease (waiting out a host's delay, between two
+    exchanges): another worker closing with SCHEDULER_PERSIST = False (cancelled or
+    finished), or opening with SCHEDULER_FLUSH_ON_START, leaves its queue alone. The last
+    worker alive to close flushes; one killed without a word counts for its lease time."""
+    running = make_scheduler(redis_server.url, SCHEDULER_PERSIST=False)
+    urls = ["http://a.test/%d" % n for n in range(5)]
+    for url in urls:
+        running.enqueue_request(Request(url))
+    running.send_pending()
+    assert running.frontier.size(with_leases=True) == 5
+    make_scheduler(redis_server.url, SCHEDULER_PERSIST=False).close("shutdown")
+    make_scheduler(redis_server.url, SCHEDULER_PERSIST=False).close("finished")
+    make_scheduler(redis_server.url, SCHEDULER_FLUSH_ON_START=True).close("finished")
+    assert running.frontier.size(with_leases=True) == 5
+    leased = drain(running)
+    assert sorted(r.url for r in leased) == urls
+    # a worker killed without a word: alive for its lease time (5 s), then forgotten
+    killed = make_scheduler(redis_server.url)
+    assert redis_client.zscore(killed.frontier.keys.workers, killed.worker_id) is not None
+    for request in leased:
+        finish(running, request)
+    running.close("finished")
+    assert running.bloom.info().items == 5, "flushed while a killed worker was alive"
+    deadline = float(redis_client.zscore(killed.frontier.keys.workers, killed.worker_id))
+    wait_until(lambda: redis_client.time()[0] * 1000 > deadline + 1, timeout=15,
+               what="the killed worker's lease time to pass")
+    make_scheduler(redis_server.url, SCHEDULER_PERSIST=False).close("finished")
+    assert running.bloom.info().items == 0
+    assert running.frontier.size(with_leases=True) == 0
+    assert redis_client.zcard(running.frontier.keys.workers) == 0
 
 
 def test_a_raising_callback_counts_one_error(redis_server, redis_client) -> None:

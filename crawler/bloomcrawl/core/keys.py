@@ -195,6 +195,9 @@ def filter_name_from_meta(key: str) -> str:
 #   {<spider>:stats}:pages_by_node
 #                               hash  hostname of the worker -> pages it crawled
 #                               (both in the stats hash's slot: one script updates all three)
+#   {<spider>:stats}:workers    zset  worker -> ms (Redis TIME) its presence lasts unrenewed:
+#                                     the workers alive (frontier_workers.lua), renewed with
+#                                     their leases; who is the last to close
 #   <spider>:start_urls         list  URLs or JSON {"url", "meta", "priority"}
 #   {<spider>:start_urls}:leases, :deadlines, :seq
 #                               start URLs taken by a worker and not queued yet
@@ -236,6 +239,7 @@ class FrontierKeys:
         # (``S:stats`` hashes as a whole, ``{S:stats}:...`` by its tag: the same slot)
         self.stats_applied = "{%s}:applied" % self.stats
         self.pages_by_node = "{%s}:pages_by_node" % self.stats
+        self.workers = "{%s}:workers" % self.stats
         self.use_start_urls(spider_key(defaults.START_URLS_KEY, spider))
         self.items = spider_key(defaults.ITEMS_KEY, spider)
         self.item_ids = item_ids_key(self.items)

@@ -17,6 +17,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from bloomcrawl.core import presence
 from bloomcrawl.core.connection import REDIS_ERRORS, server_infos
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LeaseRef
 from bloomcrawl.crawl.redis_io import create_looping_call, log_unexpected, redis_failed
@@ -248,11 +249,15 @@ class LeaseUpkeep:
                 loop.stop()
 
     def renew(self) -> None:
-        """Extend the deadlines of every lease this worker still holds."""
-        if len(self.book):
-            d = self.io.run(self.frontier.renew, self.book.held())
-            d.addCallbacks(self._renewed, self.failed)
-            d.addErrback(log_unexpected, logger, self.log_extra)
+        """Extend the deadlines of every lease this worker still holds, and its own: other
+        workers count it as alive (:func:`~bloomcrawl.core.presence.here`)."""
+        d = self.io.run(self._renew, self.book.held())
+        d.addCallbacks(self._renewed, self.failed)
+        d.addErrback(log_unexpected, logger, self.log_extra)
+
+    def _renew(self, held: dict[str, int]) -> list[str]:
+        presence.here(self.frontier)
+        return self.frontier.renew(held)
 
     def _renewed(self, lost: list[str]) -> None:
         self.errors.ok()

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 
-from bloomcrawl.core import defaults, keys
+from bloomcrawl.core import defaults, keys, presence
 from bloomcrawl.core.connection import (
     REDIS_ERRORS,
     RedisErrorPolicy,
@@ -321,9 +321,7 @@ class Scheduler:
             self.intake.project_filter.close(reason)
         if reason == "finished" and self.crawl_id and not self.config.crawl_id:
             end_crawl(self.server, frontier, self.spider, self.crawl_id)
-        if not self.config.persist:
-            flush_unless_shared(frontier, "SCHEDULER_PERSIST is False", self.spider,
-                                "the last worker to close flushes it")
+        leave(frontier, self.spider, flush=not self.config.persist)
 
     # -- the engine's interface -----------------------------------------------------
 
@@ -434,14 +432,33 @@ def open_frontier(server: redis.Redis, spider: Spider, config: FrontierConfig,
                     politeness=politeness)
 
 
-def flush_unless_shared(frontier: Frontier, why: str, spider: Spider, then: str) -> bool:
-    """Flush the frontier (queue, leases, filter) unless other workers hold leases in it:
-    a crawl under way is not deleted under them. Whether it was flushed."""
-    others = live_leases(frontier)
-    if others:
-        logger.warning("%s, but other workers hold %d leases of this frontier: it is kept"
-                       " for the crawl under way (%s)", why, others, then,
-                       extra={"spider": spider})
+def leave(frontier: Frontier, spider: Spider, flush: bool) -> None:
+    """Closing: this worker is no longer alive; with ``flush`` (SCHEDULER_PERSIST False),
+    the last worker alive flushes the frontier."""
+    try:
+        others = presence.gone(frontier)
+    except REDIS_ERRORS as exc:
+        logger.error("could not tell Redis this worker is closing (%s): other workers count"
+                     " it as alive for one lease time%s", exc,
+                     "; SCHEDULER_PERSIST is False, but the frontier is kept" if flush else "",
+                     extra={"spider": spider})
+        return
+    if flush:
+        flush_unless_shared(frontier, "SCHEDULER_PERSIST is False", spider,
+                            "the last worker to close flushes it", others)
+
+
+def flush_unless_shared(frontier: Frontier, why: str, spider: Spider, then: str,
+                        others: int) -> bool:
+    """Flush the frontier (queue, leases, filter) unless other workers are alive
+    (``others``, :meth:`Frontier.gone`) or hold leases in it: a crawl under way is not
+    deleted under them, even while none of them holds a lease (waiting out a host's
+    delay, or between two exchanges). Whether it was flushed."""
+    leases = live_leases(frontier)
+    if others or leases:
+        logger.warning("%s, but %d other workers are alive and hold %d leases of this"
+                       " frontier: it is kept for the crawl under way (%s)", why, others,
+                       leases, then, extra={"spider": spider})
         return False
     flush(frontier)
     return True
@@ -454,9 +471,13 @@ def prepare_frontier(frontier: Frontier, server: redis.Redis, config: FrontierCo
     frontier.record_layout()
     if not open_exchanges(frontier):
         logger.warning(NO_TRANSACTIONS, extra=extra)
+    # the workers alive before this one says it is (a worker id is new each run)
+    others = presence.gone(frontier)
     if config.flush_on_start and flush_unless_shared(
-            frontier, "SCHEDULER_FLUSH_ON_START is set", spider, "this worker joins it"):
+            frontier, "SCHEDULER_FLUSH_ON_START is set", spider, "this worker joins it",
+            others):
         server.delete(keys.crawl_key(spider.name))
+    presence.here(frontier)
     crawl_id = join_crawl(server, spider.name, config.crawl_id)
     moved = frontier.migrate()
     if moved:

@@ -211,8 +211,9 @@ def frontier_keys(filter_name: str, meta: dict[str, str], spider: str,
     frontier.pages_by_node = meta.get("pages_by_node") or frontier.pages_by_node
     for name in (frontier.stats, frontier.start_urls, frontier.items):
         keys.check_key(name)
-    # these two carry the stats hash's name as their hash tag (one slot for the three)
+    # these carry the stats hash's name as their hash tag (one slot for them all)
     frontier.stats_applied = "{%s}:applied" % frontier.stats
+    frontier.workers = "{%s}:workers" % frontier.stats
     if frontier.pages_by_node != "{%s}:pages_by_node" % frontier.stats:
         keys.check_key(frontier.pages_by_node)  # recorded before the tag
     return frontier
