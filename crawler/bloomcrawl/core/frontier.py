@@ -1,8 +1,7 @@
 """One spider's shared frontier in Redis: enqueue-if-new, lease, ack, renew, reap, release.
 
-No Scrapy and no engine here: requests are opaque JSON payloads with a
-fingerprint and a score. The Scrapy scheduler
-(:mod:`bloomcrawl.crawl.scheduler`) buffers and polls around this protocol.
+No Scrapy and no engine here: requests are opaque JSON payloads with a fingerprint and
+a score. The Scrapy scheduler (:mod:`bloomcrawl.crawl.scheduler`) buffers and polls.
 
 * Enqueue-if-new is one atomic call per partition: the Bloom check-and-set
   and the push into the hosts' queues happen together, so no crash can
@@ -20,6 +19,7 @@ fingerprint and a score. The Scrapy scheduler
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import time
@@ -127,6 +127,13 @@ def ack_args(acks: Sequence[str]) -> list[str]:
         token, bar, when = ack.partition("|")
         out.append("%s|%d" % (token, max(0, (now - float(when)) * 1000)) if bar else ack)
     return out
+
+
+def sent_key(entry: Outgoing) -> bytes:
+    """A dont_filter entry's key in the enqueue script, in place of the fingerprint the
+    filter skips: its payload's digest, with the entry's own id (random, or its visit's)."""
+    payload = entry.payload
+    return hashlib.sha1(payload.encode() if isinstance(payload, str) else payload).digest()
 
 
 def stats_call(f: keys.FrontierKeys, worker: str, node: str,
@@ -341,15 +348,18 @@ class Frontier:
                            "%d:%d" % (ahead, horizon * 1000) if horizon > 0 else ahead,
                            *seen, *ack_args(acks)]
         script = _LEASE
+        partition_keys = [f.state(partition), f.leases(partition), f.deadlines(partition),
+                          f.lease_counter(partition), *f.polite_keys(partition)]
         if outgoing:
             script = _ENQUEUE[self.bloom.params.backend, self.bloom.params.windowed]
-            args += [b"".join(e.fingerprint for e in outgoing),
+            partition_keys.append(f.sent(partition))
+            args += [b"".join(sent_key(e) if e.dont_filter else e.fingerprint
+                              for e in outgoing),
                      "".join("-" if e.record_only else "1" if e.dont_filter else e.window
                              for e in outgoing)]
             for e in outgoing:
                 args += [repr(e.score), e.host, e.payload]
-        return ScriptCall(script, [f.state(partition), f.leases(partition), f.deadlines(partition),
-                                   f.lease_counter(partition), *f.polite_keys(partition)], args)
+        return ScriptCall(script, partition_keys, args)
 
     def _token_prefix(self) -> str:
         return "%s/%d:" % (self.worker_id, self.watch.epoch if self.watch is not None else 0)
@@ -452,7 +462,7 @@ def flush(frontier: Frontier) -> None:
     hosts = pipe.execute()
     doomed = []
     for p in range(f.partitions):
-        doomed += [f.queue_part(p), f.leases(p), f.deadlines(p),
+        doomed += [f.queue_part(p), f.leases(p), f.deadlines(p), f.sent(p),
                    *(f.polite(p, n) for n in keys.POLITE_KEY_NAMES if n != "policy"),
                    *(f.host_queue(p, h.decode()) for h in hosts[p])]
     for i in range(0, len(doomed), 1000):

@@ -184,6 +184,9 @@ def filter_name_from_meta(key: str) -> str:
 #   <queue>:{NAME:P}:leases     hash  token -> "score|host|request JSON"
 #   <queue>:{NAME:P}:deadlines  zset  token -> lease deadline, ms of Redis TIME
 #   <queue>:{NAME:P}:seq        string  lease token counter
+#   <queue>:{NAME:P}:sent       zset  key of a dont_filter entry -> ms (Redis TIME) until
+#                               which it is kept: queued once however often the exchange
+#                               carrying it is sent (frontier_enqueue.lua)
 #   <spider>:stats              hash  pages, items, filtered, requeued, errors,
 #                                     bad_start_urls, unserializable, local (HINCRBY)
 #   <spider>:crawl              hash  id: the crawl under way (crawl_id.lua): dont_filter start
@@ -283,6 +286,11 @@ class FrontierKeys:
 
     def lease_counter(self, partition: int) -> str:
         return lease_counter_key(self.queue, self.filter, partition)
+
+    def sent(self, partition: int) -> str:
+        """The partition's dont_filter entries queued in the last minutes (an exchange
+        sent again queues them once)."""
+        return politeness_key(self.queue, self.filter, partition, "sent")
 
     def state(self, partition: int) -> str:
         return state_key(self.filter, partition)

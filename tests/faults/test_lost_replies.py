@@ -1,0 +1,78 @@
+"""An exchange whose reply is lost after Redis applied it is sent again, whole.
+
+Its filtered requests are duplicates the second time. A ``dont_filter`` request (every
+retry RetryMiddleware makes is one) skips the filter: the partition's ``sent`` record
+keeps the second send from queueing it again, while a retry made later, a new entry of
+the same URL, is queued as the request it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import pytest
+import redis
+
+from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.connection import redis_from_url
+from bloomcrawl.core.errors import RedisUnavailableError
+from bloomcrawl.core.frontier import Frontier, Outgoing, open_exchanges
+from bloomcrawl.core.keys import FrontierKeys
+from bloomcrawl.core.politeness import host_of
+from faults.proxy import FaultProxy
+
+from kit.data import outgoing
+from kit.redis import RedisServer
+
+
+def retry_of(url: str, entry_id: str) -> Outgoing:
+    """What the worker sends for a retry: dont_filter, an entry id of its own."""
+    payload = json.dumps({"url": url, "dont_filter": True, "_id": entry_id, "v": 2})
+    return Outgoing(hashlib.sha1(url.encode()).digest(), True, 0.0, payload, host_of(url))
+
+
+def entries_of(client: redis.Redis, frontier: Frontier, url: str) -> list[str]:
+    """The queue entries and leases of ``url`` in partition 0."""
+    f = frontier.keys
+    leased = [v.decode() for v in client.hvals(f.leases(0))]
+    queue = f.host_queue(0, host_of(url))
+    if frontier.queue_type == "priority":
+        queued = [m.decode() for m in client.zrange(queue, 0, -1)]
+    else:
+        queued = [m.decode() for m in client.lrange(queue, 0, -1)]
+    return [e for e in leased + queued if url in e]
+
+
+@pytest.mark.parametrize("queue_type", ["priority", "fifo"])
+@pytest.mark.parametrize("lease", [False, True], ids=["enqueue", "enqueue-and-lease"])
+def test_a_dont_filter_request_of_an_exchange_sent_again_is_queued_once(
+        redis_server: RedisServer, redis_client: redis.Redis, lease: bool,
+        queue_type: str) -> None:
+    url = "http://a.test/retry-me"
+    with FaultProxy(redis_server.port) as proxy:
+        client = redis_from_url("redis://127.0.0.1:%d/0" % proxy.port)
+        bloom = BloomFilter(client, "t:bloomfilter", capacity=1000, error_rate=0.01,
+                            partitions=1, backend="bitmap")
+        frontier = Frontier(client, bloom, FrontierKeys("t", partitions=1),
+                            queue_type=queue_type, lease_timeout=60, worker_id="w1",
+                            node="host")
+        assert open_exchanges(frontier)
+        retry = retry_of(url, "a1")
+        plain = outgoing("http://a.test/plain-page")[0]
+        options = {"lease_from": 0, "want": 1} if lease else {}
+        proxy.drop_replies(b"retry-me", count=1)
+        try:
+            frontier.exchange([retry, plain], {}, **options)
+        except (redis.RedisError, RedisUnavailableError):
+            pass  # the worker's outbox sends the whole batch again, as here
+        assert proxy.drops_pending == 0, "the reply was not dropped: the test proves nothing"
+        frontier.exchange([retry, plain], {}, **options)
+        assert len(entries_of(redis_client, frontier, url)) == 1
+        assert len(entries_of(redis_client, frontier, "http://a.test/plain-page")) == 1
+        # a retry of it made later is an entry of its own: queued
+        frontier.exchange([dataclasses.replace(retry, payload=retry.payload.replace(
+            '"a1"', '"b2"'))], {})
+        assert len(entries_of(redis_client, frontier, url)) == 2
+        client.close()
