@@ -8,15 +8,18 @@ and only its log says the spider never opened.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 import redis
 
 from bloomcrawl.ops.cli import status
 from bloomcrawl.ops.cli.target import Target
+from bloomcrawl.ops.demo_site import RunningSite
 
+from kit.cli import run_cli
 from kit.redis import RedisServer
-from kit.scrapyd import ScrapydNode
+from kit.scrapyd import PASSWORD, USERNAME, ScrapydNode
 from kit.wait import wait_until
 from kit.workers import WorkerPool
 
@@ -147,3 +150,24 @@ def test_the_error_lines_of_a_job_log_are_what_the_wait_shows(
     lines = status.error_lines(worker.text())
     assert any(line.startswith("Error downloading <GET %s>" % dead) for line in lines), lines
     assert len(lines) == len(set(lines))
+
+
+@pytest.mark.parametrize("demo_site", [{"pages": 5}], indirect=True)
+def test_the_idle_hint_of_a_crawl_given_max_idle_says_when_its_jobs_close(
+        redis_server: RedisServer, scrapyd_nodes: Callable[..., ScrapydNode],
+        demo_site: RunningSite, cli_env: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``crawl --max-idle 4 --wait``: the jobs are still open a while after the frontier
+    emptied, as they were told; the hint says when they close, not to give --max-idle."""
+    monkeypatch.setattr(status, "IDLE_HINT_S", 1.0)  # not the 30 s an operator waits
+    monkeypatch.setattr(status, "WATCH_INTERVAL", 0.2)
+    node = scrapyd_nodes("scrapyd", redis_url=redis_server.url)
+    env = dict(cli_env, SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD)
+    run_cli("deploy", "--nodes", node.url, env=env).assert_ok()
+    run = run_cli("crawl", "--nodes", node.url, "--redis-url", redis_server.url,
+                  "--max-idle", "4", "-s", "TELNETCONSOLE_ENABLED=False", "--wait",
+                  demo_site.url, env=env)
+    assert run.code == 0, run.output
+    assert ("the frontier has been empty for 1 s and the jobs still run: they close once it"
+            " has been empty for 4 s (MAX_IDLE_TIME_BEFORE_CLOSE)") in run.stderr, run.output
+    assert "give crawl --max-idle" not in run.stderr, run.output

@@ -107,7 +107,7 @@ def demo(paths: Paths, *, workers: int, mode: str | None, project: str, pages: i
                             [("allowed_domains", host)])
     seed(client, DEFAULT_SPIDER, [crawl_url])
     say("crawling %s on %d node(s)" % (crawl_url, len(jobs)))
-    code = watch(target, DEFAULT_SPIDER, project, jobs, timeout)
+    code = watch(target, DEFAULT_SPIDER, project, jobs, timeout, max_idle=max_idle)
     elapsed = time.monotonic() - started
     stats = site_stats(stats_url)
     line, state = frontier_line(client, DEFAULT_SPIDER)

@@ -206,6 +206,15 @@ class CrawlOptions:
             name == "MAX_IDLE_TIME_BEFORE_CLOSE" for name, _ in parse_pairs(self.settings,
                                                                              "setting"))
 
+    def idle_close_s(self) -> float | None:
+        """The jobs' MAX_IDLE_TIME_BEFORE_CLOSE in seconds, as given here (``--max-idle`` or
+        a setting); None when not given or not a number."""
+        value = dict(self.scrapy_settings()).get("MAX_IDLE_TIME_BEFORE_CLOSE")
+        try:
+            return None if value is None else float(value)
+        except ValueError:
+            return None
+
     def scrapy_settings(self) -> list[tuple[str, str]]:
         settings = parse_pairs(self.settings, "setting")
         if self.max_idle is not None and "MAX_IDLE_TIME_BEFORE_CLOSE" not in dict(settings):
@@ -428,7 +437,7 @@ def cmd_crawl(args: argparse.Namespace, paths: Paths) -> int:
                                                                         len(jobs)))
     if args.wait:
         return watch(target, options.spider, options.project, jobs, args.timeout,
-                     (key, list(args.urls)))
+                     (key, list(args.urls)), options.idle_close_s())
     return 0
 
 

@@ -84,13 +84,15 @@ IDLE_HINT_S = 30.0
 
 
 def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
-          timeout: float, seeds: tuple[str, Sequence[str]] | None = None) -> int:
+          timeout: float, seeds: tuple[str, Sequence[str]] | None = None,
+          max_idle: float | None = None) -> int:
     """Print this crawl's progress every 2 s until every job finished; 1 on timeout, when
     a job ended without its spider closing (:func:`ended_badly`), or when no page was
     crawled and errors or refused start URLs were counted (:func:`crawl_errors`).
 
     ``seeds``: the start list and the entries this crawl pushed to it, taken back when
-    every job failed (:func:`take_back`)."""
+    every job failed (:func:`take_back`). ``max_idle``: the jobs' MAX_IDLE_TIME_BEFORE_CLOSE
+    as the crawl gave it (None: not given), for the hint on an empty frontier."""
     client = target.redis()
     started = time.monotonic()
     deadline = started + timeout
@@ -129,9 +131,14 @@ def watch(target: Target, spider: str, project: str, jobs: dict[str, str],
             idle_since = now
         elif now - idle_since >= IDLE_HINT_S and not hinted:
             hinted = True
-            warn(f"the frontier has been empty for {IDLE_HINT_S:g} s and the jobs still run:"
-                 " a job ends MAX_IDLE_TIME_BEFORE_CLOSE seconds after its frontier emptied"
-                 " (0: never); give crawl --max-idle S")
+            if max_idle:
+                warn(f"the frontier has been empty for {IDLE_HINT_S:g} s and the jobs still"
+                     f" run: they close once it has been empty for {max_idle:g} s"
+                     " (MAX_IDLE_TIME_BEFORE_CLOSE)")
+            else:
+                warn(f"the frontier has been empty for {IDLE_HINT_S:g} s and the jobs still"
+                     " run: a job ends MAX_IDLE_TIME_BEFORE_CLOSE seconds after its frontier"
+                     " emptied (0: never); give crawl --max-idle S")
         time.sleep(WATCH_INTERVAL)
 
 
