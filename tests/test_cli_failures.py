@@ -232,3 +232,31 @@ def test_throttle_of_a_spider_with_no_crawl_names_the_spiders_that_have_one(
         " Redis has crawls of listings, products: give --spider NAME")
     assert sorted(redis_client.keys()) == [b"listings:bloomfilter:meta",
                                            b"products:bloomfilter:meta"]
+
+
+def test_logs_of_a_local_cluster_by_service(env: dict[str, str], tmp_path: Path) -> None:
+    """``make logs SERVICE=worker``: the scrapyd nodes, as compose calls its workers; a name
+    the cluster has no service of is an error naming those it has."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    records = []
+    for name in ("redis", "scrapyd-1", "scrapyd-2", "exporter", "timer"):
+        log = tmp_path / f"{name}.log"
+        log.write_text(f"a line of {name}\n")
+        records.append(ProcessRecord(name, dead.pid, 1, str(log), free_port()).__dict__)
+    state = Path(env["BLOOMCRAWL_STATE_DIR"])
+    state.mkdir(parents=True)
+    (state / "cluster.json").write_text(json.dumps({
+        "mode": "local", "project_name": "bloomcrawl", "processes": records,
+        "ports": {"redis": records[0]["port"]}}))
+    for service in ("worker", "scrapyd"):
+        run = run_cli("logs", service, env=env)
+        assert run.code == 0, run.output
+        assert run.stdout.splitlines() == [
+            f"==> {tmp_path / 'scrapyd-1.log'} <==", "a line of scrapyd-1",
+            f"==> {tmp_path / 'scrapyd-2.log'} <==", "a line of scrapyd-2"], run.stdout
+    run = run_cli("logs", "scrapyd-2", env=env)
+    assert run.code == 0 and run.stdout.splitlines()[1:] == ["a line of scrapyd-2"], run.output
+    run_cli("logs", "nosuch", env=env).assert_failed_with(
+        "bloomcrawl logs: no service 'nosuch' in the local cluster; its services: worker (the"
+        " scrapyd nodes: scrapyd-1, scrapyd-2), exporter, redis, timer")

@@ -41,6 +41,7 @@ from bloomcrawl.ops.cluster.processes import (
     CA_FILE,
     CLIENT_CERT,
     SERVER_CERT,
+    ProcessRecord,
     missing_certs,
     run,
 )
@@ -291,15 +292,31 @@ def scale(paths: Paths, workers: int) -> int:
     return 0
 
 
+def local_services(records: list[ProcessRecord], service: str | None) -> list[ProcessRecord]:
+    """The processes of a local cluster that ``service`` names: all of them (None), the
+    scrapyd nodes (``worker``, as compose calls them, or ``scrapyd``), or the one of that
+    name; :class:`OpsError` naming the services there are for any other name."""
+    nodes = [r for r in records if r.name.startswith("scrapyd")]
+    if service is None:
+        return records
+    if service in (COMPOSE_SERVICE, "scrapyd"):
+        return nodes
+    named = [r for r in records if r.name == service]
+    if not named:
+        workers = f"{COMPOSE_SERVICE} (the scrapyd nodes: {', '.join(r.name for r in nodes)})"
+        others = sorted(r.name for r in records if r not in nodes)
+        raise OpsError(f"no service {service!r} in the local cluster; its services:"
+                       f" {', '.join([workers, *others])}")
+    return named
+
+
 def logs(paths: Paths, service: str | None, *, tail: int, follow: bool) -> int:
     """The last ``tail`` lines of each service's log (of ``service`` alone when given)."""
     cluster = load_cluster(paths)
     if cluster is None and not (paths.env_file.is_file() and docker_reachable()):
         raise no_cluster(paths, hint="no logs to show; start one with `make up` or `make demo`")
     if cluster is not None and cluster.mode == "local":
-        for record in cluster.processes:
-            if service and not record.name.startswith(service):
-                continue
+        for record in local_services(cluster.processes, service):
             say(f"==> {record.log} <==")
             with contextlib.suppress(OSError):
                 lines = Path(record.log).read_text(errors="replace").splitlines()
