@@ -337,3 +337,28 @@ def test_a_run_whose_node_stops_answering_ends_after_the_give_up_time(
     done = runs.get(run.id)
     assert done is not None and done.status == FINISHED
     assert done.finish_reason == "unreachable"
+
+
+def test_a_spider_the_project_lacks_is_refused_and_a_refused_firing_says_why(
+        redis_server: RedisServer, redis_client: redis.Redis, probe_node: ScrapydNode,
+        cli_env: dict[str, str]) -> None:
+    """``schedule --project P --spider S`` asks the nodes whether P has S, as it does
+    without ``--project``; a firing every node refused lists what each said."""
+    env = dict(cli_env, SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD)
+    for project in (["--project", "probe"], []):
+        run = run_cli("schedule", "--redis-url", redis_server.url, "--nodes", probe_node.url,
+                      "--name", "typo", "--every", "10m", *project, "--spider", "nosuch",
+                      env=env)
+        run.assert_failed_with("bloomcrawl schedule: no deployed project has a spider nosuch"
+                               " (deployed: probe): pass --spider, or --project NAME")
+    assert ScheduleStore(redis_client).all() == []
+
+    # made before the spider went away (or by hand): its firing fails on every node
+    store = ScheduleStore(redis_client)
+    store.add(Spec("typo", "nosuch", "probe", every=3600).check())
+    nodes = [scrapyd.Node(probe_node.url, USERNAME, PASSWORD)]
+    assert Timer(redis_client, lambda: Target("", nodes, None, None)).tick() == ["typo"]
+    listed = run_cli("schedules", "--redis-url", redis_server.url, env=env)
+    assert listed.code == 0, listed.output
+    assert (f"failed (no node started a job; refused by {probe_node.url}: {probe_node.url}"
+            "/schedule.json: spider 'nosuch' not found)") in listed.stdout, listed.stdout

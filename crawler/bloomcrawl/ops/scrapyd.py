@@ -439,6 +439,18 @@ def projects_with_spider(nodes: Sequence[Node], spider: str
     return None
 
 
+def deployed_spiders(nodes: Sequence[Node]) -> dict[str, list[str]] | None:
+    """{project: its spiders} on the first node that answers (``scrapy list`` runs on the
+    node for each project, at once); None when no node answers."""
+    for node in nodes:
+        try:
+            projects = node.list_projects()
+        except ScrapydError:
+            continue
+        return _spiders_of(node, projects) if projects else {}
+    return None
+
+
 def _spiders_of(node: Node, projects: Sequence[str]) -> dict[str, list[str]]:
     """{project: its spiders on ``node``}, asked at once (none for a project that fails)."""
     def spiders(name: str) -> list[str]:

@@ -162,8 +162,28 @@ def resolve_project(nodes: Sequence[scrapyd.Node], spider: str, given: str | Non
     if having:
         raise OpsError(f"spider {spider} is in projects {', '.join(sorted(having))}: pass"
                        " --project NAME")
-    raise OpsError(f"no deployed project has a spider {spider} (deployed:"
-                   f" {', '.join(sorted(projects))}): pass --spider, or --project NAME")
+    raise no_such_spider(spider, projects)
+
+
+def no_such_spider(spider: str, projects: Sequence[str]) -> OpsError:
+    return OpsError(f"no deployed project has a spider {spider} (deployed:"
+                    f" {', '.join(sorted(projects)) or 'none'}): pass --spider, or"
+                    " --project NAME")
+
+
+def check_spider(nodes: Sequence[scrapyd.Node], spider: str, project: str | None) -> None:
+    """:class:`OpsError` unless ``project`` (None: any project) has ``spider`` on the first
+    node that answers, with :func:`resolve_project`'s line when no project has it. Nothing
+    when no node answers: the spider cannot be checked then."""
+    listed = scrapyd.deployed_spiders(nodes)
+    if listed is None or spider in (listed.get(project, []) if project is not None
+                                    else [name for names in listed.values() for name in names]):
+        return
+    having = sorted(name for name, names in listed.items() if spider in names)
+    if having:
+        raise OpsError(f"spider {spider} is in projects {', '.join(having)}, not in {project}:"
+                       " pass --project NAME")
+    raise no_such_spider(spider, list(listed))
 
 
 def parse_pairs(pairs: Sequence[str], what: str) -> list[tuple[str, str]]:

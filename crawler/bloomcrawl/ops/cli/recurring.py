@@ -13,7 +13,12 @@ import json
 import time
 from typing import Any
 
-from bloomcrawl.ops.cli.jobs import CrawlOptions, check_start_urls, resolve_project
+from bloomcrawl.ops.cli.jobs import (
+    CrawlOptions,
+    check_spider,
+    check_start_urls,
+    resolve_project,
+)
 from bloomcrawl.ops.cli.target import TargetOptions, resolve_target
 from bloomcrawl.ops.cluster.state import Paths
 from bloomcrawl.ops.console import OpsError, say
@@ -43,14 +48,16 @@ def add_schedule(args: argparse.Namespace, paths: Paths) -> int:
                              max_idle=args.max_idle)
     target = resolve_target(paths, TargetOptions.from_args(args), need_nodes=False,
                             need_redis=True)
+    # the deployed project that has the spider, asked now; no node known: the default
+    try:
+        nodes = resolve_target(paths, TargetOptions.from_args(args), need_nodes=True,
+                               quiet=True).nodes
+    except OpsError:
+        nodes = []
     if args.project is None:
-        # the deployed project that has the spider, asked now; no node known: the default
-        try:
-            nodes = resolve_target(paths, TargetOptions.from_args(args), need_nodes=True,
-                                   quiet=True).nodes
-        except OpsError:
-            nodes = []
         spec.project = resolve_project(nodes, args.spider, None)
+    # a spider the project does not have is refused now, not by every node at each firing
+    check_spider(nodes, args.spider, spec.project)
     client = target.redis()
     schedule = ScheduleStore(client).add(spec, replace=args.replace)
     now = redis_time(client)
@@ -65,9 +72,10 @@ def add_schedule(args: argparse.Namespace, paths: Paths) -> int:
 def describe(schedule: Schedule, now: float) -> str:
     spec = schedule.spec
     outcome = schedule.outcome or {}
+    why = "; ".join(([outcome["reason"]] if outcome.get("reason") else []) + refusals(outcome))
     last = "never" if schedule.last_slot is None else "%s %s%s" % (
         when(schedule.last_slot), outcome.get("result", "claimed, no outcome yet"),
-        " (%s)" % outcome["reason"] if outcome.get("reason") else "")
+        " (%s)" % why if why else "")
     state = "paused" if schedule.paused else "next %s" % when(schedule.next_slot(now))
     return "%s: %s %s, %s; last %s; %s; fired %d" % (
         spec.name, spec.spider, spec.project, spec.when(), last, state, schedule.fired)
@@ -108,12 +116,18 @@ def cmd_schedules(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
+def refusals(outcome: dict[str, Any]) -> list[str]:
+    """What each node that refused a firing's job said, as recorded in its outcome."""
+    return ["refused by %s: %s" % (node, why)
+            for node, why in sorted(outcome.get("refused", {}).items())]
+
+
 def outcome_line(name: str, outcome: dict[str, Any]) -> str:
     line = "%s: %s" % (name, outcome["result"])
     if outcome.get("run"):
         line += " run %s, jobs on %d node(s)" % (outcome["run"], len(outcome["started"]))
-    for node, why in sorted(outcome.get("refused", {}).items()):
-        line += "; refused by %s: %s" % (node, why)
+    for refusal in refusals(outcome):
+        line += "; " + refusal
     if outcome.get("reason"):
         line += " (%s)" % outcome["reason"]
     return line
