@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,8 @@ from bloomcrawl.ops.cluster.processes import ProcessRecord, free_port
 from kit import ROOT
 from kit.cli import CliRun, run_cli, run_cli_process
 from kit.redis import RedisServer
+from kit.scrapyd import PASSWORD, USERNAME, ScrapydNode
+from kit.wait import wait_until
 
 REFUSED = "[Errno 111] Connection refused"
 NO_CLUSTER = ("no cluster is running (none recorded in {state}): start one with `make up` or"
@@ -260,3 +263,28 @@ def test_logs_of_a_local_cluster_by_service(env: dict[str, str], tmp_path: Path)
     run_cli("logs", "nosuch", env=env).assert_failed_with(
         "bloomcrawl logs: no service 'nosuch' in the local cluster; its services: worker (the"
         " scrapyd nodes: scrapyd-1, scrapyd-2), exporter, redis, timer")
+
+
+# --- nodes that refuse a job ----------------------------------------------------------------
+
+
+def test_a_crawl_refused_by_one_node_cancels_the_jobs_the_others_started(
+        env: dict[str, str], redis_server: RedisServer,
+        scrapyd_nodes: Callable[..., ScrapydNode]) -> None:
+    """One node has the project, the other not: the crawl fails, and no job of it is left
+    running on the first node unmentioned."""
+    having = scrapyd_nodes("having", probe=True)
+    lacking = scrapyd_nodes("lacking")
+    env.update(SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD)
+    run = run_cli("crawl", "--nodes", f"{having.url},{lacking.url}", "--redis-url",
+                  redis_server.url, "--project", "probe", "--spider", "waiter", "--max-idle",
+                  "1", "-a", "seconds=60", env=env)
+    [job] = [j["id"] for state in ("pending", "running", "finished")
+             for j in having.node.list_jobs("probe")[state]]
+    run.assert_failed_with(
+        f"bloomcrawl crawl: scheduling waiter failed on 1 of 2 node(s): {lacking.url}"
+        "/schedule.json: project 'probe' not found; cancelled the job(s) started on the other"
+        f" node(s): {having.url} {job}")
+    wait_until(lambda: not any(having.node.list_jobs("probe")[state]
+                               for state in ("pending", "running")), 60,
+               what="the cancelled job's end")

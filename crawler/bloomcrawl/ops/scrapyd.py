@@ -395,13 +395,37 @@ def schedule_each(nodes: Sequence[Node], project: str, spider: str,
 def schedule(nodes: Sequence[Node], project: str, spider: str,
              settings: Sequence[tuple[str, str]],
              spider_args: Sequence[tuple[str, str]]) -> dict[str, str]:
-    """Start one job on every node; {node url: job id}. Fails when any node fails."""
+    """Start one job on every node; {node url: job id}. Fails when any node fails, after
+    cancelling the jobs the other nodes started: a crawl starts on all its nodes or on none
+    (one that failed is run again once the cause is fixed, not added to)."""
     results = schedule_each(nodes, project, spider, settings, spider_args)
     errors = [error for _, _, error in results if error]
     if errors:
-        raise OpsError("scheduling %s failed on %d of %d node(s): %s" % (
-            spider, len(errors), len(results), "; ".join(errors)))
+        failed = "scheduling %s failed on %d of %d node(s): %s" % (
+            spider, len(errors), len(results), "; ".join(errors))
+        started = [(node, str(answer["jobid"])) for node, answer, _ in results if answer]
+        raise OpsError(failed + cancel_started(project, spider, started))
     return {node.url: str(answer["jobid"]) for node, answer, _ in results if answer}
+
+
+def cancel_started(project: str, spider: str, started: Sequence[tuple[Node, str]]) -> str:
+    """Cancel the jobs a failed :func:`schedule` started; what became of them, said for its
+    error message."""
+    if not started:
+        return ""
+    jobs = {node.url: job for node, job in started}
+    results = for_each_node([node for node, _ in started], lambda node: node.request(
+        "cancel.json", [("project", project), ("job", jobs[node.url])]))
+    cancelled = [f"{node.url} {jobs[node.url]}" for node, answer, _ in results if answer]
+    left = [f"{node.url} {jobs[node.url]} ({error})" for node, answer, error in results
+            if answer is None]
+    said = ""
+    if cancelled:
+        said += f"; cancelled the job(s) started on the other node(s): {', '.join(cancelled)}"
+    if left:
+        said += (f"; still running: {', '.join(left)}: stop them with `bloomcrawl cancel"
+                 f" --project {project} --spider {spider}`")
+    return said
 
 
 def cancel_spider(nodes: Sequence[Node], project: str | None, spider: str
