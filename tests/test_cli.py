@@ -249,6 +249,7 @@ def test_local_cluster_up_scale_deploy_demo_status_down(tmp_path: Path) -> None:
         assert "http://127.0.0.1:%d" % worker_port in out, out  # WORKER_PORTS, not 6800
         out = bloomcrawl(env, "scale", "2")
         assert "2 scrapyd node(s)" in out, out
+        assert "new nodes have no project yet" in out, out
         state = json.loads(state_file.read_text())
         pids = [p["pid"] for p in state["processes"]]
         names = sorted(p["name"] for p in state["processes"])
@@ -292,6 +293,10 @@ def test_local_cluster_up_scale_deploy_demo_status_down(tmp_path: Path) -> None:
             "processes"] if p["name"].startswith("scrapyd-")}
         assert set(by_node) <= nodes and sum(by_node.values()) == 300, (by_node, nodes)
         pids = [p["pid"] for p in json.loads(state_file.read_text())["processes"]]
+
+        out = bloomcrawl(env, "scale", "1")  # fewer nodes: none of them new
+        assert "1 scrapyd node(s)" in out, out
+        assert "no project yet" not in out, out
     finally:
         out = bloomcrawl(env, "down")
     assert "local cluster down" in out, out

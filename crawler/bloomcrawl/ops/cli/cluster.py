@@ -277,18 +277,22 @@ def scale(paths: Paths, workers: int) -> int:
         return LocalCluster(paths, read_env_file(paths.env_file)).scale(workers)
     if cluster.mode == "swarm":
         swarm = Swarm(paths)
+        running = len(swarm.tasks(WORKER_SERVICE))
         swarm.scale(workers)
         tasks = swarm.tasks(WORKER_SERVICE)
         say("%d worker(s): %s" % (len(tasks), " ".join(f"{t.name}@{t.node}" for t in tasks)))
-        say("new workers have no project yet: `make deploy` reaches every worker")
+        if len(tasks) > running:
+            say("new workers have no project yet: `make deploy` reaches every worker")
         return 0
     compose = Compose(paths)
     profiles = ["grafana"] if compose.grafana else []
+    before = set(compose.worker_urls())
     compose.up_workers(workers, profiles, only_workers=True)
     compose.wait_healthy(services=[COMPOSE_SERVICE])
     urls = compose.worker_urls()
     say("%d worker(s): %s" % (len(urls), " ".join(urls)))
-    say("new workers have no project yet: `make deploy` reaches every worker")
+    if set(urls) - before:
+        say("new workers have no project yet: `make deploy` reaches every worker")
     return 0
 
 

@@ -258,10 +258,12 @@ class LocalCluster:
         if workers < 1:
             raise OpsError("WORKERS must be at least 1")
         self._check_alive(cluster)
+        before = set(cluster.scrapyd_urls())
         self._scale_to(cluster, workers)
         urls = cluster.scrapyd_urls()
         say("%d scrapyd node(s): %s" % (len(urls), " ".join(urls)))
-        say("new nodes have no project yet: `make deploy` reaches every node")
+        if set(urls) - before:
+            say("new nodes have no project yet: `make deploy` reaches every node")
         return 0
 
     def install_requirements(self, requirements: Path) -> Wheelhouse:
