@@ -35,7 +35,7 @@ from bloomcrawl.core.politeness import (
 )
 from bloomcrawl.ops import exporter, metrics, scrapyd
 from bloomcrawl.ops import inspection as inspect
-from bloomcrawl.ops.cluster.processes import free_port
+from bloomcrawl.ops.cluster.processes import free_port, start_redis
 from bloomcrawl.ops.exporter import ClusterCollector, ScrapydNodes, build_registry
 from bloomcrawl.ops.exporter import redis_client as exporter_client
 from bloomcrawl.ops.noproxy import OPENER
@@ -314,6 +314,25 @@ def test_redis_down_reports_up_0_logs_once_and_recovers(
         # the package's one Redis error policy says it, once
         assert [re.sub(r"[0-9.]+ s$", "N s", r.getMessage()) for r in caplog.records] == [
             f"Redis at redis://127.0.0.1:{server.port}/0 is back after N s"]
+    finally:
+        server.stop()
+
+
+def test_a_redis_that_wants_a_password_is_said_to_refuse_the_credentials(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis asks for a password the URL lacks: the log says so, as the CLI does, and not
+    that Redis is unreachable."""
+    server = start_redis(tmp_path / "redis", log=tmp_path / "redis.log", password="s3cret")
+    try:
+        url = f"redis://127.0.0.1:{server.port}/0"
+        _, registry = collector(url)
+        with caplog.at_level(logging.WARNING, logger="bloomcrawl.ops.exporter"):
+            assert registry.get_sample_value("bloomcrawl_up") == 0
+        [line] = [r.getMessage() for r in caplog.records]
+        assert line.startswith(f"Redis at {url} refused the credentials: "), line
+        assert line.endswith(": bloomcrawl_up is 0 until it answers"), line
+        assert "unreachable" not in line and "cannot reach" not in line, line
     finally:
         server.stop()
 

@@ -221,17 +221,27 @@ def _cluster_from_url(url: str, **params: Any) -> redis.cluster.RedisCluster:
             url.replace(userinfo + "@", "") if userinfo else url, exc)) from exc
 
 
+def refused_credentials(client: Any, exc: BaseException) -> str | None:
+    """"Redis at ... refused the credentials: ..." when ``exc`` (or the error it wraps) is
+    Redis refusing the password or user given, or asking for one; else None.
+
+    AuthenticationError is a ConnectionError: without this it reads as an unreachable server.
+    """
+    cause = exc if isinstance(exc, redis.AuthenticationError) else exc.__cause__
+    if isinstance(cause, redis.AuthenticationError):
+        return "Redis at %s refused the credentials: %s" % (describe_redis(client), cause)
+    return None
+
+
 def ping(client: redis.Redis) -> None:
     """PING, or raise :class:`RedisUnavailableError` saying whether it was the credentials."""
     try:
         with redis_errors(client):
             client.ping()
     except RedisUnavailableError as exc:
-        # AuthenticationError is a ConnectionError: say which it was
-        if isinstance(exc.__cause__, redis.AuthenticationError):
-            raise RedisUnavailableError(
-                "Redis at %s refused the credentials: %s" % (describe_redis(client), exc.__cause__)
-            ) from exc.__cause__
+        refused = refused_credentials(client, exc)
+        if refused is not None:
+            raise RedisUnavailableError(refused) from exc.__cause__
         raise
 
 
@@ -455,7 +465,10 @@ class RedisErrorPolicy:
         if kind not in self._kinds:
             self._kinds.add(kind)
             where = describe_redis(self.client)
-            if kind == "unreachable":
+            refused = refused_credentials(self.client, exc)
+            if refused is not None:
+                self.logger.error("%s: %s", refused, self.consequence, extra=self.extra)
+            elif kind == "unreachable":
                 self.logger.warning("Redis at %s unreachable (%s): %s", where, exc,
                                     self.consequence, extra=self.extra)
             elif kind in TRANSIENT_REPLIES:
