@@ -288,3 +288,17 @@ def test_a_crawl_refused_by_one_node_cancels_the_jobs_the_others_started(
     wait_until(lambda: not any(having.node.list_jobs("probe")[state]
                                for state in ("pending", "running")), 60,
                what="the cancelled job's end")
+
+
+def test_cancel_of_a_spider_no_project_has_says_so(
+        env: dict[str, str], scrapyd_nodes: Callable[..., ScrapydNode]) -> None:
+    node = scrapyd_nodes("scrapyd", probe=True)
+    env.update(SCRAPYD_USERNAME=USERNAME, SCRAPYD_PASSWORD=PASSWORD)
+    run = run_cli("cancel", "--nodes", node.url, "--spider", "nosuch", env=env)
+    assert run.code == 0, run.output
+    assert run.stdout.splitlines() == ["cancelled 0 job(s) of nosuch on 1 of 1 node(s)"]
+    assert run.stderr.splitlines() == [
+        "no deployed project has a spider nosuch (deployed: probe): pass"
+        " --spider, or --project NAME"], run.stderr
+    run = run_cli("cancel", "--nodes", node.url, "--spider", "waiter", env=env)
+    assert run.code == 0 and run.stderr == "", run.output  # a spider with no job running

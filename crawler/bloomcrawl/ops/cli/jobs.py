@@ -473,6 +473,11 @@ def cmd_cancel(args: argparse.Namespace, paths: Paths) -> int:
     answered = sum(1 for _, _, error in results if not error)
     say(f"cancelled {cancelled} job(s) of {args.spider} on {answered} of {len(results)}"
         " node(s)")
+    if not cancelled and answered:
+        try:  # a mistyped spider cancels nothing, as a spider with no job running does
+            check_spider(target.nodes, args.spider, args.project)
+        except OpsError as exc:
+            warn(str(exc))
     return 0 if answered == len(results) else 1
 
 
