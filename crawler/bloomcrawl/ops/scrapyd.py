@@ -446,48 +446,6 @@ def cancel_spider(nodes: Sequence[Node], project: str | None, spider: str
     return for_each_node(nodes, cancel)
 
 
-def projects_with_spider(nodes: Sequence[Node], spider: str
-                         ) -> tuple[list[str], dict[str, list[str]]] | None:
-    """The projects deployed on the first node that answers, and {project: its spiders}
-    for those with ``spider`` (``scrapy list`` runs on the node for each, at once; a
-    single project is not asked); None when no node answers."""
-    for node in nodes:
-        try:
-            projects = node.list_projects()
-        except ScrapydError:
-            continue
-        if len(projects) <= 1:
-            return projects, {}
-        listed = _spiders_of(node, projects)
-        return projects, {name: names for name, names in listed.items() if spider in names}
-    return None
-
-
-def deployed_spiders(nodes: Sequence[Node]) -> dict[str, list[str]] | None:
-    """{project: its spiders} on the first node that answers (``scrapy list`` runs on the
-    node for each project, at once); None when no node answers."""
-    for node in nodes:
-        try:
-            projects = node.list_projects()
-        except ScrapydError:
-            continue
-        return _spiders_of(node, projects) if projects else {}
-    return None
-
-
-def _spiders_of(node: Node, projects: Sequence[str]) -> dict[str, list[str]]:
-    """{project: its spiders on ``node``}, asked at once (none for a project that fails)."""
-    def spiders(name: str) -> list[str]:
-        try:
-            return node.list_spiders(name)
-        except ScrapydError:
-            return []
-
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(projects)),
-                            thread_name_prefix="scrapyd") as pool:
-        return dict(zip(projects, pool.map(spiders, projects), strict=True))
-
-
 def job_entries(nodes: Sequence[Node], project: str, jobs: dict[str, str]
                 ) -> dict[str, tuple[str, dict[str, Any]]]:
     """{job id: (state, its listjobs.json entry)}; ``jobs`` is {node url: job id}.

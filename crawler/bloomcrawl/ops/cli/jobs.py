@@ -28,7 +28,7 @@ import redis
 
 from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.connection import redis_errors
-from bloomcrawl.ops import inspection, scrapyd
+from bloomcrawl.ops import inspection, scrapyd, scrapyd_spiders
 from bloomcrawl.ops.cli.status import watch
 from bloomcrawl.ops.cli.target import Target, TargetOptions, resolve_target
 from bloomcrawl.ops.cluster.envfile import read_env_file
@@ -144,7 +144,7 @@ def resolve_project(nodes: Sequence[scrapyd.Node], spider: str, given: str | Non
     call that follows says why)."""
     if given is not None:
         return given
-    found = scrapyd.projects_with_spider(nodes, spider)
+    found = scrapyd_spiders.projects_with_spider(nodes, spider)
     if found is None:
         return DEFAULT_PROJECT
     projects, having = found
@@ -175,7 +175,7 @@ def check_spider(nodes: Sequence[scrapyd.Node], spider: str, project: str | None
     """:class:`OpsError` unless ``project`` (None: any project) has ``spider`` on the first
     node that answers, with :func:`resolve_project`'s line when no project has it. Nothing
     when no node answers: the spider cannot be checked then."""
-    listed = scrapyd.deployed_spiders(nodes)
+    listed = scrapyd_spiders.deployed_spiders(nodes)
     if listed is None or spider in (listed.get(project, []) if project is not None
                                     else [name for names in listed.values() for name in names]):
         return
