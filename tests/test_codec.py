@@ -130,6 +130,58 @@ class PageRequest(Request):
         self.page_kind = page_kind
 
 
+@dataclasses.dataclass
+class Price:
+    """A __post_init__ that converts what it is given: built again from the Decimal it
+    stored, it fails."""
+
+    price: Any
+
+    def __post_init__(self) -> None:
+        self.price = decimal.Decimal(self.price.replace("$", ""))
+
+
+@dataclasses.dataclass
+class Hops:
+    """A __post_init__ that counts: built again, it is another value."""
+
+    hops: int
+
+    def __post_init__(self) -> None:
+        self.hops += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Slug:
+    """A __post_init__ that gives the same value again: stored as any dataclass."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.name.strip().lower())
+
+
+@attr.define
+class Trimmed:
+    price: decimal.Decimal = attr.field(converter=lambda s: decimal.Decimal(s.strip()))
+
+
+class UrlItem(scrapy.Item):
+    """An Item whose __init__ wants an argument."""
+
+    url = scrapy.Field()
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        super().__init__(url=url, **kwargs)
+
+
+class ApiRequest(Request):
+    """A Request subclass whose constructor takes other arguments than its attributes."""
+
+    def __init__(self, base: str, endpoint: str, **kwargs: Any) -> None:
+        super().__init__(base + endpoint, **kwargs)
+
+
 class NotData:
     """A project class that is neither an Item nor a dataclass."""
 
@@ -495,6 +547,42 @@ def test_what_cannot_be_stored_is_refused_naming_where_and_what(
     assert info.value.key == key
     assert info.value.kind == kind
     assert str(info.value).startswith("cannot queue <GET http://shop.test/x>: " + key)
+
+
+@pytest.mark.parametrize(("value", "kind", "says"), [
+    (Price("$3.50"), "test_codec.Price", "whose __post_init__ fails when it is built again"),
+    (Hops(0), "test_codec.Hops", "whose __post_init__ changes what it is built from"),
+    (Trimmed(" 2.5"), "test_codec.Trimmed", "whose converter or validator fails"),
+    (UrlItem("http://shop.test/1"), "test_codec.UrlItem", "whose __init__ fails"),
+])
+def test_a_value_its_class_would_build_again_differently_is_refused(
+        value: Any, kind: str, says: str) -> None:
+    """A reader builds a value again from its stored fields, running the class's own
+    code: one that would fail, or make another value, is refused when queued (the request
+    stays with its worker) rather than dropped, or changed, when a worker reads it."""
+    spider = make_spider()
+    with pytest.raises(UnserializableRequest) as info:
+        request_to_json(Request("http://shop.test/x", cb_kwargs={"v": [value]}), spider)
+    assert info.value.key == "cb_kwargs['v'][0]"
+    assert info.value.kind == kind
+    assert says in str(info.value)
+
+
+def test_a_value_its_class_builds_again_the_same_is_stored() -> None:
+    slug = copy_of(Slug(" Shoes "))
+    assert slug == Slug("shoes") and type(slug) is Slug
+
+
+def test_a_request_class_its_constructor_cannot_build_again_is_refused() -> None:
+    spider = make_spider()
+    request = ApiRequest("http://shop.test", "/api/1", callback=spider.parse_item)
+    with pytest.raises(UnserializableRequest) as info:
+        request_to_json(request, spider)
+    assert info.value.key == "_class" and info.value.kind == "test_codec.ApiRequest"
+    assert "cannot be built again" in str(info.value)
+    # one whose constructor takes its attributes is stored as before
+    assert_same(round_trip(PageRequest("http://shop.test/p", page_kind="list"), spider)[0]
+                .page_kind, "list")
 
 
 def test_a_class_that_is_not_allowed_names_the_setting(vendor: str) -> None:

@@ -283,7 +283,8 @@ def test_a_bad_entry_of_a_scrapy_redis_spider_is_counted_and_the_others_crawled(
 
 def test_start_urls_once_per_crawl_and_a_request_that_cannot_be_shared_is_crawled(
         redis_server, redis_client, shop: RunningShop, worker_pool: WorkerPool) -> None:
-    """A plain Spider's start URLs (dont_filter) once across workers; a lock in meta stays local."""
+    """A plain Spider's start URLs (dont_filter) once across workers; a lock in meta, and a
+    dataclass whose __post_init__ cannot build it again, stay local."""
     ws = workers(worker_pool, 2, "deals", redis_server.url, shop)
     run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
@@ -293,20 +294,24 @@ def test_start_urls_once_per_crawl_and_a_request_that_cannot_be_shared_is_crawle
     items = stored_items(redis_client, "deals")
     assert sorted(str(i.get("search")) for i in items if "search" in i) == [
         "books", "games", "tools"]
+    # the Search dataclass reached its callback as it was made
+    assert sorted(str(i["asked"]) for i in items if "search" in i) == [
+        "['books']", "['games']", "['tools']"]
     assert [i for i in items if "deals" in i] == [{"deals": ["half price"], "locked": True}]
     stats = shared_stats(redis_client, "deals")
-    assert stats["local"] == 1, stats
+    assert stats["local"] == 4, stats  # the lock's request and the three searches
     log = "".join(w.text() for w in ws)
     assert "meta['lock']" in log and "this worker crawls it itself" in log
+    assert "meta['search'] is of type shopcrawl.items.Search, whose __post_init__ fails" in log
     assert redis_client.hget("deals:crawl", "id") is None  # the crawl ended with the frontier empty
 
-    # a new crawl fetches the start URLs again; the rest is in the filter (the lock's
-    # request is filtered only by its worker: it is crawled again)
+    # a new crawl fetches the start URLs again; the rest is in the filter (the requests
+    # kept by their worker are filtered only by it: they are crawled again)
     ws = workers(worker_pool, 1, "deals", redis_server.url, shop, first=2)
     run_workers(ws, CRAWL_TIMEOUT_S)
     check_exits(ws)
     assert_each_once(shop.hits(), once + Counter({"GET /search": 1, "GET /category/books": 1,
-                                                  "GET /deals": 1}))
+                                                  "GET /deals": 1, "POST /search": 3}))
 
 
 def test_a_start_request_that_fails_once_is_retried(
@@ -621,8 +626,9 @@ def test_strict_mode_closes_the_spider_on_a_request_it_cannot_share(
     run_workers(ws, CRAWL_TIMEOUT_S)
     assert ws[0].returncode == 0
     assert ws[0].stats().get("finish_reason") == "unshareable_request", ws[0].text()[-2000:]
-    assert shop.hits()["GET /deals"] == 0
-    assert shared_stats(redis_client, "deals")["unserializable"] == 1
+    # none of the requests it could not share was fetched: the lock's, the searches'
+    assert shop.hits()["GET /deals"] == 0 and shop.hits()["POST /search"] == 0
+    assert shared_stats(redis_client, "deals")["unserializable"] >= 1
 
 
 def test_no_item_is_lost_when_a_worker_dies_with_items_in_its_pipeline(

@@ -268,7 +268,7 @@ def check_request_class(spider: Spider, path: Any,
 class _Layout:
     """How one Request class is stored: its ``_class`` and its attributes, in order."""
 
-    __slots__ = ("fields", "path")
+    __slots__ = ("fields", "own_init", "path")
 
     def __init__(self, cls: type[Request]) -> None:
         clashes = _ENTRY_KEYS.intersection(cls.attributes)
@@ -278,6 +278,9 @@ class _Layout:
                 % (cls.__qualname__, sorted(clashes)), key="_class", kind=cls.__qualname__)
         self.path = None if cls is ScrapyRequest else "%s.%s" % (cls.__module__, cls.__name__)
         self.fields = tuple(a for a in cls.attributes if a not in ("url", "callback", "errback"))
+        # a constructor of the project's own: a reader calls it with the attributes stored
+        own = (k for k in cls.__mro__[:cls.__mro__.index(ScrapyRequest)] if "__init__" in vars(k))
+        self.own_init = any(not k.__module__.startswith("scrapy.") for k in own)
 
 
 _LAYOUTS: weakref.WeakKeyDictionary[type, _Layout] = weakref.WeakKeyDictionary()
@@ -324,7 +327,8 @@ def _headers(request: Request) -> dict[str, list[str]]:
     return {k.decode("latin-1"): [v.decode("latin-1") for v in vs] for k, vs in raw.items()}
 
 
-def _entry(request: Request, spider: Spider, codec: ValueCodec) -> dict[str, Any]:
+def _entry(request: Request, spider: Spider, codec: ValueCodec,
+           check: bool = True) -> dict[str, Any]:
     cls = type(request)
     layout = _layout(cls)
     methods = _methods(type(spider))
@@ -364,7 +368,28 @@ def _entry(request: Request, spider: Spider, codec: ValueCodec) -> dict[str, Any
     # twice is one entry (its visit)
     entry["_id"] = request.meta.get(VISIT_META_KEY) or os.urandom(8).hex()
     entry[VERSION_KEY] = FORMAT_VERSION
+    if layout.own_init and check:
+        _check_rebuilt(entry, spider, codec)
     return entry
+
+
+def _check_rebuilt(entry: dict[str, Any], spider: Spider, codec: ValueCodec) -> None:
+    """A request of a class with a constructor of its own (which takes other arguments,
+    say): built again from its entry here, as a reader will, it must make the same entry;
+    else no worker could read it, and it stays with the one that made it."""
+    path = entry["_class"]
+    try:
+        again = _entry(request_from_json(_dumps(entry), spider, codec.allowed), spider, codec,
+                       check=False)
+    except Exception as exc:  # the project's constructor: anything
+        raise UnserializableRequest(
+            "its class %s cannot be built again from the attributes a queue entry holds"
+            " (%s: %s)" % (path, type(exc).__name__, exc), key="_class", kind=path) from None
+    again["_id"] = entry["_id"]
+    if again != entry:
+        raise UnserializableRequest(
+            "its class %s, built again from the attributes a queue entry holds, is another"
+            " request (its constructor changes them)" % path, key="_class", kind=path)
 
 
 def request_from_json(data: str | bytes, spider: Spider,

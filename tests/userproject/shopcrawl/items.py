@@ -1,4 +1,4 @@
-"""The project's items: a Scrapy Item filled over two pages, and a dataclass."""
+"""The project's items: a Scrapy Item filled over two pages, and dataclasses."""
 
 from __future__ import annotations
 
@@ -27,3 +27,14 @@ class Listing:
     category: str
     page: int
     found_at: datetime.datetime
+
+
+@dataclasses.dataclass
+class Search:
+    """What a search asked, given as the form's comma-separated value: its __post_init__
+    splits it, so it cannot be built again from what it holds (a list)."""
+
+    terms: list[str]
+
+    def __post_init__(self) -> None:
+        self.terms = [t.strip() for t in self.terms.split(",")]  # type: ignore[attr-defined]

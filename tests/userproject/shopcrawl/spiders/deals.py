@@ -7,6 +7,8 @@ from typing import Any
 
 import scrapy
 
+from shopcrawl.items import Search
+
 
 class DealsSpider(scrapy.Spider):
     name = "deals"
@@ -25,9 +27,12 @@ class DealsSpider(scrapy.Spider):
         """
         if response.css("form#search"):
             for category in response.css("option::attr(value)").getall():
+                # a dataclass that cannot be built again from what it holds: these
+                # requests stay with the worker that made them too
                 yield scrapy.FormRequest.from_response(
                     response, formid="search", formdata={"q": category},
-                    callback=self.parse_results, cb_kwargs={"category": category})
+                    callback=self.parse_results, cb_kwargs={"category": category},
+                    meta={"search": Search(category)})
         else:
             # a lock is no data: this request stays with the worker that made it
             yield response.follow("/deals", callback=self.parse_deals,
@@ -38,8 +43,10 @@ class DealsSpider(scrapy.Spider):
         @cb_kwargs {"category": "books"}
         @returns items 1
         """
+        search = response.meta.get("search")
         yield {"search": category,
-               "results": len(response.css("a.result::attr(href)").getall())}
+               "results": len(response.css("a.result::attr(href)").getall()),
+               "asked": search.terms if isinstance(search, Search) else None}
 
     def parse_deals(self, response: Any) -> Any:
         yield {"deals": response.css("li.deal::text").getall(),
