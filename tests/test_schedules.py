@@ -256,6 +256,8 @@ def test_schedules_command_lists_pauses_resumes_and_removes(
         assert run_cli("schedules", "--redis-url", url, action, "news", env=cli_env).code == 0
         listed = run_cli("schedules", "--redis-url", url, env=cli_env)
         assert ("paused" in listed.stdout) == (action == "pause"), listed.stdout
+        # its first slot (when it was made) is due and no timer claimed it: said so
+        assert ("(due now: a timer fires it)" in listed.stdout) == (action == "resume")
     assert "news: site bloomcrawl, every 6h; last never" in listed.stdout
     assert run_cli("schedules", "--redis-url", url, "remove", "news", env=cli_env).code == 0
     gone = run_cli("schedules", "--redis-url", url, "pause", "news", env=cli_env)

@@ -76,7 +76,13 @@ def describe(schedule: Schedule, now: float) -> str:
     last = "never" if schedule.last_slot is None else "%s %s%s" % (
         when(schedule.last_slot), outcome.get("result", "claimed, no outcome yet"),
         " (%s)" % why if why else "")
-    state = "paused" if schedule.paused else "next %s" % when(schedule.next_slot(now))
+    due = schedule.due_slot(now)
+    if schedule.paused:
+        state = "paused"
+    elif due is not None and (schedule.last_slot is None or due > schedule.last_slot):
+        state = "next %s (due now: a timer fires it)" % when(due)  # not claimed yet
+    else:
+        state = "next %s" % when(schedule.next_slot(now))
     return "%s: %s %s, %s; last %s; %s; fired %d" % (
         spec.name, spec.spider, spec.project, spec.when(), last, state, schedule.fired)
 
