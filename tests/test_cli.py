@@ -156,8 +156,8 @@ def test_max_idle_is_whole_seconds_on_the_command_line(
     for bad in ("2.5", "-1", "ten"):
         with pytest.raises(SystemExit):
             parser.parse_args(["crawl", "--max-idle", bad, "http://a.invalid/"])
-        assert "give whole seconds (scrapy-redis spiders read it as an integer)" in \
-            capsys.readouterr().err
+        assert "give whole seconds, 0 or more (scrapy-redis spiders read it as an integer)" \
+            in capsys.readouterr().err
 
 
 def free_port_pair() -> int:

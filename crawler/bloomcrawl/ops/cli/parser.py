@@ -32,7 +32,8 @@ def whole_seconds(text: str) -> int:
         value = -1.0
     if value < 0 or value != int(value):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: give whole seconds (scrapy-redis spiders read it as an integer)")
+            f"{text!r}: give whole seconds, 0 or more (scrapy-redis spiders read it as an"
+            " integer)")
     return int(value)
 
 
