@@ -8,15 +8,18 @@ from typing import Any
 
 import pytest
 from scrapy import Request
+from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.test import get_crawler
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.errors import SettingError
 from bloomcrawl.crawl.lease import HOLD_META_KEY
-from bloomcrawl.crawl.scheduler import check_middlewares
+from bloomcrawl.crawl.scheduler import Scheduler, check_middlewares
 from bloomcrawl.crawl.seeds import take_start_items
 
+from conftest import disconnect_at_teardown
 from kit.wait import wait_until
-from test_scheduler import drain, finish, make_scheduler
+from test_scheduler import DemoSpider, drain, finish, make_scheduler
 
 
 def start_request(url: str) -> Request:
@@ -222,3 +225,56 @@ def test_a_raising_callback_counts_one_error(redis_server, redis_client) -> None
     shared = redis_client.hgetall("unit:stats")
     assert shared[b"errors"] == b"1", shared
     assert s.frontier.size(with_leases=True) == 0  # acked
+
+
+class HeldSeedSpider(DemoSpider):
+    """Makes each start entry's request with a callback that is no method of the spider:
+    the frontier cannot share it, and the worker that reads the entry crawls it."""
+
+    name = "heldseed"
+
+    def make_request_from_start_entry(self, data: dict[str, Any]) -> Request:
+        return Request(data["url"], callback=lambda response: None)
+
+
+def held_seed_scheduler(redis_url: str) -> Any:
+    crawler = get_crawler(HeldSeedSpider, settings_dict={
+        "REDIS_URL": redis_url, "BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_PARTITIONS": 1,
+        "SCHEDULER_LEASE_TIMEOUT": 5})
+    crawler._apply_settings()
+    spider = HeldSeedSpider.from_crawler(crawler)
+    crawler.spider = spider
+    scheduler = build_from_crawler(Scheduler, crawler)
+    disconnect_at_teardown(scheduler.server)
+    scheduler.open_frontier(spider)
+    return scheduler
+
+
+def test_a_start_entry_whose_request_its_worker_crawls_is_acked_when_that_is_done(
+        redis_server, redis_client) -> None:
+    """The entry's lease waits for the request the worker keeps: a worker that closes
+    before gives the entry back to the list, for the next worker; once the request is
+    done, the entry is acked."""
+    first = held_seed_scheduler(redis_server.url)
+    deadlines = first.frontier.keys.start_deadlines
+    redis_client.rpush("heldseed:start_urls", "http://a.test/seed")
+    start_urls = first.loop.poller.start_urls
+    assert start_urls.read().result == 1
+    assert first.stats.get_value("bloomcrawl/local_requests") == 1
+    first.send_pending()
+    start_urls.read()  # would ack the entry if its request had been queued
+    assert redis_client.zcard(deadlines) == 1, "acked while its request is only in memory"
+    first.upkeep.renew()  # renewed with the worker's leases
+    assert first.upkeep.start_holds.tokens() and redis_client.zcard(deadlines) == 1
+    first.close("shutdown")  # cancelled before the engine asked for it
+    assert redis_client.zrange(deadlines, 0, -1, withscores=True)[0][1] == 0  # given back
+
+    second = held_seed_scheduler(redis_server.url)
+    assert second.loop.poller.start_urls.read().result == 1  # the entry again
+    request = second.next_request()
+    assert request is not None and request.url == "http://a.test/seed"
+    finish(second, request)
+    second.send_pending()  # the exchange that carries what its page yielded
+    second.loop.poller.start_urls.read()  # the read that acks the entry
+    assert redis_client.zcard(deadlines) == 0
+    assert redis_client.llen("heldseed:start_urls") == 0

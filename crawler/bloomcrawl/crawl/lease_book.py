@@ -21,6 +21,7 @@ from bloomcrawl.core import presence
 from bloomcrawl.core.connection import REDIS_ERRORS, server_infos
 from bloomcrawl.crawl.lease import LEASE_META_KEY, LeaseRef
 from bloomcrawl.crawl.redis_io import create_looping_call, log_unexpected, redis_failed
+from bloomcrawl.crawl.seeds import StartHolds, renew_start_leases
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -218,8 +219,8 @@ class LeaseUpkeep:
 
     def __init__(self, io: RedisIO, frontier: Frontier, book: LeaseBook,
                  readiness: PartitionReadiness, watch: ServerWatch, stats: StatsCollector,
-                 errors: RedisErrorPolicy, *, lease_timeout: float, reap_interval: float,
-                 log_extra: dict[str, Any]) -> None:
+                 errors: RedisErrorPolicy, start_holds: StartHolds, *, lease_timeout: float,
+                 reap_interval: float, log_extra: dict[str, Any]) -> None:
         self.io = io
         self.frontier = frontier
         self.book = book
@@ -227,6 +228,7 @@ class LeaseUpkeep:
         self.watch = watch
         self.stats = stats
         self.errors = errors
+        self.start_holds = start_holds
         self.lease_timeout = lease_timeout
         self.reap_interval = reap_interval
         self.log_extra = log_extra
@@ -251,12 +253,16 @@ class LeaseUpkeep:
     def renew(self) -> None:
         """Extend the deadlines of every lease this worker still holds, and its own: other
         workers count it as alive (:func:`~bloomcrawl.core.presence.here`)."""
-        d = self.io.run(self._renew, self.book.held())
+        d = self.io.run(self._renew, self.book.held(), self.start_holds.tokens())
         d.addCallbacks(self._renewed, self.failed)
         d.addErrback(log_unexpected, logger, self.log_extra)
 
-    def _renew(self, held: dict[str, int]) -> list[str]:
+    def _renew(self, held: dict[str, int], start_tokens: list[str]) -> list[str]:
         presence.here(self.frontier)
+        lost = renew_start_leases(self.frontier, start_tokens)
+        if lost:  # their entries went back to the list: another worker may crawl them too
+            logger.warning("%d start URL leases of requests this worker crawls itself"
+                           " expired before renewal", len(lost), extra=self.log_extra)
         return self.frontier.renew(held)
 
     def _renewed(self, lost: list[str]) -> None:

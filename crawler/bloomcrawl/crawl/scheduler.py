@@ -89,6 +89,7 @@ from bloomcrawl.crawl.seeds import (
     StartUrls,
     claim_start_list,
     end_crawl,
+    give_back_start_leases,
     join_crawl,
     take_start_items,
 )
@@ -237,11 +238,11 @@ class Scheduler:
             recovery=Recovery(self.io, self.server, frontier, outbox, self.book, self.pages,
                               self.seen, readiness, self.watch, self.stats, self.errors,
                               extra, partial(stored_mark, self.crawler)),
-            start_urls=StartUrls(self.io, frontier, outbox, spider, self.stats,
-                                 self.enqueue_request, enabled=reads_start_list,
-                                 forward_from=forward_from))
+            start_urls=(start_urls := StartUrls(self.io, frontier, outbox, spider, self.stats,
+                                                self.enqueue_request, enabled=reads_start_list,
+                                                forward_from=forward_from)))
         self.upkeep = LeaseUpkeep(self.io, frontier, self.book, readiness, self.watch,
-                                  self.stats, self.errors,
+                                  self.stats, self.errors, start_urls.holds,
                                   lease_timeout=self.config.lease_timeout,
                                   reap_interval=self.config.reap_interval, log_extra=extra)
         self.feedback = HostFeedback(frontier, self.book, self.loop, self.engine, self.stats,
@@ -310,6 +311,7 @@ class Scheduler:
             acks = outbox.take_start_acks()
             if acks:
                 frontier.take_start_entries(0, acks)
+            give_back_start_leases(frontier, self.loop.poller.start_urls.holds.clear())
         except FilterFullError:
             outbox.drop_requests()  # said when it happened; the leases still go back
         except REDIS_ERRORS as exc:

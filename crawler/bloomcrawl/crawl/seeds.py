@@ -34,6 +34,7 @@ from bloomcrawl.core import keys
 from bloomcrawl.core.connection import REDIS_ERRORS
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 from bloomcrawl.core.start_entries import check_seed, parse_start_entry
+from bloomcrawl.crawl.lease import HOLD_META_KEY
 
 if TYPE_CHECKING:
     import redis
@@ -53,6 +54,7 @@ BATCH = 100
 FILTERED_LOGGED = 20
 
 _CRAWL_ID = Script("crawl_id.lua")
+_RENEW_START = Script("frontier_renew.lua")
 
 
 def is_scrapy_redis_spider(spider: Spider) -> bool:
@@ -110,6 +112,61 @@ def _nothing(key: Any, batch_size: Any) -> list[bytes]:
     return []
 
 
+class StartHolds:
+    """Start entries whose requests this worker crawls itself (the frontier cannot share
+    them: :meth:`~bloomcrawl.crawl.intake.Intake.enqueue`). An entry's lease is kept, and
+    renewed with the worker's leases, until they are done; then it is acked after the next
+    exchange, which carries what they yielded. A worker that closes first gives the lease
+    back, and one killed leaves it to expire: the entry goes back to the list."""
+
+    def __init__(self) -> None:
+        self._token_of: dict[int, str] = {}  # hold number -> the entry's lease token
+        self._left: dict[str, int] = {}  # lease token -> its held requests not done
+
+    def add(self, token: str, hold: int) -> None:
+        if hold not in self._token_of:
+            self._token_of[hold] = token
+            self._left[token] = self._left.get(token, 0) + 1
+
+    def done(self, hold: int) -> str | None:
+        """The token whose last held request this was (None: another is not done yet,
+        or the hold is no start entry's)."""
+        token = self._token_of.pop(hold, None)
+        if token is None:
+            return None
+        self._left[token] -= 1
+        if self._left[token]:
+            return None
+        del self._left[token]
+        return token
+
+    def tokens(self) -> list[str]:
+        return list(self._left)
+
+    def clear(self) -> list[str]:
+        tokens = list(self._left)
+        self._token_of.clear()
+        self._left.clear()
+        return tokens
+
+
+def renew_start_leases(frontier: Frontier, tokens: list[str]) -> list[str]:
+    """Extend the start leases ``tokens`` (as :meth:`Frontier.renew` does leases); returns
+    those that were lost (expired and put back in the list)."""
+    if not tokens:
+        return []
+    call = ScriptCall(_RENEW_START, [frontier.keys.start_deadlines],
+                      [frontier.lease_ms, *tokens])
+    return [token.decode() for token in frontier.bloom.run_scripts([call])[0]]
+
+
+def give_back_start_leases(frontier: Frontier, tokens: list[str]) -> None:
+    """Closing with held start requests not done: their entries go back to the list at the
+    next read (their leases' deadline is now), for whichever worker reads it."""
+    if tokens:
+        frontier.server.zadd(frontier.keys.start_deadlines, dict.fromkeys(tokens, 0), xx=True)
+
+
 class StartUrls:
     def __init__(self, io: RedisIO, frontier: Frontier, outbox: Outbox, spider: Spider,
                  stats: StatsCollector, enqueue: Callable[[Request], bool], *,
@@ -130,6 +187,14 @@ class StartUrls:
         self.forward_from = forward_from
         # start URLs found filtered so far (the first FILTERED_LOGGED are logged)
         self._filtered = 0
+        self.holds = StartHolds()
+
+    def hold_done(self, hold: int) -> None:
+        """A request this worker held is done (its outcome is final): the last of a start
+        entry's acks the entry, after the exchange that carries what it yielded."""
+        token = self.holds.done(hold)
+        if token is not None:
+            self.outbox.start_waiting(token)
 
     def read(self) -> Deferred[int]:
         """Lease the next batch of entries (and ack those whose requests were sent).
@@ -187,14 +252,21 @@ class StartUrls:
             self.outbox.count("bad_start_urls")
             self.outbox.start_done(token)
             return
-        queued = 0
+        queued = held = 0
         for request in requests:
             since = self.outbox.requests()
             if self.enqueue(request):
-                queued += 1
-                self.outbox.watch_seeds(since, request.url)
+                hold = request.meta.get(HOLD_META_KEY)
+                if hold is not None:  # this worker crawls it: the entry waits for it
+                    self.holds.add(token, hold[1])
+                    held += 1
+                else:
+                    queued += 1
+                    self.outbox.watch_seeds(since, request.url)
             else:
                 self.filtered(request.url)  # this worker sent its fingerprint before
+        if held:
+            return  # acked when they are done (hold_done)
         if queued:
             # the exchange that carries the last of them acks the entry (one that an
             # earlier exchange already carried is safe in Redis by then)
