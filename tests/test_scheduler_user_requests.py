@@ -278,3 +278,23 @@ def test_a_start_entry_whose_request_its_worker_crawls_is_acked_when_that_is_don
     second.loop.poller.start_urls.read()  # the read that acks the entry
     assert redis_client.zcard(deadlines) == 0
     assert redis_client.llen("heldseed:start_urls") == 0
+
+
+def test_the_leases_of_an_exchange_under_way_go_back_when_the_worker_closes(
+        redis_server, redis_client) -> None:
+    """A worker closing waits for the exchange under way; its reply comes to the reactor
+    after the close, so the close gives back what it leased instead of leaving it to
+    expire (a lease time in which no worker may fetch those requests)."""
+    s = make_scheduler(redis_server.url, SCHEDULER_LEASE_TIMEOUT=60)
+    for n in range(3):
+        s.enqueue_request(Request("http://a.test/%d" % n))
+    s.send_pending()
+    f = s.frontier.keys
+    [partition] = [p for p in range(2) if int(redis_client.get(f.polite(p, "queued")) or 0)]
+    s.io.start()  # the I/O thread; no reactor runs here to take its replies in
+    assert s.loop.outbox.send(partition, want=3) is not None
+    wait_until(lambda: redis_client.zcard(f.deadlines(partition)) == 3, timeout=10,
+               what="the exchange to lease the three requests")
+    s.close("shutdown")
+    assert redis_client.zcard(f.deadlines(partition)) == 0
+    assert s.frontier.size() == 3

@@ -22,6 +22,7 @@ from bloomcrawl.core.errors import FilterFullError
 from bloomcrawl.crawl.duplicates import DuplicateLog
 from bloomcrawl.crawl.idle import IDLE_RECHECK_S
 from bloomcrawl.crawl.lease import ENTRY_META_KEY, LOCAL_META_KEY
+from bloomcrawl.crawl.outbox import filtered_seeds
 from bloomcrawl.crawl.redis_io import call_later, log_unexpected, redis_failed
 from bloomcrawl.crawl.serialization import entry_id, request_from_json
 from bloomcrawl.crawl.timing import Pace, SoonestCall, lease_demand
@@ -247,7 +248,7 @@ class ExchangeLoop:
             self.outbox.count("filtered", done.filtered)
         if done.filtered and self.duplicates.active:
             self.duplicates.filtered(batch, done.queued_fingerprints)
-        for url in self.outbox.filtered_seeds(batch, done.queued_fingerprints):
+        for url in filtered_seeds(batch, done.queued_fingerprints):
             self.poller.start_urls.filtered(url)
         if batch.duplicates:  # counted shared by the outbox
             self.stats.inc_value("dupefilter/filtered", batch.duplicates)

@@ -70,6 +70,8 @@ class Batch:
     ahead: int = 0
     #: a host with a delay ready within this many seconds is leased for then
     horizon: float = 0.0
+    #: its Reply once it ran in Redis (set on the I/O thread; see Outbox.settle)
+    ran: Any = None
 
 
 @dataclass
@@ -85,6 +87,20 @@ class Reply:
     #: acked, queued or reported to -> seconds until one of their hosts is ready (None:
     #: none waits for a time); those that gave all asked are absent (maybe more now)
     ready_in: dict[int, float | None] = field(default_factory=dict)
+
+
+def filtered_seeds(batch: Batch, queued: list[bytes]) -> list[str]:
+    """The URLs of ``batch``'s start requests the filter did not queue (seen before)."""
+    if not batch.seeds:
+        return []
+    left = set(queued)
+    filtered = []
+    for fp, url in batch.seeds:
+        if fp in left:
+            left.discard(fp)  # the same fingerprint twice: one of them was queued
+        else:
+            filtered.append(url)
+    return filtered
 
 
 class Outbox:
@@ -114,6 +130,8 @@ class Outbox:
         # exchange returns (filtered_seeds)
         self._seeds: list[tuple[bytes, str]] = []
         self._start_acks: list[str] = []
+        # the batch of the exchange under way
+        self._inflight: Batch | None = None
         # requests dropped against the seen cache since the last exchange
         self._dropped: list[Any] = []
         # requests of confirmed exchanges: (when, requests), newest last
@@ -196,23 +214,9 @@ class Outbox:
 
     def watch_seeds(self, since: int, url: str) -> None:
         """The requests buffered from position ``since`` on are a start URL's (``url``):
-        :meth:`filtered_seeds` says whether the filter queued them."""
+        :func:`filtered_seeds` says whether the filter queued them."""
         self._seeds += [(e.fingerprint, url) for e in self._outgoing[since:]
                         if not e.dont_filter]
-
-    @staticmethod
-    def filtered_seeds(batch: Batch, queued: list[bytes]) -> list[str]:
-        """The URLs of ``batch``'s start requests the filter did not queue (seen before)."""
-        if not batch.seeds:
-            return []
-        left = set(queued)
-        filtered = []
-        for fp, url in batch.seeds:
-            if fp in left:
-                left.discard(fp)  # the same fingerprint twice: one of them was queued
-            else:
-                filtered.append(url)
-        return filtered
 
     def start_waiting(self, token: str) -> None:
         """A start URL lease whose request is buffered: acked once that is sent."""
@@ -266,6 +270,7 @@ class Outbox:
         self._outgoing, self._acks, self._feedback = [], defaultdict(list), {}
         self._start_waiting, self._dropped, self._seeds = [], [], []
         self.exchanging = True
+        self._inflight = batch
         d = self.io.run(self._in_thread, self.frontier, batch)
         d.addCallbacks(self._done, self._failed, callbackArgs=(batch,), errbackArgs=(batch,))
         return d
@@ -309,15 +314,23 @@ class Outbox:
         self._outgoing[:0] = again
         return len(again)
 
-    def settle(self) -> None:
+    def settle(self) -> list[Lease]:
         """The I/O thread stopped: the exchange under way has run in Redis.
 
         Its reply reaches the reactor later (callFromThread), after a closing
         scheduler sent what is still owed; until then :meth:`send` would find
         an exchange under way and send nothing, and what was owed meanwhile
-        (counts, acks, links) would never go.
+        (counts, acks, links) would never go. What it did is taken here
+        instead: the start entries whose requests it carried are acked with
+        the others, and the leases it took are returned, for the scheduler to
+        give back with its own rather than leave them to expire.
         """
         self.exchanging = False
+        batch, self._inflight = self._inflight, None
+        if batch is None or batch.ran is None:
+            return []
+        self._start_acks += batch.start_tokens
+        return list(batch.ran.leases)
 
     def _in_thread(self, frontier: Frontier, batch: Batch) -> Reply:
         """The Redis side of an exchange (on the I/O thread: touches no buffer)."""
@@ -357,10 +370,12 @@ class Outbox:
                     reply.ready_in[p] = more.ready_in
         if batch.check_idle and not reply.leases:
             reply.frontier_size = frontier.size(with_leases=True)
+        batch.ran = reply
         return reply
 
     def _done(self, reply: Reply, batch: Batch) -> Reply:
         self.exchanging = False
+        self._inflight = None
         self._recent = {e.fingerprint for e in batch.outgoing if not e.dont_filter}
         self._start_acks += batch.start_tokens
         now = time.monotonic()
@@ -375,6 +390,7 @@ class Outbox:
 
     def _failed(self, failure: Failure, batch: Batch) -> Failure:
         self.exchanging = False
+        self._inflight = None
         # nothing of the batch is lost: it goes back in front of what came since
         self._outgoing[:0] = batch.outgoing
         for p, tokens in batch.acks.items():

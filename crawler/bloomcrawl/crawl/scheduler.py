@@ -303,7 +303,8 @@ class Scheduler:
         self.loop.stop()
         self.io.stop()  # from here on, Redis work runs inline
         outbox = self.loop.outbox
-        outbox.settle()
+        for lease in outbox.settle():  # taken by the exchange under way: given back below
+            self.book.take(lease, None)
         outbox.owe_later_counts()
         frontier = self.frontier
         try:
