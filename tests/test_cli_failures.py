@@ -279,8 +279,10 @@ def test_a_crawl_refused_by_one_node_cancels_the_jobs_the_others_started(
     run = run_cli("crawl", "--nodes", f"{having.url},{lacking.url}", "--redis-url",
                   redis_server.url, "--project", "probe", "--spider", "waiter", "--max-idle",
                   "1", "-a", "seconds=60", env=env)
-    [job] = [j["id"] for state in ("pending", "running", "finished")
-             for j in having.node.list_jobs("probe")[state]]
+    listed = having.node.list_jobs("probe")
+    ids = {j["id"] for state in ("pending", "running", "finished") for j in listed[state]}
+    assert len(ids) == 1, listed
+    [job] = ids
     run.assert_failed_with(
         f"bloomcrawl crawl: scheduling waiter failed on 1 of 2 node(s): {lacking.url}"
         "/schedule.json: project 'probe' not found; cancelled the job(s) started on the other"

@@ -414,8 +414,8 @@ def cancel_started(project: str, spider: str, started: Sequence[tuple[Node, str]
     if not started:
         return ""
     jobs = {node.url: job for node, job in started}
-    results = for_each_node([node for node, _ in started], lambda node: node.request(
-        "cancel.json", [("project", project), ("job", jobs[node.url])]))
+    results = for_each_node([node for node, _ in started],
+                            lambda node: cancel_job(node, project, jobs[node.url]))
     cancelled = [f"{node.url} {jobs[node.url]}" for node, answer, _ in results if answer]
     left = [f"{node.url} {jobs[node.url]} ({error})" for node, answer, error in results
             if answer is None]
@@ -426,6 +426,18 @@ def cancel_started(project: str, spider: str, started: Sequence[tuple[Node, str]
         said += (f"; still running: {', '.join(left)}: stop them with `bloomcrawl cancel"
                  f" --project {project} --spider {spider}`")
     return said
+
+
+def cancel_job(node: Node, project: str, job: str, tries: int = 10) -> dict[str, Any]:
+    """``cancel.json`` of a job just scheduled, until scrapyd finds it: one its poller took
+    from the queue and is still starting is neither pending nor running for a moment, and
+    a cancel then would leave it to run."""
+    for _ in range(tries - 1):
+        answer = node.request("cancel.json", [("project", project), ("job", job)])
+        if answer.get("prevstate") is not None:
+            return answer
+        time.sleep(0.2)
+    return node.request("cancel.json", [("project", project), ("job", job)])
 
 
 def cancel_spider(nodes: Sequence[Node], project: str | None, spider: str
