@@ -298,3 +298,21 @@ def test_the_leases_of_an_exchange_under_way_go_back_when_the_worker_closes(
     s.close("shutdown")
     assert redis_client.zcard(f.deadlines(partition)) == 0
     assert s.frontier.size() == 3
+
+
+def test_a_renewal_reply_counts_lost_only_the_leases_still_held(
+        redis_server, redis_client) -> None:
+    """Renewals queued while Redis was away carry the leases held then; a reply naming one
+    finished since (its ack went first) is no lost lease, and one lease is counted once."""
+    s = make_scheduler(redis_server.url)
+    for n in range(2):
+        s.enqueue_request(Request("http://a.test/%d" % n))
+    s.send_pending()
+    first, _ = drain(s)
+    tokens = dict.fromkeys(s.book.held())
+    finish(s, first)
+    [still] = s.book.held()
+    for _ in range(2):  # two renewals of the same snapshot
+        s.upkeep._renewed(list(tokens))
+    assert s.stats.get_value("bloomcrawl/leases_lost") == 1
+    assert still not in s.book.held()

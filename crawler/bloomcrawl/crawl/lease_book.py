@@ -267,7 +267,13 @@ class LeaseUpkeep:
 
     def _renewed(self, lost: list[str]) -> None:
         self.errors.ok()
-        self.book.lost(lost)  # counted once: a lost lease is no longer ours to renew or ack
+        if lost:
+            # renewals queued while Redis was away carry the leases held then: those acked
+            # since are gone for that reason, and one reported by an earlier reply is no
+            # longer held either (counted once)
+            held = self.book.held()
+            lost = [token for token in lost if token in held]
+        self.book.lost(lost)
         if lost:
             self.stats.inc_value("bloomcrawl/leases_lost", len(lost))
             logger.warning("%d leases expired before renewal; their requests may be crawled"
