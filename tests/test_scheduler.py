@@ -42,7 +42,10 @@ class DemoSpider(Spider):
         pass
 
 
-def make_scheduler(redis_url: str, **settings: Any) -> Scheduler:
+def make_scheduler(redis_url: str, spider_cls: type[DemoSpider] | None = None,
+                   **settings: Any) -> Scheduler:
+    """An opened scheduler of ``spider_cls`` (DemoSpider) on ``redis_url``."""
+    cls = spider_cls or DemoSpider
     base = {
         "REDIS_URL": redis_url,
         "BLOOMFILTER_CAPACITY": 10_000,
@@ -50,9 +53,9 @@ def make_scheduler(redis_url: str, **settings: Any) -> Scheduler:
         "BLOOMFILTER_PARTITIONS": 2,
         "SCHEDULER_LEASE_TIMEOUT": 5,
     }
-    crawler = get_crawler(DemoSpider, settings_dict={**base, **settings})
+    crawler = get_crawler(cls, settings_dict={**base, **settings})
     crawler._apply_settings()
-    spider = DemoSpider.from_crawler(crawler)
+    spider = cls.from_crawler(crawler)
     crawler.spider = spider
     scheduler = build_from_crawler(Scheduler, crawler)
     disconnect_at_teardown(scheduler.server)  # before open_frontier, which may raise

@@ -8,16 +8,13 @@ from typing import Any
 
 import pytest
 from scrapy import Request
-from scrapy.utils.misc import build_from_crawler
-from scrapy.utils.test import get_crawler
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.errors import SettingError
 from bloomcrawl.crawl.lease import HOLD_META_KEY
-from bloomcrawl.crawl.scheduler import Scheduler, check_middlewares
+from bloomcrawl.crawl.scheduler import check_middlewares
 from bloomcrawl.crawl.seeds import take_start_items
 
-from conftest import disconnect_at_teardown
 from kit.wait import wait_until
 from test_scheduler import DemoSpider, drain, finish, make_scheduler
 
@@ -238,16 +235,7 @@ class HeldSeedSpider(DemoSpider):
 
 
 def held_seed_scheduler(redis_url: str) -> Any:
-    crawler = get_crawler(HeldSeedSpider, settings_dict={
-        "REDIS_URL": redis_url, "BLOOMFILTER_CAPACITY": 10_000, "BLOOMFILTER_PARTITIONS": 1,
-        "SCHEDULER_LEASE_TIMEOUT": 5})
-    crawler._apply_settings()
-    spider = HeldSeedSpider.from_crawler(crawler)
-    crawler.spider = spider
-    scheduler = build_from_crawler(Scheduler, crawler)
-    disconnect_at_teardown(scheduler.server)
-    scheduler.open_frontier(spider)
-    return scheduler
+    return make_scheduler(redis_url, HeldSeedSpider, BLOOMFILTER_PARTITIONS=1)
 
 
 def test_a_start_entry_whose_request_its_worker_crawls_is_acked_when_that_is_done(
