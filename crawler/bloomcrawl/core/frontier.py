@@ -54,7 +54,7 @@ _ENQUEUE = {(b, w): Script.for_backend(b, "polite_common.lua", "frontier_enqueue
             for b in BACKENDS for w in (False, True)}
 _LEASE = Script("polite_common.lua", "frontier_lease.lua")
 _PEEK = Script("frontier_peek.lua")
-_RENEW = Script("frontier_renew.lua")
+RENEW = Script("frontier_renew.lua")
 _REAP = Script("polite_common.lua", "frontier_reap.lua")
 _MIGRATE = Script("polite_common.lua", "frontier_migrate.lua")
 _STATS = Script("frontier_stats.lua")
@@ -384,7 +384,7 @@ class Frontier:
         by_partition: dict[int, list[str]] = defaultdict(list)
         for token, p in held.items():
             by_partition[p].append(token)
-        calls = [ScriptCall(_RENEW, [self.keys.deadlines(p)], [self.lease_ms, *tokens])
+        calls = [ScriptCall(RENEW, [self.keys.deadlines(p)], [self.lease_ms, *tokens])
                  for p, tokens in by_partition.items()]
         return [token.decode() for lost in self.bloom.run_scripts(calls) for token in lost]
 

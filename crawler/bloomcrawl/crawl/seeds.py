@@ -32,6 +32,7 @@ from twisted.internet.defer import succeed
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.connection import REDIS_ERRORS
+from bloomcrawl.core.frontier import RENEW
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 from bloomcrawl.core.start_entries import check_seed, parse_start_entry
 from bloomcrawl.crawl.lease import HOLD_META_KEY
@@ -54,7 +55,6 @@ BATCH = 100
 FILTERED_LOGGED = 20
 
 _CRAWL_ID = Script("crawl_id.lua")
-_RENEW_START = Script("frontier_renew.lua")
 
 
 def is_scrapy_redis_spider(spider: Spider) -> bool:
@@ -155,7 +155,7 @@ def renew_start_leases(frontier: Frontier, tokens: list[str]) -> list[str]:
     those that were lost (expired and put back in the list)."""
     if not tokens:
         return []
-    call = ScriptCall(_RENEW_START, [frontier.keys.start_deadlines],
+    call = ScriptCall(RENEW, [frontier.keys.start_deadlines],
                       [frontier.lease_ms, *tokens])
     return [token.decode() for token in frontier.bloom.run_scripts([call])[0]]
 

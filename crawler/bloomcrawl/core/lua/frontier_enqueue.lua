@@ -28,17 +28,17 @@ return exchange(function(first)
   local out, by_host, hosts = {}, {}, {}
   local base = first + 2
   for j = 0, #keep - 1 do
+    local dont_filter = keep[j + 1] and string.byte(flags, j + 1) == 49
+    if dont_filter and not sent_pruned then
+      sent_pruned = true
+      redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', PR.now)
+    end
     if record and string.byte(record, j + 1) == 45 then
       out[j + 1] = '-'
-    elseif keep[j + 1] and string.byte(flags, j + 1) == 49 and redis.call(
-        'ZADD', KEYS[11], 'NX', PR.now + SENT_MS, string.sub(ARGV[first], 20 * j + 1, 20 * j + 20)
-    ) == 0 then
+    elseif dont_filter and redis.call('ZADD', KEYS[11], 'NX', PR.now + SENT_MS,
+                                      string.sub(ARGV[first], 20 * j + 1, 20 * j + 20)) == 0 then
       out[j + 1] = '1'  -- queued by an earlier send of this exchange
     elseif keep[j + 1] then
-      if not sent_pruned and string.byte(flags, j + 1) == 49 then
-        sent_pruned = true
-        redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', PR.now)
-      end
       out[j + 1] = REVISITED and REVISITED[j + 1] and '2' or '1'
       local at = base + 3 * j
       local host = ARGV[at + 1]
