@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 
 import pytest
 import redis
@@ -18,8 +19,9 @@ import redis
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.connection import redis_from_url
 from bloomcrawl.core.errors import RedisUnavailableError
-from bloomcrawl.core.frontier import Frontier, Outgoing, open_exchanges
+from bloomcrawl.core.frontier import _REAP, Frontier, Outgoing, open_exchanges
 from bloomcrawl.core.keys import FrontierKeys
+from bloomcrawl.core.leases import RequeueCounts
 from bloomcrawl.core.politeness import host_of
 from faults.proxy import FaultProxy
 
@@ -75,4 +77,38 @@ def test_a_dont_filter_request_of_an_exchange_sent_again_is_queued_once(
         frontier.exchange([dataclasses.replace(retry, payload=retry.payload.replace(
             '"a1"', '"b2"'))], {})
         assert len(entries_of(redis_client, frontier, url)) == 2
+        client.close()
+
+
+def test_leases_requeued_by_a_reap_whose_reply_is_lost_are_counted(
+        redis_server: RedisServer, redis_client: redis.Redis) -> None:
+    """A reap Redis applied but whose reply never came back (a socket timeout while
+    Redis was stopped, a connection closed) still counts its requeued leases in the
+    shared stats: every fetch of such a request again is covered by one."""
+    urls = ["http://a.test/lost-%d" % i for i in range(3)]
+    with FaultProxy(redis_server.port) as proxy:
+        client = redis_from_url("redis://127.0.0.1:%d/0" % proxy.port)
+        bloom = BloomFilter(client, "t:bloomfilter", capacity=1000, error_rate=0.01,
+                            partitions=1, backend="bitmap")
+        frontier = Frontier(client, bloom, FrontierKeys("t", partitions=1),
+                            queue_type="priority", lease_timeout=0.2, worker_id="w1",
+                            node="host")
+        assert open_exchanges(frontier)
+        leased = frontier.exchange(outgoing(*urls), {}, lease_from=0, want=3).leases
+        assert len(leased) == 3
+        assert frontier.reap() == 0  # the reap script loaded, as in any crawl by now
+        time.sleep(0.4)  # the three leases run out
+        proxy.drop_replies(_REAP.sha.encode(), count=1)
+        try:
+            frontier.reap()
+        except (redis.RedisError, RedisUnavailableError):
+            pass
+        assert proxy.drops_pending == 0, "the reap's reply was not dropped: no fault"
+        assert redis_client.hlen(frontier.keys.leases(0)) == 0, "the reap was not applied"
+        frontier.reap()  # the next reap, by this worker or another, finds nothing to requeue
+        assert int(redis_client.hget(frontier.keys.stats, "requeued") or 0) == 3
+        # and counts nothing twice, nor an older count another worker sends late
+        frontier.reap()
+        RequeueCounts().add(bloom, frontier.keys, {0: 1})
+        assert int(redis_client.hget(frontier.keys.stats, "requeued") or 0) == 3
         client.close()

@@ -34,7 +34,7 @@ from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import partition_of
 from bloomcrawl.core.connection import ServerWatch, describe_redis, is_cluster
 from bloomcrawl.core.errors import SettingError
-from bloomcrawl.core.leases import Lease, parse_leases
+from bloomcrawl.core.leases import Lease, RequeueCounts, parse_leases
 from bloomcrawl.core.politeness import BUSY_RETRY_S, Feedback, Politeness
 from bloomcrawl.core.scripts import Script, ScriptCall, load_scripts, transactions_allowed
 from bloomcrawl.core.sizing import BACKENDS
@@ -176,8 +176,7 @@ class Frontier:
         #: bumped each time the filter had to be created again (it was deleted):
         #: a worker's memory of fingerprints it sent is stale from then on
         self.filter_generation = 0
-        #: leases requeued whose count Redis has not taken yet (see reap)
-        self._requeued_unsent = 0
+        self.requeue_counts = RequeueCounts()
         #: an exchange's calls go in one MULTI/EXEC (see open_exchanges)
         self.whole = True
         #: the scheduler's watch of ``server``: its epoch is in lease tokens (a rolled
@@ -389,19 +388,15 @@ class Frontier:
         return [token.decode() for lost in self.bloom.run_scripts(calls) for token in lost]
 
     def reap(self, most: int = REAP_BATCH) -> int:
-        """Put expired leases back into their queues; returns how many (also counted shared)."""
+        """Put expired leases back into their queues; returns how many (also counted shared:
+        :class:`~bloomcrawl.core.leases.RequeueCounts`)."""
         f = self.keys
-        calls = [ScriptCall(_REAP, [f.leases(p), f.deadlines(p), *f.polite_keys(p)],
-                            [self._cfg(p), self.queue_type, most])
+        calls = [ScriptCall(_REAP, [f.leases(p), f.deadlines(p), *f.polite_keys(p),
+                                    f.requeued(p)], [self._cfg(p), self.queue_type, most])
                  for p in range(f.partitions)]
-        requeued = int(sum(self.bloom.run_scripts(calls)))
-        # the count goes to the shared stats even if Redis refuses it now (OOM): the
-        # requests are back in the queue whatever, so it is kept for the next reap
-        self._requeued_unsent += requeued
-        if self._requeued_unsent:
-            self.server.hincrby(f.stats, "requeued", self._requeued_unsent)
-            self._requeued_unsent = 0
-        return requeued
+        replies = self.bloom.run_scripts(calls)
+        self.requeue_counts.add(self.bloom, f, {p: int(r[1]) for p, r in enumerate(replies)})
+        return sum(int(r[0]) for r in replies)
 
     def release(self, held: Mapping[str, int]) -> int:
         """Put the leases ``held`` back into the queue now (a worker closing)."""
@@ -462,9 +457,10 @@ def flush(frontier: Frontier) -> None:
     hosts = pipe.execute()
     doomed = []
     for p in range(f.partitions):
-        doomed += [f.queue_part(p), f.leases(p), f.deadlines(p), f.sent(p),
+        doomed += [f.queue_part(p), f.leases(p), f.deadlines(p), f.sent(p), f.requeued(p),
                    *(f.polite(p, n) for n in keys.POLITE_KEY_NAMES if n != "policy"),
                    *(f.host_queue(p, h.decode()) for h in hosts[p])]
+    doomed.append(f.requeued_added)  # the partitions' counters start again
     for i in range(0, len(doomed), 1000):
         frontier.server.unlink(*doomed[i:i + 1000])
     frontier.bloom.clear()

@@ -184,6 +184,8 @@ def filter_name_from_meta(key: str) -> str:
 #   <queue>:{NAME:P}:leases     hash  token -> "score|host|request JSON"
 #   <queue>:{NAME:P}:deadlines  zset  token -> lease deadline, ms of Redis TIME
 #   <queue>:{NAME:P}:seq        string  lease token counter
+#   <queue>:{NAME:P}:requeued   string  leases the partition's reaps requeued, counted by
+#                               the reap itself (frontier_reap.lua)
 #   <queue>:{NAME:P}:sent       zset  key of a dont_filter entry -> ms (Redis TIME) until
 #                               which it is kept: queued once however often the exchange
 #                               carrying it is sent (frontier_enqueue.lua)
@@ -198,6 +200,9 @@ def filter_name_from_meta(key: str) -> str:
 #   {<spider>:stats}:pages_by_node
 #                               hash  hostname of the worker -> pages it crawled
 #                               (both in the stats hash's slot: one script updates all three)
+#   {<spider>:stats}:requeued   hash  partition -> its requeued counter as last added to
+#                                     the stats' requeued (frontier_requeued.lua): a reap
+#                                     whose reply was lost is counted by the next, once
 #   {<spider>:stats}:workers    zset  worker -> ms (Redis TIME) its presence lasts unrenewed:
 #                                     the workers alive (frontier_workers.lua), renewed with
 #                                     their leases; who is the last to close
@@ -243,6 +248,7 @@ class FrontierKeys:
         self.stats_applied = "{%s}:applied" % self.stats
         self.pages_by_node = "{%s}:pages_by_node" % self.stats
         self.workers = "{%s}:workers" % self.stats
+        self.requeued_added = "{%s}:requeued" % self.stats
         self.use_start_urls(spider_key(defaults.START_URLS_KEY, spider))
         self.items = spider_key(defaults.ITEMS_KEY, spider)
         self.item_ids = item_ids_key(self.items)
@@ -291,6 +297,10 @@ class FrontierKeys:
         """The partition's dont_filter entries queued in the last minutes (an exchange
         sent again queues them once)."""
         return politeness_key(self.queue, self.filter, partition, "sent")
+
+    def requeued(self, partition: int) -> str:
+        """How many leases the partition's reaps put back, counted as they did."""
+        return politeness_key(self.queue, self.filter, partition, "requeued")
 
     def state(self, partition: int) -> str:
         return state_key(self.filter, partition)

@@ -1,4 +1,5 @@
-"""A lease as a worker holds it, and how the lease script's reply reads as leases.
+"""A lease as a worker holds it, how the lease script's reply reads as leases, and
+how the leases the reaps requeue are counted in the shared stats.
 
 The partition scripts (``core/lua/polite_common.lua``, ``lease_ready``) answer
 each leased request with three values: its token, its queue entry, and what
@@ -9,10 +10,19 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from bloomcrawl.core.scripts import Script, ScriptCall
+
+if TYPE_CHECKING:
+    from bloomcrawl.core.bloom import BloomFilter
+    from bloomcrawl.core.keys import FrontierKeys
 
 #: Lease.room of a host with one slot (the lease script's -1 ms)
 ONE_SLOT = -0.001
+_ADD_REQUEUED = Script("frontier_requeued.lua")
 
 
 @dataclass(frozen=True)
@@ -61,3 +71,28 @@ def parse_leases(partition: int, reply: list[bytes], sent: float,
         leases.append(Lease(partition, reply[i].decode(), reply[i + 1], sent, True,
                             int(delay or 0) / 1000, int(room or 0) / 1000, due))
     return leases
+
+
+@dataclass
+class RequeueCounts:
+    """The shared stats' ``requeued``, fed from the partitions' own counts.
+
+    Each reap counts what it requeues in its partition, in the same atomic step
+    (``<queue>:{F:P}:requeued``), and answers the counter. The counters go to
+    ``<spider>:stats`` by what they grew since they were last added there
+    (``{<spider>:stats}:requeued`` keeps that per partition), in another call: the
+    stats lie in another Redis Cluster slot. A reap applied whose reply never came
+    (a socket timeout while Redis was stopped, a connection closed under it) is
+    counted by the next reap of any worker, once.
+    """
+
+    #: partition -> the counter this worker last sent
+    sent: dict[int, int] = field(default_factory=dict)
+
+    def add(self, bloom: BloomFilter, f: FrontierKeys, counters: Mapping[int, int]) -> None:
+        changed = {p: n for p, n in counters.items() if self.sent.get(p) != n}
+        if not changed:
+            return
+        args = [x for p in sorted(changed) for x in (p, changed[p])]
+        bloom.run_scripts([ScriptCall(_ADD_REQUEUED, [f.stats, f.requeued_added], args)])
+        self.sent.update(changed)

@@ -1,8 +1,10 @@
 -- Put expired leases back into their hosts' queues and free the hosts' slots; forget
 -- next-lease times already past; rebuild a lost ready set. KEYS[1] leases, KEYS[2] deadlines,
--- KEYS[3..8] politeness (polite_common)
+-- KEYS[3..8] politeness (polite_common), KEYS[9] the partition's requeued counter
 -- ARGV[1] politeness cfg, ARGV[2] queue type, ARGV[3] most to requeue.
--- Returns how many were requeued.
+-- Returns {how many were requeued, the counter}: what this call requeued is counted here,
+-- in the same step, so a reply lost on its way (a socket timeout, a closed connection)
+-- loses no count: the next reap's reply carries it (frontier_requeued.lua).
 polite_init(3, ARGV[1])
 PR.qtype = ARGV[2]
 local most = tonumber(ARGV[3])
@@ -32,4 +34,5 @@ redis.call('ZREMRANGEBYSCORE', PR.next, '-inf', PR.now)
 if redis.call('ZCARD', PR.ready) == 0 and redis.call('ZCARD', PR.depth) > 0 then
   for _, host in ipairs(redis.call('ZRANGE', PR.depth, 0, 9999)) do make_ready(host) end
 end
-return n
+local counted = n > 0 and redis.call('INCRBY', KEYS[9], n) or redis.call('GET', KEYS[9])
+return {n, tonumber(counted) or 0}

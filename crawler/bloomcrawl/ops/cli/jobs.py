@@ -334,7 +334,7 @@ def _partitioned(prefix: str) -> tuple[str, re.Pattern[str]]:
 
 def _names_of(frontier: keys.FrontierKeys) -> tuple[set[str], list[tuple[str, re.Pattern[str]]]]:
     exact = {frontier.meta, frontier.stats, frontier.stats_applied, frontier.pages_by_node,
-             frontier.workers,
+             frontier.workers, frontier.requeued_added,
              frontier.start_urls, frontier.start_leases, frontier.start_deadlines,
              frontier.start_counter, frontier.items, frontier.item_ids,
              frontier.recent_item_ids,
