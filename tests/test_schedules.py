@@ -13,7 +13,10 @@ from typing import IO
 
 import pytest
 import redis
+from faults.proxy import FaultProxy
 
+from bloomcrawl.core.connection import redis_from_url
+from bloomcrawl.core.errors import BloomcrawlError
 from bloomcrawl.ops import scrapyd
 from bloomcrawl.ops.cli.target import Target
 from bloomcrawl.ops.cluster.processes import free_port
@@ -21,6 +24,7 @@ from bloomcrawl.ops.console import OpsError
 from bloomcrawl.ops.demo_site import RunningSite
 from bloomcrawl.ops.runs import FINISHED, Run, RunStore, check_run
 from bloomcrawl.ops.schedules import (
+    CLAIM,
     ScheduleStore,
     Spec,
     parse_duration,
@@ -364,3 +368,29 @@ def test_a_spider_the_project_lacks_is_refused_and_a_refused_firing_says_why(
     assert listed.code == 0, listed.output
     assert (f"failed (no node started a job; refused by {probe_node.url}: {probe_node.url}"
             "/schedule.json: spider 'nosuch' not found)") in listed.stdout, listed.stdout
+
+
+def test_a_claim_whose_reply_is_lost_fires_its_slot_once(
+        redis_server: RedisServer, redis_client: redis.Redis, probe_node: ScrapydNode) -> None:
+    """Redis applied the timer's claim of a slot, and the reply never came back (a
+    connection closed under it): the timer asks again and fires the slot, once, instead of
+    taking its own claim for another timer's and leaving the slot unfired."""
+    store = ScheduleStore(redis_client)
+    store.add(spec("hourly", every=3600))
+    nodes = [scrapyd.Node(probe_node.url, USERNAME, PASSWORD)]
+    redis_client.script_load(CLAIM.source)  # loaded, as after a timer's first claim
+    with FaultProxy(redis_server.port) as proxy:
+        client = redis_from_url("redis://127.0.0.1:%d/0" % proxy.port)
+        timer = Timer(client, lambda: Target("", nodes, None, None))
+        proxy.drop_replies(CLAIM.sha.encode(), count=1)
+        try:
+            fired = timer.tick()
+        except (redis.RedisError, BloomcrawlError):
+            fired = []  # run_forever logs it and ticks again
+        assert proxy.drops_pending == 0, "the claim's reply was not dropped: no fault"
+        fired += timer.tick()
+        assert fired == ["hourly"]
+        assert timer.tick() == []  # fired: its claim wins no more
+        client.close()
+    assert store.get("hourly").fired == 1
+    assert len(jobs_of(probe_node)) == 1

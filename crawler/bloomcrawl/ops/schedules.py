@@ -51,7 +51,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 
-_CLAIM = Script("schedule_claim.lua")
+CLAIM = Script("schedule_claim.lua")
 
 
 #: firings kept in a schedule's log
@@ -233,7 +233,7 @@ class ScheduleStore:
 
     def claim(self, name: str, slot: float, timer: str) -> bool:
         """Claim ``slot`` for ``timer``: True once per slot, whichever timer asks first."""
-        (won,) = run_scripts(self.client, [ScriptCall(_CLAIM, [schedule_key(name)],
+        (won,) = run_scripts(self.client, [ScriptCall(CLAIM, [schedule_key(name)],
                                                       [repr(slot), timer])])
         return bool(won)
 
@@ -243,7 +243,8 @@ class ScheduleStore:
         text = json.dumps(outcome, sort_keys=True)
         pipe = self.client.pipeline(transaction=True)
         pipe.exists(key)
-        pipe.hset(key, "outcome", text)
+        # the slot fired: a claim of it sent again by the same timer wins no more
+        pipe.hset(key, mapping={"outcome": text, "fired_slot": repr(outcome["slot"])})
         pipe.hincrby(key, "fired", 1)
         pipe.lpush(firings_key(name), text)
         pipe.ltrim(firings_key(name), 0, KEEP_FIRINGS - 1)

@@ -131,7 +131,12 @@ class Timer:
             if schedule.paused:
                 continue
             slot = schedule.due_slot(now)
-            if slot is None or (schedule.last_slot is not None and slot <= schedule.last_slot):
+            # a slot this timer claimed without hearing back (the reply was lost) is asked
+            # again: the claim answers that it is this timer's until its firing is recorded
+            unheard = (slot == schedule.last_slot and schedule.claimed_by == self.timer_id
+                       and (schedule.outcome or {}).get("slot") != slot)
+            if slot is None or (schedule.last_slot is not None and slot <= schedule.last_slot
+                                and not unheard):
                 continue
             if not self.schedules.claim(schedule.name, slot, self.timer_id):
                 continue  # another timer fired it
