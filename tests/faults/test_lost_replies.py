@@ -15,6 +15,8 @@ import time
 
 import pytest
 import redis
+from scrapy import Request
+from scrapy.utils.request import RequestFingerprinter
 
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.connection import redis_from_url
@@ -23,6 +25,7 @@ from bloomcrawl.core.frontier import _REAP, Frontier, Outgoing, open_exchanges
 from bloomcrawl.core.keys import FrontierKeys
 from bloomcrawl.core.leases import RequeueCounts
 from bloomcrawl.core.politeness import host_of
+from bloomcrawl.crawl.dupefilter import RedisBloomDupeFilter
 from faults.proxy import FaultProxy
 
 from kit.data import outgoing
@@ -111,4 +114,33 @@ def test_leases_requeued_by_a_reap_whose_reply_is_lost_are_counted(
         frontier.reap()
         RequeueCounts().add(bloom, frontier.keys, {0: 1})
         assert int(redis_client.hget(frontier.keys.stats, "requeued") or 0) == 3
+        client.close()
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["request_seen", "requests_seen"])
+def test_a_request_whose_filter_reply_is_lost_is_not_dropped_as_seen(
+        redis_server: RedisServer, batched: bool) -> None:
+    """The drop-in dupefilter (under Scrapy's or scrapy-redis's scheduler): Redis added the
+    request's fingerprint and the reply never came back. The call is sent again, and what
+    it then finds seen may be its own adding: the request is let through (crawled once
+    more at most), never dropped as a duplicate it is not."""
+    fingerprinter = RequestFingerprinter()
+    with FaultProxy(redis_server.port) as proxy:
+        client = redis_from_url("redis://127.0.0.1:%d/0" % proxy.port)
+        key = "seen-%s:bloomfilter" % ("many" if batched else "one")
+        bloom = BloomFilter(client, key, capacity=1000, error_rate=0.01,
+                            partitions=1, backend="bitmap")
+        dupefilter = RedisBloomDupeFilter(bloom, fingerprinter)
+        first = Request("http://a.test/first")
+        assert not dupefilter.request_seen(first)  # the add script loaded
+        new = Request("http://a.test/new-page")
+        proxy.drop_replies(key.encode(), count=1)
+        if batched:
+            seen = dupefilter.requests_seen([new, Request("http://a.test/first")])
+            assert seen == [False, False]  # the batch's duplicate too: crawled again at most
+        else:
+            assert not dupefilter.request_seen(new)
+        assert proxy.replies_dropped == 1, "no reply was dropped: no fault"
+        # Redis kept what the lost call added: the next time it is a duplicate
+        assert dupefilter.request_seen(Request("http://a.test/new-page"))
         client.close()

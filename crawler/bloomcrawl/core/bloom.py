@@ -43,7 +43,7 @@ from bloomcrawl.core.bloom_creation import (
 )
 from bloomcrawl.core.bloom_info import BloomInfo, filter_info
 from bloomcrawl.core.connection import describe_redis, redis_errors
-from bloomcrawl.core.errors import BloomFilterError, InvalidFilterParameters
+from bloomcrawl.core.errors import BloomFilterError, InvalidFilterParameters, RedisUnavailableError
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 from bloomcrawl.core.sizing import (
     BACKENDS,
@@ -203,7 +203,9 @@ class BloomFilter:
     # -- operations -----------------------------------------------------
 
     def add(self, fp: bytes | str, window: str | None = None) -> bool:
-        """Add one fingerprint; True if it was new. Atomic (one EVALSHA, no pipeline).
+        """Add one fingerprint; True if it was new (or maybe new: a call whose connection
+        failed is sent once more, see :meth:`_check_and_set`). Atomic (one EVALSHA, no
+        pipeline).
 
         ``window``: the named revisit window (BLOOMFILTER_REVISIT_WINDOWS) it goes
         in; None, the default one. :class:`UnknownWindow` for a name the filter
@@ -216,7 +218,19 @@ class BloomFilter:
             args.append(self.params.window_flag(window))
         call = ScriptCall(_ADD[self.params.backend, self.params.windowed],
                           [keys.state_key(self.key, p)], args)
-        return bool(self.run_scripts([call])[0] == b"1")
+        replies, unsure = self._check_and_set([call])
+        return unsure or replies[0] == b"1"
+
+    def _check_and_set(self, calls: Sequence[ScriptCall]) -> tuple[list[Any], bool]:
+        """:meth:`run_scripts` for calls that add. One whose connection failed may have
+        reached Redis all the same (its reply lost, or a timeout while Redis was busy):
+        it is sent once more, and what that send finds seen may be the first send's own
+        adding, so the caller answers every item new (True: crawled twice at most, never
+        dropped as seen). A Redis still unreachable raises as before."""
+        try:
+            return self.run_scripts(calls), False
+        except RedisUnavailableError:
+            return self.run_scripts(calls), True
 
     def run_scripts(self, calls: Sequence[ScriptCall], **options: Any) -> list[Any]:
         """:func:`~bloomcrawl.core.scripts.run_scripts` for calls that touch this filter.
@@ -242,7 +256,8 @@ class BloomFilter:
                  windows: Sequence[str | None] | None = None) -> list[bool]:
         """Add fingerprints; one atomic call per partition touched, in one round trip.
         ``windows``: each one's named revisit window (see :meth:`add`)."""
-        return self._batched(_ADD[self.params.backend, self.params.windowed], fps, windows)
+        return self._batched(_ADD[self.params.backend, self.params.windowed], fps, windows,
+                             adds=True)
 
     def __contains__(self, fp: bytes | str) -> bool:
         return self.contains_many([fp])[0]
@@ -254,7 +269,7 @@ class BloomFilter:
                              windows)
 
     def _batched(self, script: Script, fps: Sequence[bytes | str],
-                 windows: Sequence[str | None] | None = None) -> list[bool]:
+                 windows: Sequence[str | None] | None = None, adds: bool = False) -> list[bool]:
         if not fps:
             return []
         parts = self.params.partitions
@@ -279,7 +294,12 @@ class BloomFilter:
             calls = [ScriptCall(script, [keys.state_key(self.key, p)],
                                 [b"".join(blobs[p]), "".join(flags[i] for i in groups[p])])
                      for p in order]
-        results = self.run_scripts(calls)
+        if adds:
+            results, unsure = self._check_and_set(calls)
+            if unsure:
+                return [True] * len(fps)
+        else:
+            results = self.run_scripts(calls)
         out = [False] * len(fps)
         for p, answer in zip(order, results, strict=True):
             for i, flag in zip(groups[p], answer, strict=True):
