@@ -5,6 +5,8 @@ A check that the benchmark works, not a timing: no rate is asserted.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -12,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
 from bloomcrawl.ops.cluster.processes import redisbloom_module
 
@@ -99,6 +102,13 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
         # the bit layout's own cost, beside BF.MADD: bloomcrawl's script on one slice
         assert all(x > 1 for x in numbers["layout_x_bf_madd"].values()), numbers
         assert "the bit layout itself" in stdout
+        # the new items' floor is the least Lua found for the layout, with the table of
+        # what other block sizes would cost in bits
+        new = next(t for t in numbers["targets_cpu"]
+                   if t["name"] == "add_many, bitmap, new: Redis CPU / BF.MADD's")
+        assert new["floor"] is not None and new["floor"] > 1, new
+        assert "least Lua found for this bit layout" in stdout
+        assert "64 bits " in stdout and "(bloomcrawl's)" in stdout
     # its probe added every item once and found each one again
     added, found = numbers["one_slice_counts"]
     assert added == found > 0, numbers["one_slice_counts"]
@@ -135,3 +145,23 @@ def test_quick_window_run_prints_the_window_rows(tmp_path: Path,
     assert window["duplicates_checked"] > 0 and window["false_negatives"] == 0
     assert window["live_items"] >= window["window_urls"] > 0
     assert window["windowed_redis_us"] > 0 and window["today_redis_us"] > 0
+
+
+def test_the_layout_floor_probe_finds_what_it_wrote(redis_client: redis.Redis) -> None:
+    """The floor probe of a new item (bench/_layout_floor.py) builds a real write: each
+    new item's bits are written into its block without moving the others, so the same
+    items coming again are all found."""
+    spec = importlib.util.spec_from_file_location("_layout_floor",
+                                                  BENCH.parent / "_layout_floor.py")
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    blocks = 64
+    redis_client.set("{probe}:c", bytes(blocks * 256))
+    fps = b"".join(hashlib.sha1(b"item-%d" % i).digest() for i in range(300))
+    for k in (7, 13, 20):
+        source = probe.layout_probe(k, 256, blocks)
+        redis_client.set("{probe}:c", bytes(blocks * 256))
+        assert redis_client.eval(source, 1, "{probe}:c", fps) == 300
+        assert redis_client.eval(source, 1, "{probe}:c", fps) == 0
+        assert redis_client.strlen("{probe}:c") == blocks * 256

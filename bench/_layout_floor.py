@@ -1,0 +1,92 @@
+"""The bit layout's own floor for a new item, and what another layout would cost in bits.
+
+A new item's k lanes are k bytes of its block (one bit each, in k lanes of the block:
+``core/lua/bloom_common.lua``). Deciding it in Lua takes at the least: the block's
+GETRANGE, its k bytes read and tested, the k changed bytes written back with the bytes
+between them as one string, and that string's SETRANGE. :func:`layout_probe` is that
+script unrolled for one k, with each lane's position taken straight from a byte of the
+fingerprint (no hashing to compute, no slices, no counters; lanes of whole bytes): what
+a script of this layout pays beyond the commands, the string it must build.
+
+A layout whose write is one short string built at once (the k bits in one 64- or
+128-bit word, packed by ``struct``) would cost less in Lua, and more in memory: a block
+of B bits holding k lanes of one bit errs more than one spread over the whole filter,
+the more so at the low error rates the slices of a growing filter run at.
+:func:`block_bits_per_url` computes it with the filter's own model
+(``core.sizing.blocked_false_positive_rate``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from bloomcrawl.core.sizing import BLOCK_BITS, blocked_false_positive_rate
+
+#: the error rates the table is computed at: the filter's, and the tighter ones its
+#: slices run at as it grows (each slice shares the error rate with those before it)
+TABLE_RATES = (1e-3, 1e-4, 1e-5)
+#: block sizes in bits: words a script can pack in one string, and the filter's own
+TABLE_BLOCKS = (64, 128, BLOCK_BITS)
+
+
+def layout_probe(k: int, block_bytes: int, blocks: int) -> str:
+    """Lua deciding a batch of new 20-byte fingerprints (ARGV[1]) in KEYS[1] (a chunk of
+    ``blocks`` blocks): the least this bit layout does per new item, unrolled for ``k``.
+    Returns how many it wrote."""
+    w = block_bytes // k * 8  # whole bytes a lane: no two lanes share one
+    lines = [
+        "local byte, char, sub = string.byte, string.char, string.sub",
+        "local blob, key, set = ARGV[1], KEYS[1], 0",
+        "local MASK = {[0] = 128, 64, 32, 16, 8, 4, 2, 1}",
+        "for j = 0, #blob / 20 - 1 do",
+        "  local %s = byte(blob, j * 20 + 1, j * 20 + 20)" % ", ".join(
+            "f%d" % i for i in range(20)),
+        "  local off = ((f0 * 256 + f1) * 256 + f2) %% %d * %d" % (blocks, block_bytes),
+        "  local blk = redis.call('GETRANGE', key, off, off + %d)" % (block_bytes - 1),
+    ]
+    for t in range(k):
+        lines.append("  local p%d = %d + f%d %% %d" % (t, t * w, 3 + t % 17, w))
+        lines.append("  local r%d = p%d %% 8" % (t, t))
+        lines.append("  local b%d, m%d = (p%d - r%d) / 8 + 1, MASK[r%d]" % (t, t, t, t, t))
+        lines.append("  local o%d = byte(blk, b%d)" % (t, t))
+    lines.append("  if not (%s) then" % " and ".join(
+        "o%d %% (m%d + m%d) >= m%d" % (t, t, t, t) for t in range(k)))
+    pieces = []
+    for t in range(k):
+        lines.append("    local n%d = o%d %% (m%d + m%d) >= m%d and o%d or o%d + m%d"
+                     % (t, t, t, t, t, t, t, t))
+        pieces.append("char(n%d)" % t)
+        if t < k - 1:
+            pieces.append("sub(blk, b%d + 1, b%d - 1)" % (t, t + 1))
+    lines += ["    redis.call('SETRANGE', key, off + b0 - 1, %s)" % " .. ".join(pieces),
+              "    set = set + 1",
+              "  end",
+              "end",
+              "return set"]
+    return "\n".join(lines)
+
+
+def block_bits_per_url(block: int, rate: float) -> float:
+    """The fewest bits per URL (to 0.1, over k) at which blocks of ``block`` bits meet
+    ``rate``."""
+    tenths = int(10 * math.log2(1 / rate) / math.log(2))  # one unblocked filter's, fewer
+    while True:
+        bits = tenths / 10
+        if any(blocked_false_positive_rate(bits, k, block) <= rate
+               for k in range(1, min(block, 32) + 1)):
+            return bits
+        tenths += 1
+
+
+def layout_table() -> list[list[str]]:
+    """Per block size: the bits per URL it needs at each of TABLE_RATES, and over the
+    filter's own blocks."""
+    own = {rate: block_bits_per_url(TABLE_BLOCKS[-1], rate) for rate in TABLE_RATES}
+    rows = []
+    for block in TABLE_BLOCKS:
+        cells = [f"{block} bits" + (" (bloomcrawl's)" if block == TABLE_BLOCKS[-1] else "")]
+        for rate in TABLE_RATES:
+            bits = block_bits_per_url(block, rate)
+            cells.append(f"{bits:.1f} ({bits / own[rate]:.2f}x)")
+        rows.append(cells)
+    return rows
