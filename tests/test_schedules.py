@@ -394,3 +394,28 @@ def test_a_claim_whose_reply_is_lost_fires_its_slot_once(
         client.close()
     assert store.get("hourly").fired == 1
     assert len(jobs_of(probe_node)) == 1
+
+
+def test_a_firing_that_fails_after_its_claim_is_not_repeated(
+        redis_client: redis.Redis, probe_node: ScrapydNode) -> None:
+    """At most once: the claim was heard, and the firing then failed before its outcome
+    was recorded (here the nodes could not be read). The next tick leaves the slot alone:
+    only a claim sent without an answer is sent again."""
+    store = ScheduleStore(redis_client)
+    store.add(spec("hourly", every=3600))
+    nodes = [scrapyd.Node(probe_node.url, USERNAME, PASSWORD)]
+    calls = []
+
+    def target() -> Target:
+        calls.append(1)
+        if len(calls) == 1:
+            raise redis.ConnectionError("the nodes could not be read")
+        return Target("", nodes, None, None)
+
+    timer = Timer(redis_client, target)
+    with pytest.raises(redis.ConnectionError):
+        timer.tick()
+    assert store.get("hourly").last_slot is not None  # claimed
+    assert timer.tick() == []
+    assert store.get("hourly").fired == 0
+    assert jobs_of(probe_node) == []

@@ -122,6 +122,8 @@ class Timer:
         self.runs = RunStore(client)
         self.stopping = threading.Event()
         self._runs_checked = float("-inf")
+        #: (schedule, slot) of claims sent without an answer
+        self._unheard: set[tuple[str, float]] = set()
 
     def tick(self) -> list[str]:
         """One look at every schedule; the names of those this timer fired."""
@@ -131,14 +133,22 @@ class Timer:
             if schedule.paused:
                 continue
             slot = schedule.due_slot(now)
-            # a slot this timer claimed without hearing back (the reply was lost) is asked
-            # again: the claim answers that it is this timer's until its firing is recorded
-            unheard = (slot == schedule.last_slot and schedule.claimed_by == self.timer_id
-                       and (schedule.outcome or {}).get("slot") != slot)
-            if slot is None or (schedule.last_slot is not None and slot <= schedule.last_slot
-                                and not unheard):
+            if slot is None:
                 continue
-            if not self.schedules.claim(schedule.name, slot, self.timer_id):
+            # a claim this timer sent without hearing back (its reply lost) is sent again:
+            # Redis answers that the slot is this timer's until its firing is recorded. A
+            # claim heard is never sent again, so a firing that failed midway (jobs
+            # started, the outcome not recorded) is not repeated: at most once
+            unheard = (schedule.name, slot) in self._unheard
+            if schedule.last_slot is not None and slot <= schedule.last_slot and not unheard:
+                continue
+            try:
+                won = self.schedules.claim(schedule.name, slot, self.timer_id)
+            except (redis.RedisError, BloomcrawlError):
+                self._unheard.add((schedule.name, slot))
+                raise
+            self._unheard.discard((schedule.name, slot))
+            if not won:
                 continue  # another timer fired it
             try:
                 outcome = fire(self.client, self.target(), schedule, slot)
