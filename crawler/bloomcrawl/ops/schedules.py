@@ -21,7 +21,8 @@ Keys (one hash tag: one slot on Redis Cluster):
 ``{bloomcrawl:schedules}:names``      set   schedule names
 ``{bloomcrawl:schedules}:s:<name>``   hash  ``spec`` (JSON), ``created``,
                                             ``paused``, ``last_slot``, ``claimed_by``,
-                                            ``claimed_at``, ``outcome`` (JSON), ``fired``
+                                            ``claimed_at``, ``outcome`` (JSON), ``fired``,
+                                            ``fired_slot`` (the slot of that outcome)
 ``{bloomcrawl:schedules}:log:<name>`` list  the last :data:`KEEP_FIRINGS` outcomes,
                                             newest first
 """
