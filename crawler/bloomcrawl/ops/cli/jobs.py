@@ -142,23 +142,30 @@ def resolve_project(nodes: Sequence[scrapyd.Node], spider: str, given: str | Non
     project there is, or the only one of several whose spiders include it. Several or
     none: :class:`OpsError` naming them. :data:`DEFAULT_PROJECT` when no node answers (the
     call that follows says why)."""
+    return resolve_project_checked(nodes, spider, given)[0]
+
+
+def resolve_project_checked(nodes: Sequence[scrapyd.Node], spider: str, given: str | None
+                            ) -> tuple[str, bool]:
+    """:func:`resolve_project`, and whether it saw ``spider`` among the project's spiders
+    (chosen from several by them): :func:`check_spider` need not list them again."""
     if given is not None:
-        return given
+        return given, False
     found = scrapyd_spiders.projects_with_spider(nodes, spider)
     if found is None:
-        return DEFAULT_PROJECT
+        return DEFAULT_PROJECT, False
     projects, having = found
     if len(projects) == 1:
         if projects[0] != DEFAULT_PROJECT:
             say(f"project {projects[0]}: the one deployed")
-        return projects[0]
+        return projects[0], False
     if not projects:
         raise OpsError("no project is deployed on the nodes: deploy one first (make deploy,"
                        " or make deploy PROJECT=path/to/your/project)")
     if len(having) == 1:
         [project] = having
         say(f"project {project}: the deployed project with spider {spider}")
-        return project
+        return project, True
     if having:
         raise OpsError(f"spider {spider} is in projects {', '.join(sorted(having))}: pass"
                        " --project NAME")

@@ -17,7 +17,7 @@ from bloomcrawl.ops.cli.jobs import (
     CrawlOptions,
     check_spider,
     check_start_urls,
-    resolve_project,
+    resolve_project_checked,
 )
 from bloomcrawl.ops.cli.target import TargetOptions, resolve_target
 from bloomcrawl.ops.cluster.state import Paths
@@ -54,10 +54,12 @@ def add_schedule(args: argparse.Namespace, paths: Paths) -> int:
                                quiet=True).nodes
     except OpsError:
         nodes = []
+    checked = False
     if args.project is None:
-        spec.project = resolve_project(nodes, args.spider, None)
+        spec.project, checked = resolve_project_checked(nodes, args.spider, None)
     # a spider the project does not have is refused now, not by every node at each firing
-    check_spider(nodes, args.spider, spec.project)
+    if not checked:
+        check_spider(nodes, args.spider, spec.project)
     client = target.redis()
     schedule = ScheduleStore(client).add(spec, replace=args.replace)
     now = redis_time(client)
