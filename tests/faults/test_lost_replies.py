@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -112,9 +113,63 @@ def test_leases_requeued_by_a_reap_whose_reply_is_lost_are_counted(
         assert int(redis_client.hget(frontier.keys.stats, "requeued") or 0) == 3
         # and counts nothing twice, nor an older count another worker sends late
         frontier.reap()
-        RequeueCounts().add(bloom, frontier.keys, {0: 1})
+        epoch = redis_client.hget(frontier.keys.requeued(0), "epoch")
+        RequeueCounts().add(bloom, frontier.keys, [[0, epoch, 1]])
         assert int(redis_client.hget(frontier.keys.stats, "requeued") or 0) == 3
         client.close()
+
+
+def requeue(frontier: Frontier, host: str, n: int) -> int:
+    """Lease ``n`` new requests of ``host``, let the leases run out, reap them."""
+    urls = ["http://%s/%d" % (host, i) for i in range(n)]
+    assert len(frontier.exchange(outgoing(*urls), {}, lease_from=0, want=n).leases) == n
+    time.sleep(0.4)
+    return frontier.reap()
+
+
+def short_leases(url: str, filter_pattern: str = "%(spider)s:bloomfilter") -> Frontier:
+    client = redis_from_url(url)
+    f = FrontierKeys("t", filter_pattern=filter_pattern, partitions=1)
+    bloom = BloomFilter(client, f.filter, capacity=1000, error_rate=0.01, partitions=1,
+                        backend="bitmap")
+    frontier = Frontier(client, bloom, f, queue_type="priority", lease_timeout=0.2,
+                        worker_id="w-" + f.filter, node="host")
+    assert open_exchanges(frontier)
+    return frontier
+
+
+def test_leases_requeued_again_after_a_restart_that_lost_them_are_counted(
+        tmp_path: Path) -> None:
+    """Redis restarts from a snapshot taken before a reap (its writes lost): the same
+    leases expire and are requeued again, and counted again, as they were crawled again."""
+    with RedisServer(tmp_path / "redis") as server:
+        frontier = short_leases(server.url)
+        client = frontier.server
+        urls = ["http://a.test/r-%d" % i for i in range(3)]
+        assert len(frontier.exchange(outgoing(*urls), {}, lease_from=0, want=3).leases) == 3
+        server.bgsave()  # the snapshot holds the three leases, nothing requeued
+        time.sleep(0.4)
+        assert frontier.reap() == 3
+        server.kill()  # no save at shutdown: the reap is lost
+        server.start()
+        client.connection_pool.disconnect()
+        time.sleep(0.1)
+        assert frontier.reap() == 3
+        assert int(client.hget(frontier.keys.stats, "requeued") or 0) == 3
+        client.close()
+
+
+def test_two_filters_of_one_spider_count_their_requeued_leases_apart(
+        redis_server: RedisServer, redis_client: redis.Redis) -> None:
+    """BLOOMFILTER_KEY changed between runs: both filters' partition counters feed the
+    spider's one stats hash, each in full."""
+    first = short_leases(redis_server.url, "%(spider)s:bloomfilter-one")
+    second = short_leases(redis_server.url, "%(spider)s:bloomfilter-two")
+    assert requeue(first, "a.test", 3) == 3
+    assert requeue(second, "b.test", 2) == 2
+    assert int(redis_client.hget("t:stats", "requeued") or 0) == 5
+    first.server.close()
+    second.server.close()
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["request_seen", "requests_seen"])

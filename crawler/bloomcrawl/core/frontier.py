@@ -391,11 +391,12 @@ class Frontier:
         """Put expired leases back into their queues; returns how many (also counted shared:
         :class:`~bloomcrawl.core.leases.RequeueCounts`)."""
         f = self.keys
+        epoch = self.requeue_counts.epoch
         calls = [ScriptCall(_REAP, [f.leases(p), f.deadlines(p), *f.polite_keys(p),
-                                    f.requeued(p)], [self._cfg(p), self.queue_type, most])
+                                    f.requeued(p)], [self._cfg(p), self.queue_type, most, epoch])
                  for p in range(f.partitions)]
         replies = self.bloom.run_scripts(calls)
-        self.requeue_counts.add(self.bloom, f, {p: int(r[1]) for p, r in enumerate(replies)})
+        self.requeue_counts.add(self.bloom, f, replies)
         return sum(int(r[0]) for r in replies)
 
     def release(self, held: Mapping[str, int]) -> int:

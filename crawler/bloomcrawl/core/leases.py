@@ -9,10 +9,11 @@ its host allows (``0``: no delay; ``1:<delay ms>:<room ms>:<not before ms>``).
 from __future__ import annotations
 
 import math
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bloomcrawl.core.scripts import Script, ScriptCall
 
@@ -78,21 +79,27 @@ class RequeueCounts:
     """The shared stats' ``requeued``, fed from the partitions' own counts.
 
     Each reap counts what it requeues in its partition, in the same atomic step
-    (``<queue>:{F:P}:requeued``), and answers the counter. The counters go to
-    ``<spider>:stats`` by what they grew since they were last added there
-    (``{<spider>:stats}:requeued`` keeps that per partition), in another call: the
-    stats lie in another Redis Cluster slot. A reap applied whose reply never came
-    (a socket timeout while Redis was stopped, a connection closed under it) is
-    counted by the next reap of any worker, once.
+    (``<queue>:{F:P}:requeued``: an epoch, set when the counter is made, and n), and
+    answers the counter. The counters go to ``<spider>:stats`` by what they grew since
+    they were last added there (``{<spider>:stats}:requeued`` keeps that per counter
+    key), in another call: the stats lie in another Redis Cluster slot. A reap applied
+    whose reply never came (a socket timeout while Redis was stopped, a connection
+    closed under it) is counted by the next reap of any worker, once; a counter made
+    again (its master lost it, a flush, a clear) counts from its new epoch.
     """
 
-    #: partition -> the counter this worker last sent
-    sent: dict[int, int] = field(default_factory=dict)
+    #: the epoch a counter this worker makes gets
+    epoch: str = field(default_factory=lambda: os.urandom(6).hex())
 
-    def add(self, bloom: BloomFilter, f: FrontierKeys, counters: Mapping[int, int]) -> None:
-        changed = {p: n for p, n in counters.items() if self.sent.get(p) != n}
-        if not changed:
-            return
-        args = [x for p in sorted(changed) for x in (p, changed[p])]
-        bloom.run_scripts([ScriptCall(_ADD_REQUEUED, [f.stats, f.requeued_added], args)])
-        self.sent.update(changed)
+    def add(self, bloom: BloomFilter, f: FrontierKeys, replies: Sequence[Sequence[Any]]
+            ) -> None:
+        """Send the counters of a reap's ``replies`` (one per partition, in order) that
+        exist. Sent every time, not only when they moved since this worker last sent
+        them: a Redis rolled back or restarted may have lost what was added."""
+        args = []
+        for p, reply in enumerate(replies):
+            epoch, n = reply[1], int(reply[2])
+            if n:
+                args += [f.requeued(p), epoch, n]
+        if args:
+            bloom.run_scripts([ScriptCall(_ADD_REQUEUED, [f.stats, f.requeued_added], args)])

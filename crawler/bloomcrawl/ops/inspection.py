@@ -214,6 +214,7 @@ def frontier_keys(filter_name: str, meta: dict[str, str], spider: str,
     # these carry the stats hash's name as their hash tag (one slot for them all)
     frontier.stats_applied = "{%s}:applied" % frontier.stats
     frontier.workers = "{%s}:workers" % frontier.stats
+    frontier.requeued_added = "{%s}:requeued" % frontier.stats
     if frontier.pages_by_node != "{%s}:pages_by_node" % frontier.stats:
         keys.check_key(frontier.pages_by_node)  # recorded before the tag
     return frontier

@@ -1,10 +1,13 @@
 -- Put expired leases back into their hosts' queues and free the hosts' slots; forget
 -- next-lease times already past; rebuild a lost ready set. KEYS[1] leases, KEYS[2] deadlines,
--- KEYS[3..8] politeness (polite_common), KEYS[9] the partition's requeued counter
--- ARGV[1] politeness cfg, ARGV[2] queue type, ARGV[3] most to requeue.
--- Returns {how many were requeued, the counter}: what this call requeued is counted here,
--- in the same step, so a reply lost on its way (a socket timeout, a closed connection)
--- loses no count: the next reap's reply carries it (frontier_requeued.lua).
+-- KEYS[3..8] politeness (polite_common), KEYS[9] the partition's requeued counter (a hash:
+-- 'epoch', set when the counter is made, and 'n')
+-- ARGV[1] politeness cfg, ARGV[2] queue type, ARGV[3] most to requeue, ARGV[4] an epoch
+-- for a counter made by this call (a random token).
+-- Returns {how many were requeued, the counter's epoch, its n} (epoch '' and n 0: no
+-- counter yet): what this call requeued is counted here, in the same step, so a reply
+-- lost on its way (a socket timeout, a closed connection) loses no count: the next
+-- reap's reply carries it (frontier_requeued.lua).
 polite_init(3, ARGV[1])
 PR.qtype = ARGV[2]
 local most = tonumber(ARGV[3])
@@ -34,5 +37,9 @@ redis.call('ZREMRANGEBYSCORE', PR.next, '-inf', PR.now)
 if redis.call('ZCARD', PR.ready) == 0 and redis.call('ZCARD', PR.depth) > 0 then
   for _, host in ipairs(redis.call('ZRANGE', PR.depth, 0, 9999)) do make_ready(host) end
 end
-local counted = n > 0 and redis.call('INCRBY', KEYS[9], n) or redis.call('GET', KEYS[9])
-return {n, tonumber(counted) or 0}
+if n > 0 then
+  redis.call('HSETNX', KEYS[9], 'epoch', ARGV[4])
+  redis.call('HINCRBY', KEYS[9], 'n', n)
+end
+local counter = redis.call('HMGET', KEYS[9], 'epoch', 'n')
+return {n, counter[1] or '', tonumber(counter[2]) or 0}
