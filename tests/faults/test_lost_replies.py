@@ -176,9 +176,9 @@ def test_two_filters_of_one_spider_count_their_requeued_leases_apart(
 def test_a_request_whose_filter_reply_is_lost_is_not_dropped_as_seen(
         redis_server: RedisServer, batched: bool) -> None:
     """The drop-in dupefilter (under Scrapy's or scrapy-redis's scheduler): Redis added the
-    request's fingerprint and the reply never came back. The call is sent again, and what
-    it then finds seen may be its own adding: the request is let through (crawled once
-    more at most), never dropped as a duplicate it is not."""
+    request's fingerprint and the reply never came back. The call is sent again and
+    answers what the first send decided (the partition's record of this dupefilter's last
+    call): the new request is let through, the duplicate beside it is still one."""
     fingerprinter = RequestFingerprinter()
     with FaultProxy(redis_server.port) as proxy:
         client = redis_from_url("redis://127.0.0.1:%d/0" % proxy.port)
@@ -192,7 +192,7 @@ def test_a_request_whose_filter_reply_is_lost_is_not_dropped_as_seen(
         proxy.drop_replies(key.encode(), count=1)
         if batched:
             seen = dupefilter.requests_seen([new, Request("http://a.test/first")])
-            assert seen == [False, False]  # the batch's duplicate too: crawled again at most
+            assert seen == [False, True]
         else:
             assert not dupefilter.request_seen(new)
         assert proxy.replies_dropped == 1, "no reply was dropped: no fault"

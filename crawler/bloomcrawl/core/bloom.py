@@ -29,6 +29,8 @@ all of it.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -166,6 +168,9 @@ class BloomFilter:
                                   **common)  # type: ignore[arg-type]
         self.server = server
         self.key = key
+        #: set by :meth:`record_calls`: the name its call records go under
+        self.caller: str | None = None
+        self._tokens = itertools.count(1)
         if backend == "auto":
             params = resolve_auto_backend(server, key, params)
         self.params = self._open(params)
@@ -213,24 +218,40 @@ class BloomFilter:
         """
         fp = normalise_fingerprint(fp)
         p = partition_of(fp, self.params.partitions)
-        args: list[Any] = [fp]
-        if window is not None:
-            args.append(self.params.window_flag(window))
-        call = ScriptCall(_ADD[self.params.backend, self.params.windowed],
-                          [keys.state_key(self.key, p)], args)
+        flag = self.params.window_flag(window) if window is not None else None
+        call = self._add_call(p, fp, flag, self._token())
         replies, unsure = self._check_and_set([call])
         return unsure or replies[0] == b"1"
+
+    def record_calls(self) -> None:
+        """Answer an add call sent again after its reply was lost (by this filter, or by a
+        cluster client on its own) as its first send decided: each partition keeps this
+        caller's last call and answer (``{<key>:<P>}:call:<caller>``, 10 minutes)."""
+        self.caller = os.urandom(6).hex()
+
+    def _token(self) -> str | None:
+        return str(next(self._tokens)) if self.caller is not None else None
+
+    def _add_call(self, p: int, blob: bytes, flags: str | None, token: str | None
+                  ) -> ScriptCall:
+        script = _ADD[self.params.backend, self.params.windowed]
+        state = keys.state_key(self.key, p)
+        if token is None or self.caller is None:
+            return ScriptCall(script, [state], [blob] if flags is None else [blob, flags])
+        return ScriptCall(script, [state, keys.call_record_key(self.key, p, self.caller)],
+                          [blob, flags or "", token])
 
     def _check_and_set(self, calls: Sequence[ScriptCall]) -> tuple[list[Any], bool]:
         """:meth:`run_scripts` for calls that add. One whose connection failed may have
         reached Redis all the same (its reply lost, or a timeout while Redis was busy):
-        it is sent once more, and what that send finds seen may be the first send's own
-        adding, so the caller answers every item new (True: crawled twice at most, never
-        dropped as seen). A Redis still unreachable raises as before."""
+        it is sent once more. With call records (:meth:`record_calls`) the second send
+        answers what the first decided; without, what it finds seen may be the first
+        send's own adding, so the caller answers every item new (True: crawled twice at
+        most, never dropped as seen). A Redis still unreachable raises as before."""
         try:
             return self.run_scripts(calls), False
         except RedisUnavailableError:
-            return self.run_scripts(calls), True
+            return self.run_scripts(calls), self.caller is None
 
     def run_scripts(self, calls: Sequence[ScriptCall], **options: Any) -> list[Any]:
         """:func:`~bloomcrawl.core.scripts.run_scripts` for calls that touch this filter.
@@ -257,7 +278,7 @@ class BloomFilter:
         """Add fingerprints; one atomic call per partition touched, in one round trip.
         ``windows``: each one's named revisit window (see :meth:`add`)."""
         return self._batched(_ADD[self.params.backend, self.params.windowed], fps, windows,
-                             adds=True)
+                             token=self._token(), adds=True)
 
     def __contains__(self, fp: bytes | str) -> bool:
         return self.contains_many([fp])[0]
@@ -269,7 +290,8 @@ class BloomFilter:
                              windows)
 
     def _batched(self, script: Script, fps: Sequence[bytes | str],
-                 windows: Sequence[str | None] | None = None, adds: bool = False) -> list[bool]:
+                 windows: Sequence[str | None] | None = None, token: str | None = None,
+                 adds: bool = False) -> list[bool]:
         if not fps:
             return []
         parts = self.params.partitions
@@ -285,15 +307,18 @@ class BloomFilter:
                 groups[p] = [i]
                 blobs[p] = [fp]
         order = list(groups)
-        if windows is None:
-            calls = [ScriptCall(script, [keys.state_key(self.key, p)], [b"".join(blobs[p])])
-                     for p in order]
-        else:
-            flag = self.params.window_flag
-            flags = [flag(name) for name in windows]
-            calls = [ScriptCall(script, [keys.state_key(self.key, p)],
-                                [b"".join(blobs[p]), "".join(flags[i] for i in groups[p])])
-                     for p in order]
+        flags: list[str] | None = None
+        if windows is not None:
+            flags = [self.params.window_flag(name) for name in windows]
+
+        def call(p: int) -> ScriptCall:
+            ring = "".join(flags[i] for i in groups[p]) if flags is not None else None
+            if adds:
+                return self._add_call(p, b"".join(blobs[p]), ring, token)
+            args = [b"".join(blobs[p])] if ring is None else [b"".join(blobs[p]), ring]
+            return ScriptCall(script, [keys.state_key(self.key, p)], args)
+
+        calls = [call(p) for p in order]
         if adds:
             results, unsure = self._check_and_set(calls)
             if unsure:

@@ -12,6 +12,9 @@ here. A filter named ``NAME`` (by default ``<spider>:bloomfilter``) is:
     bit chunk ``C`` of slice ``S`` of partition ``P`` (bitmap backend).
 ``{NAME:P}:rb``
     the partition's RedisBloom filter (redisbloom backend).
+``{NAME:P}:call:<caller>``
+    one dupefilter's last add call in the partition, its token and answer, for 10
+    minutes: the call sent again after its reply was lost answers the same.
 
 Everything of one partition, the scheduler's queue and leases included,
 carries the hash tag ``{NAME:P}``, so one Lua call touches one Redis Cluster
@@ -56,6 +59,11 @@ def partition_tag(name: str, partition: int) -> str:
 
 def state_key(name: str, partition: int) -> str:
     return partition_tag(name, partition) + STATE_SUFFIX
+
+
+def call_record_key(name: str, partition: int, caller: str) -> str:
+    """One caller's last add call in the partition: its token and answer (bloom_add.lua)."""
+    return partition_tag(name, partition) + ":call:" + caller
 
 
 def chunk_key(name: str, partition: int, slice_index: int, chunk: int) -> str:

@@ -48,6 +48,9 @@ class RedisBloomDupeFilter(BaseDupeFilter):
         spider: Spider | None = None,
     ) -> None:
         self.bloom = bloomfilter
+        # a call sent again after its reply was lost answers what it first decided: a new
+        # request is never dropped as seen because its own lost call added it
+        bloomfilter.record_calls()
         self.server = bloomfilter.server
         self.key = bloomfilter.key
         self.fingerprinter = fingerprinter
