@@ -10,7 +10,9 @@ A timer (:mod:`bloomcrawl.ops.timer`) asks each schedule for its due slot,
 the latest slot not after now (Redis ``TIME``, never a host's clock), and
 *claims* it with one script: the claim succeeds when the slot is newer than
 the last one claimed and the schedule is not paused. Any number of timers
-may run; each slot is claimed once. A timer that was down for several slots
+may run; each slot is claimed once. A claim whose reply was lost is sent
+again by its timer, and Redis answers it yes again until that timer records
+the slot's firing (``fired_slot``). A timer that was down for several slots
 finds only the latest one due: it catches up once. A claim is made before
 the jobs start, so a timer that dies between the two leaves the slot
 claimed and unfired (at most once, never twice); the slot's outcome then
@@ -233,7 +235,9 @@ class ScheduleStore:
         pipe.execute()
 
     def claim(self, name: str, slot: float, timer: str) -> bool:
-        """Claim ``slot`` for ``timer``: True once per slot, whichever timer asks first."""
+        """Claim ``slot`` for ``timer``: True once per slot, whichever timer asks first (and
+        again to that timer until it records the firing: a claim sent again after its reply
+        was lost)."""
         (won,) = run_scripts(self.client, [ScriptCall(CLAIM, [schedule_key(name)],
                                                       [repr(slot), timer])])
         return bool(won)
