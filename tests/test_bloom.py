@@ -229,6 +229,9 @@ def test_open_reads_stored_parameters(redis_client: redis.Redis) -> None:
     opened = BloomFilter.open(redis_client, "o:bloomfilter")
     assert opened.params.capacity == 1234
     assert opened.params.partitions == 2
+    # the handle adds as one made by the constructor does
+    fps = fingerprints(20)
+    assert opened.add_many(fps) == [True] * 20 and opened.add(fps[0]) is False
     with pytest.raises(BloomFilterError, match="no Bloom filter"):
         BloomFilter.open(redis_client, "absent:bloomfilter")
 

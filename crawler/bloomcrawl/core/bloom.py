@@ -192,6 +192,8 @@ class BloomFilter:
         self = cls.__new__(cls)
         self.server = server
         self.key = key
+        self.caller = None
+        self._tokens = itertools.count(1)
         self.params = parse_stored_params(server, key, raw)
         return self
 
