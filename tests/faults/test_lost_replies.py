@@ -22,7 +22,7 @@ from scrapy.utils.request import RequestFingerprinter
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.connection import redis_from_url
 from bloomcrawl.core.errors import RedisUnavailableError
-from bloomcrawl.core.frontier import _REAP, Frontier, Outgoing, open_exchanges
+from bloomcrawl.core.frontier import _REAP, Frontier, Outgoing, flush, open_exchanges
 from bloomcrawl.core.keys import FrontierKeys
 from bloomcrawl.core.leases import RequeueCounts
 from bloomcrawl.core.politeness import host_of
@@ -127,13 +127,14 @@ def requeue(frontier: Frontier, host: str, n: int) -> int:
     return frontier.reap()
 
 
-def short_leases(url: str, filter_pattern: str = "%(spider)s:bloomfilter") -> Frontier:
+def short_leases(url: str, filter_pattern: str = "%(spider)s:bloomfilter",
+                 worker: str = "w") -> Frontier:
     client = redis_from_url(url)
     f = FrontierKeys("t", filter_pattern=filter_pattern, partitions=1)
     bloom = BloomFilter(client, f.filter, capacity=1000, error_rate=0.01, partitions=1,
                         backend="bitmap")
     frontier = Frontier(client, bloom, f, queue_type="priority", lease_timeout=0.2,
-                        worker_id="w-" + f.filter, node="host")
+                        worker_id=worker + "-" + f.filter, node="host")
     assert open_exchanges(frontier)
     return frontier
 
@@ -170,6 +171,46 @@ def test_two_filters_of_one_spider_count_their_requeued_leases_apart(
     assert int(redis_client.hget("t:stats", "requeued") or 0) == 5
     first.server.close()
     second.server.close()
+
+
+def requeued(client: redis.Redis) -> int:
+    return int(client.hget("t:stats", "requeued") or 0)
+
+
+def test_a_counter_made_again_counts_from_zero(redis_server: RedisServer,
+                                               redis_client: redis.Redis) -> None:
+    """A partition's counter lost (its Redis Cluster master came back empty; the stats and
+    their marks, on another master, kept) and made again by the same worker: what it
+    counts then is added in full."""
+    frontier = short_leases(redis_server.url)
+    assert requeue(frontier, "a.test", 3) == 3
+    redis_client.delete(frontier.keys.requeued(0))  # the partition's master lost it
+    assert requeue(frontier, "b.test", 2) == 2
+    assert requeued(redis_client) == 5
+    frontier.server.close()
+
+
+@pytest.mark.parametrize("lost", ["counter", "flush"])
+def test_a_late_value_of_a_counter_made_again_adds_nothing(
+        redis_server: RedisServer, redis_client: redis.Redis, lost: str) -> None:
+    """Worker A's reap reply, counted already, is sent late, after the counter was lost
+    (or flushed) and made again by worker B: it adds nothing, and B's next sends add only
+    what B requeued."""
+    a = short_leases(redis_server.url, worker="wa")
+    b = short_leases(redis_server.url, worker="wb")
+    assert requeue(a, "a.test", 3) == 3
+    counter = redis_client.hgetall(a.keys.requeued(0))
+    late = [[0, counter[b"epoch"], int(counter[b"n"])]]
+    if lost == "flush":
+        flush(b)
+    else:
+        redis_client.delete(a.keys.requeued(0))
+    assert requeue(b, "b.test", 2) == 2
+    RequeueCounts().add(a.bloom, a.keys, late)
+    b.reap()
+    assert requeued(redis_client) == 5
+    a.server.close()
+    b.server.close()
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["request_seen", "requests_seen"])

@@ -461,7 +461,6 @@ def flush(frontier: Frontier) -> None:
         doomed += [f.queue_part(p), f.leases(p), f.deadlines(p), f.sent(p), f.requeued(p),
                    *(f.polite(p, n) for n in keys.POLITE_KEY_NAMES if n != "policy"),
                    *(f.host_queue(p, h.decode()) for h in hosts[p])]
-    doomed.append(f.requeued_added)  # the partitions' counters start again
     for i in range(0, len(doomed), 1000):
         frontier.server.unlink(*doomed[i:i + 1000])
     frontier.bloom.clear()

@@ -193,8 +193,8 @@ def filter_name_from_meta(key: str) -> str:
 #   <queue>:{NAME:P}:deadlines  zset  token -> lease deadline, ms of Redis TIME
 #   <queue>:{NAME:P}:seq        string  lease token counter
 #   <queue>:{NAME:P}:requeued   hash  leases the partition's reaps requeued, counted by
-#                               the reap itself (frontier_reap.lua): epoch (made when the
-#                               counter is), n
+#                               the reap itself (frontier_reap.lua): epoch (new each time
+#                               the counter is made), n
 #   <queue>:{NAME:P}:sent       zset  key of a dont_filter entry -> ms (Redis TIME) until
 #                               which it is kept: queued once however often the exchange
 #                               carrying it is sent (frontier_enqueue.lua)
@@ -209,7 +209,7 @@ def filter_name_from_meta(key: str) -> str:
 #   {<spider>:stats}:pages_by_node
 #                               hash  hostname of the worker -> pages it crawled
 #                               (both in the stats hash's slot: one script updates all three)
-#   {<spider>:stats}:requeued   hash  requeued counter key -> "<epoch>:<n>" as last added
+#   {<spider>:stats}:requeued   hash  "<requeued counter key>|<epoch>" -> the n last added
 #                                     to the stats' requeued (frontier_requeued.lua): a reap
 #                                     whose reply was lost is counted by the next, once
 #   {<spider>:stats}:workers    zset  worker -> ms (Redis TIME) its presence lasts unrenewed:

@@ -82,13 +82,14 @@ class RequeueCounts:
     (``<queue>:{F:P}:requeued``: an epoch, set when the counter is made, and n), and
     answers the counter. The counters go to ``<spider>:stats`` by what they grew since
     they were last added there (``{<spider>:stats}:requeued`` keeps that per counter
-    key), in another call: the stats lie in another Redis Cluster slot. A reap applied
-    whose reply never came (a socket timeout while Redis was stopped, a connection
-    closed under it) is counted by the next reap of any worker, once; a counter made
-    again (its master lost it, a flush, a clear) counts from its new epoch.
+    key and epoch), in another call: the stats lie in another Redis Cluster slot. A
+    reap applied whose reply never came (a socket timeout while Redis was stopped, a
+    connection closed under it) is counted by the next reap of any worker, once; a
+    counter made again (its master lost it, a flush, a clear) has a new epoch, counted
+    from 0, and a late value of its old life adds nothing more.
     """
 
-    #: the epoch a counter this worker makes gets
+    #: this worker's part of the epoch of a counter it makes (Redis TIME is the other)
     epoch: str = field(default_factory=lambda: os.urandom(6).hex())
 
     def add(self, bloom: BloomFilter, f: FrontierKeys, replies: Sequence[Sequence[Any]]

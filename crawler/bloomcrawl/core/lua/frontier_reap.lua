@@ -2,8 +2,9 @@
 -- next-lease times already past; rebuild a lost ready set. KEYS[1] leases, KEYS[2] deadlines,
 -- KEYS[3..8] politeness (polite_common), KEYS[9] the partition's requeued counter (a hash:
 -- 'epoch', set when the counter is made, and 'n')
--- ARGV[1] politeness cfg, ARGV[2] queue type, ARGV[3] most to requeue, ARGV[4] an epoch
--- for a counter made by this call (a random token).
+-- ARGV[1] politeness cfg, ARGV[2] queue type, ARGV[3] most to requeue, ARGV[4] the
+-- worker's token: a counter made by this call gets the epoch "<Redis TIME>-<token>", new
+-- each time one is made.
 -- Returns {how many were requeued, the counter's epoch, its n} (epoch '' and n 0: no
 -- counter yet): what this call requeued is counted here, in the same step, so a reply
 -- lost on its way (a socket timeout, a closed connection) loses no count: the next
@@ -38,7 +39,10 @@ if redis.call('ZCARD', PR.ready) == 0 and redis.call('ZCARD', PR.depth) > 0 then
   for _, host in ipairs(redis.call('ZRANGE', PR.depth, 0, 9999)) do make_ready(host) end
 end
 if n > 0 then
-  redis.call('HSETNX', KEYS[9], 'epoch', ARGV[4])
+  if redis.call('EXISTS', KEYS[9]) == 0 then
+    local t = redis.call('TIME')
+    redis.call('HSET', KEYS[9], 'epoch', t[1] .. '.' .. t[2] .. '-' .. ARGV[4])
+  end
   redis.call('HINCRBY', KEYS[9], 'n', n)
 end
 local counter = redis.call('HMGET', KEYS[9], 'epoch', 'n')
