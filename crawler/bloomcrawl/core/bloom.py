@@ -108,6 +108,9 @@ class BloomFilter:
     item added in one is a duplicate only of what was added in the same one.
     """
 
+    #: set by :meth:`record_calls`: the name its call records go under
+    caller: str | None = None
+
     def __init__(
         self,
         server: redis.Redis,
@@ -168,9 +171,6 @@ class BloomFilter:
                                   **common)  # type: ignore[arg-type]
         self.server = server
         self.key = key
-        #: set by :meth:`record_calls`: the name its call records go under
-        self.caller: str | None = None
-        self._tokens = itertools.count(1)
         if backend == "auto":
             params = resolve_auto_backend(server, key, params)
         self.params = self._open(params)
@@ -192,8 +192,6 @@ class BloomFilter:
         self = cls.__new__(cls)
         self.server = server
         self.key = key
-        self.caller = None
-        self._tokens = itertools.count(1)
         self.params = parse_stored_params(server, key, raw)
         return self
 
@@ -221,7 +219,8 @@ class BloomFilter:
         fp = normalise_fingerprint(fp)
         p = partition_of(fp, self.params.partitions)
         flag = self.params.window_flag(window) if window is not None else None
-        call = self._add_call(p, fp, flag, self._token())
+        call = self._call(_ADD[self.params.backend, self.params.windowed], p, fp, flag,
+                          self._token())
         replies, unsure = self._check_and_set([call])
         return unsure or replies[0] == b"1"
 
@@ -230,13 +229,15 @@ class BloomFilter:
         cluster client on its own) as its first send decided: each partition keeps this
         caller's last call and answer (``{<key>:<P>}:call:<caller>``, 10 minutes)."""
         self.caller = os.urandom(6).hex()
+        self._tokens = itertools.count(1)
 
     def _token(self) -> str | None:
         return str(next(self._tokens)) if self.caller is not None else None
 
-    def _add_call(self, p: int, blob: bytes, flags: str | None, token: str | None
-                  ) -> ScriptCall:
-        script = _ADD[self.params.backend, self.params.windowed]
+    def _call(self, script: Script, p: int, blob: bytes, flags: str | None,
+              token: str | None = None) -> ScriptCall:
+        """The call of ``script`` on partition ``p``; with ``token``, an add call that
+        keeps this caller's record."""
         state = keys.state_key(self.key, p)
         if token is None or self.caller is None:
             return ScriptCall(script, [state], [blob] if flags is None else [blob, flags])
@@ -312,15 +313,10 @@ class BloomFilter:
         flags: list[str] | None = None
         if windows is not None:
             flags = [self.params.window_flag(name) for name in windows]
-
-        def call(p: int) -> ScriptCall:
-            ring = "".join(flags[i] for i in groups[p]) if flags is not None else None
-            if adds:
-                return self._add_call(p, b"".join(blobs[p]), ring, token)
-            args = [b"".join(blobs[p])] if ring is None else [b"".join(blobs[p]), ring]
-            return ScriptCall(script, [keys.state_key(self.key, p)], args)
-
-        calls = [call(p) for p in order]
+        calls = [self._call(script, p, b"".join(blobs[p]),
+                            "".join(flags[i] for i in groups[p]) if flags is not None else None,
+                            token)
+                 for p in order]
         if adds:
             results, unsure = self._check_and_set(calls)
             if unsure:

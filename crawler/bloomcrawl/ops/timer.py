@@ -122,8 +122,8 @@ class Timer:
         self.runs = RunStore(client)
         self.stopping = threading.Event()
         self._runs_checked = float("-inf")
-        #: (schedule, slot) of claims sent without an answer
-        self._unheard: set[tuple[str, float]] = set()
+        #: schedule -> the slot of its last claim sent without an answer
+        self._unheard: dict[str, float] = {}
 
     def tick(self) -> list[str]:
         """One look at every schedule; the names of those this timer fired."""
@@ -139,15 +139,15 @@ class Timer:
             # Redis answers that the slot is this timer's until its firing is recorded. A
             # claim heard is never sent again, so a firing that failed midway (jobs
             # started, the outcome not recorded) is not repeated: at most once
-            unheard = (schedule.name, slot) in self._unheard
+            unheard = self._unheard.get(schedule.name) == slot
             if schedule.last_slot is not None and slot <= schedule.last_slot and not unheard:
                 continue
             try:
                 won = self.schedules.claim(schedule.name, slot, self.timer_id)
             except (redis.RedisError, BloomcrawlError):
-                self._unheard.add((schedule.name, slot))
+                self._unheard[schedule.name] = slot
                 raise
-            self._unheard.discard((schedule.name, slot))
+            self._unheard.pop(schedule.name, None)
             if not won:
                 continue  # another timer fired it
             try:
