@@ -35,14 +35,15 @@ def layout_probe(k: int, block_bytes: int, blocks: int) -> str:
     Returns how many it wrote."""
     w = block_bytes // k * 8  # whole bytes a lane: no two lanes share one
     lines = [
-        "local byte, char, sub = string.byte, string.char, string.sub",
+        "local byte, char, sub, f = string.byte, string.char, string.sub, string.format",
         "local blob, key, set = ARGV[1], KEYS[1], 0",
         "local MASK = {[0] = 128, 64, 32, 16, 8, 4, 2, 1}",
         "for j = 0, #blob / 20 - 1 do",
         "  local %s = byte(blob, j * 20 + 1, j * 20 + 20)" % ", ".join(
             "f%d" % i for i in range(20)),
         "  local off = ((f0 * 256 + f1) * 256 + f2) %% %d * %d" % (blocks, block_bytes),
-        "  local blk = redis.call('GETRANGE', key, off, off + %d)" % (block_bytes - 1),
+        "  local blk = redis.call('GETRANGE', key, f('%%d', off), f('%%d', off + %d))"
+        % (block_bytes - 1),
     ]
     for t in range(k):
         lines.append("  local p%d = %d + f%d %% %d" % (t, t * w, 3 + t % 17, w))
@@ -58,7 +59,7 @@ def layout_probe(k: int, block_bytes: int, blocks: int) -> str:
         pieces.append("char(n%d)" % t)
         if t < k - 1:
             pieces.append("sub(blk, b%d + 1, b%d - 1)" % (t, t + 1))
-    lines += ["    redis.call('SETRANGE', key, off + b0 - 1, %s)" % " .. ".join(pieces),
+    lines += ["    redis.call('SETRANGE', key, f('%%d', off + b0 - 1), %s)" % " .. ".join(pieces),
               "    set = set + 1",
               "  end",
               "end",

@@ -482,8 +482,11 @@ PROBE_CHUNK_BYTES = 1 << 20
 #: items per call of the batched probes: what one partition's call decides of an
 #: add_many batch of 1,000 over the default 4 partitions
 PROBE_BATCH = ADD_MANY_BATCH // defaults.FILTER_PARTITIONS
-# a 256-byte block of the chunk, from two bytes of fingerprint j (from 0) of ARGV[1]
-_PROBE_BLOCK = ("local function block(j) local a, b = string.byte(ARGV[1], j * 20 + 1, j * 20 + 2)"
+# a 256-byte block of the chunk, from two bytes of fingerprint j (from 0) of ARGV[1];
+# f: the commands' numbers passed as strings made by '%d' (Redis would make them with
+# sprintf('%.14g'), which costs more: core/lua/bloom_common.lua does the same)
+_PROBE_BLOCK = ("local f = string.format\n"
+                "local function block(j) local a, b = string.byte(ARGV[1], j * 20 + 1, j * 20 + 2)"
                 " return (a * 256 + b) % " + str(PROBE_CHUNK_BYTES // 256) + " * 256 end\n")
 _PROBE_LANES = """
 local byte, floor, blob = string.byte, math.floor, ARGV[1]
@@ -493,7 +496,7 @@ local MASK = {[0] = 128, 64, 32, 16, 8, 4, 2, 1}
 local set = 0
 for j = 0, #blob / 20 - 1 do
   local off = block(j)
-  local blk = redis.call('GETRANGE', KEYS[2], off, off + 255)
+  local blk = redis.call('GETRANGE', KEYS[2], f('%d', off), f('%d', off + 255))
   local b1, b2, b3, c1, c2, c3, d1, d2, d3 = byte(blob, j * 20 + 7, j * 20 + 15)
   local v, c = (b1 * 256 + b2) * 256 + b3, (d1 * 256 + d2) * 256 + d3
   local d = (c1 * 256 + c2) * 256 + c3 + c
@@ -519,26 +522,26 @@ PROBE_SCRIPTS = {
         "redis.call('HMGET', KEYS[1], 'slices', 'block_bytes', 'chunk_blocks', 'max_slices',"
         " 'plan:0', 'items:0', 'hashing') local off = block(0)"
         " for s = 1, tonumber(ARGV[2]) do"
-        " redis.call('GETRANGE', KEYS[2], off, off + 255) end"
-        " redis.call('SETRANGE', KEYS[2], off, 'x')"
-        " redis.call('HINCRBY', KEYS[1], 'items:0', 1)"
-        " redis.call('HINCRBY', KEYS[1], 'bits_set:0', 1) return 1"),
+        " redis.call('GETRANGE', KEYS[2], f('%d', off), f('%d', off + 255)) end"
+        " redis.call('SETRANGE', KEYS[2], f('%d', off), 'x')"
+        " redis.call('HINCRBY', KEYS[1], 'items:0', '1')"
+        " redis.call('HINCRBY', KEYS[1], 'bits_set:0', '1') return 1"),
     # a batch of new items on a filter of one slice: one block read, one write each
     "batch_new": _PROBE_BLOCK + (
         "for j = 0, #ARGV[1] / 20 - 1 do local off = block(j)"
-        " redis.call('GETRANGE', KEYS[2], off, off + 255)"
-        " redis.call('SETRANGE', KEYS[2], off, 'x') end return 1"),
+        " redis.call('GETRANGE', KEYS[2], f('%d', off), f('%d', off + 255))"
+        " redis.call('SETRANGE', KEYS[2], f('%d', off), 'x') end return 1"),
     # a batch of duplicates on a filter of one slice: one block read each
     "batch_dup": _PROBE_BLOCK + (
         "for j = 0, #ARGV[1] / 20 - 1 do local off = block(j)"
-        " redis.call('GETRANGE', KEYS[2], off, off + 255) end return 1"),
+        " redis.call('GETRANGE', KEYS[2], f('%d', off), f('%d', off + 255)) end return 1"),
     # the same two with the Lua loop over the item's k lanes (ARGV[2] = k), as
     # bloom_common.lua computes them (24-bit quadratic lanes), each lane's bit tested in
     # the block read (a new item's write needs all k; a duplicate is confirmed by all
-    # k): not a floor (a loop unrolled for one k does the tests in about half the
-    # time), but where a decision's Redis CPU goes beyond the commands
+    # k): not a floor (a loop unrolled for one k saves only the loop's own few
+    # instructions), but where a decision's Redis CPU goes beyond the commands
     "lanes_new": _PROBE_BLOCK + _PROBE_LANES.replace(
-        "WRITE", "redis.call('SETRANGE', KEYS[2], off, 'x')"),
+        "WRITE", "redis.call('SETRANGE', KEYS[2], f('%d', off), 'x')"),
     "lanes_dup": _PROBE_BLOCK + _PROBE_LANES.replace("WRITE", ""),
 }
 

@@ -18,5 +18,5 @@ local decided = decide(ARGV[1], flags)
 local out = {}
 for j = 1, #decided do out[j] = decided[j] and '1' or '0' end
 local answer = table.concat(out)
-if record then redis.call('SET', record, token .. ' ' .. answer, 'PX', 600000) end
+if record then redis.call('SET', record, token .. ' ' .. answer, 'PX', '600000') end
 return answer
