@@ -19,7 +19,11 @@ the more so at the low error rates the slices of a growing filter run at.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
+import redis
+
+from bloomcrawl.core.keys import state_key
 from bloomcrawl.core.sizing import BLOCK_BITS, blocked_false_positive_rate
 
 #: the error rates the table is computed at: the filter's, and the tighter ones its
@@ -91,3 +95,45 @@ def layout_table() -> list[list[str]]:
             cells.append(f"{bits:.1f} ({bits / own[rate]:.2f}x)")
         rows.append(cells)
     return rows
+
+
+#: a slice below the newest is read whole by a call when it is no larger than this many
+#: bytes per lookup the call still expects in it (bloom_common.lua's WHOLE_READ_BYTES)
+WHOLE_READ_BYTES = 512
+
+
+class BlockReads(NamedTuple):
+    """The block reads (GETRANGEs) a grown filter's lookups cannot avoid, per item."""
+
+    new: float  # per new item, averaged over the filter's filling from empty
+    duplicate: float  # per duplicate of an item held, drawn evenly from those held
+
+
+def block_reads(client: redis.Redis, key: str, partitions: int, batch: int) -> BlockReads:
+    """What a filter's lookups must read block by block, from its partitions' stored slices.
+
+    A new item is looked up in every slice; a duplicate in the slices holding most items
+    first, until the one that holds it (bloom_common.lua's order). The newest slice is
+    read a block at a time; an older one only when it is larger than a call of ``batch``
+    items reads whole (the rule at a call's start: every item still to decide may look in
+    it). Reading whole is counted as free, so this is a floor.
+    """
+    new_reads = dup_reads = held = 0.0
+    for p in range(partitions):
+        state = {k.decode(): v.decode() for k, v in client.hgetall(state_key(key, p)).items()}
+        n, block_bytes = int(state["slices"]), int(state["block_bytes"])
+        plans = [[int(x) for x in state[f"plan:{i}"].split()] for i in range(n)]  # cap k blocks
+        items = [int(state.get(f"items:{i}", 0)) for i in range(n)]
+        large = [blocks * block_bytes > batch * WHOLE_READ_BYTES for _, _, blocks in plans]
+        # while slice m was the newest: it, and the large slices before it
+        new_reads += sum(items[m] * (1 + sum(large[:m])) for m in range(n))
+        order = list(range(n - 1, -1, -1))
+        if n > 1 and items[n - 1] < plans[n - 2][0]:
+            order[0], order[1] = order[1], order[0]
+        reads = 0
+        for i in order:
+            reads += 1 if large[i] or i == n - 1 else 0
+            dup_reads += items[i] * reads
+        held += sum(items)
+    return BlockReads(new=new_reads / held if held else 0.0,
+                      duplicate=dup_reads / held if held else 0.0)

@@ -12,10 +12,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
+from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.ops.cluster.processes import redisbloom_module
 
 from kit import ROOT
@@ -147,15 +149,20 @@ def test_quick_window_run_prints_the_window_rows(tmp_path: Path,
     assert window["windowed_redis_us"] > 0 and window["today_redis_us"] > 0
 
 
+def layout_floor() -> Any:
+    spec = importlib.util.spec_from_file_location("_layout_floor",
+                                                  BENCH.parent / "_layout_floor.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_layout_floor_probe_finds_what_it_wrote(redis_client: redis.Redis) -> None:
     """The floor probe of a new item (bench/_layout_floor.py) builds a real write: each
     new item's bits are written into its block without moving the others, so the same
     items coming again are all found."""
-    spec = importlib.util.spec_from_file_location("_layout_floor",
-                                                  BENCH.parent / "_layout_floor.py")
-    assert spec is not None and spec.loader is not None
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = layout_floor()
     blocks = 64
     redis_client.set("{probe}:c", bytes(blocks * 256))
     fps = b"".join(hashlib.sha1(b"item-%d" % i).digest() for i in range(300))
@@ -165,3 +172,31 @@ def test_the_layout_floor_probe_finds_what_it_wrote(redis_client: redis.Redis) -
         assert redis_client.eval(source, 1, "{probe}:c", fps) == 300
         assert redis_client.eval(source, 1, "{probe}:c", fps) == 0
         assert redis_client.strlen("{probe}:c") == blocks * 256
+
+
+def getranges(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_getrange", {}).get("calls", 0))
+
+
+def test_the_block_reads_floor_counts_what_the_script_reads(redis_client: redis.Redis) -> None:
+    """The floors' block reads (bench/_layout_floor.py) follow the script's own lookups: a
+    grown filter decided one item a call (no slice read whole) makes as many GETRANGEs as
+    they count, for new items over its filling and for duplicates after."""
+    floor = layout_floor()
+    bf = BloomFilter(redis_client, "bench:reads", capacity=100_000, error_rate=0.001,
+                     partitions=2, initial_capacity=16)
+    fps = [hashlib.sha1(b"reads-%d" % i).digest() for i in range(1500)]
+    redis_client.config_resetstat()
+    assert all(bf.add(fp) for fp in fps)
+    new_reads = getranges(redis_client)
+    redis_client.config_resetstat()
+    assert not any(bf.add(fp) for fp in fps)
+    dup_reads = getranges(redis_client)
+    # batch 0: every slice is larger than what such a call reads whole
+    reads = floor.block_reads(redis_client, bf.key, 2, 0)
+    assert bf.info().slices >= 6
+    assert new_reads == round(reads.new * len(fps))
+    # a false positive in a slice looked in before the item's own stops the lookup early
+    assert dup_reads <= round(reads.duplicate * len(fps))
+    assert dup_reads >= round(reads.duplicate * len(fps)) - 3
+    assert 1.5 < reads.duplicate < reads.new, (reads, new_reads, dup_reads)
