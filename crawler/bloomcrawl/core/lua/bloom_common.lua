@@ -18,7 +18,7 @@ local state_key = KEYS[1]
 local byte, char, sub, floor = string.byte, string.char, string.sub, math.floor
 -- Integers made into strings by format('%d'): Redis turns a Lua number passed to a
 -- command into a string with sprintf('%.14g'), as Lua does for a number joined with
--- '..', and that costs a GETRANGE about a quarter of its time; '%d' costs less.
+-- '..', and that costs a GETRANGE about a fifth of its time; '%d' costs less.
 local format = string.format
 -- a revisit window's decide() marks here (index -> true) the new items it found in the
 -- generation that last left the window: queued again after their window (nil: none)
