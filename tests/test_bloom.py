@@ -275,3 +275,19 @@ def test_two_decisions_in_one_script_count_each_item_once(redis_client: redis.Re
     assert info.slices >= 3  # the 64-item first slice grew during the calls
     assert info.bits_set == bitcount_all(redis_client, "t:bloomfilter", 1)
     assert bf.contains_many(fps) == [True] * 300
+
+
+def test_filters_whose_names_differ_after_a_nul_byte_keep_their_own_bits(redis_client) -> None:
+    """A filter's chunk keys carry its whole name: two filters named alike up to a NUL
+    byte share no bits, and clearing one leaves none of its keys behind."""
+    one = BloomFilter(redis_client, "a\x00one", capacity=10_000, error_rate=0.001,
+                      partitions=2, initial_capacity=16)
+    two = BloomFilter(redis_client, "a\x00two", capacity=10_000, error_rate=0.001,
+                      partitions=2, initial_capacity=16)
+    fps = [hashlib.sha1(b"nul-%d" % i).digest() for i in range(200)]
+    assert all(one.add_many(fps))
+    assert not any(two.contains_many(fps))
+    assert all(two.add_many(fps))
+    one.clear()
+    two.clear()
+    assert [k for k in redis_client.scan_iter() if k.startswith(b"{a")] == []

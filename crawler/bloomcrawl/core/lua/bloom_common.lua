@@ -18,7 +18,8 @@ local state_key = KEYS[1]
 local byte, char, sub, floor = string.byte, string.char, string.sub, math.floor
 -- Integers made into strings by format('%d'): Redis turns a Lua number passed to a
 -- command into a string with sprintf('%.14g'), as Lua does for a number joined with
--- '..', and that costs a GETRANGE about a fifth of its time; '%d' costs less.
+-- '..', and that costs a GETRANGE about a fifth of its time; '%d' costs less. Never a
+-- key's own name through '%s': Lua's format cuts a short string at a NUL byte.
 local format = string.format
 -- a revisit window's decide() marks here (index -> true) the new items it found in the
 -- generation that last left the window: queued again after their window (nil: none)
@@ -154,7 +155,7 @@ local function lookup(blob, j, newest, frozen, whole, looked, undecided)
       -- item counts as one)
       local seen = looked[i] or 0
       if BLOCKS[i] * BLOCK_BYTES <= (seen + 1) / (j + 1) * undecided * WHOLE_READ_BYTES then
-        copy = rcall('GET', format('%s:s%d:c0', prefix, i - 1)) or ''
+        copy = rcall('GET', prefix .. format(':s%d:c0', i - 1)) or ''
         whole[i] = copy
       else
         looked[i] = seen + 1
@@ -168,7 +169,7 @@ local function lookup(blob, j, newest, frozen, whole, looked, undecided)
       if bidx >= CHUNK_BLOCKS then chunk = (bidx - bidx % CHUNK_BLOCKS) / CHUNK_BLOCKS end
       local key = NAMES and NAMES[chunk * 64 + i]
       if not key then
-        key = format('%s:s%d:c%d', prefix, i - 1, chunk)
+        key = prefix .. format(':s%d:c%d', i - 1, chunk)
         if NAMES then NAMES[chunk * 64 + i] = key end
       end
       local off = (bidx - chunk * CHUNK_BLOCKS) * BLOCK_BYTES
