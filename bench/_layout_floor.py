@@ -102,6 +102,12 @@ def layout_table() -> list[list[str]]:
 WHOLE_READ_BYTES = 512
 
 
+def read_by_block(slice_bytes: int, batch: int) -> bool:
+    """Whether a call of ``batch`` items reads a slice below the newest a block at a time
+    (the rule at a call's start: every item still to decide may look in it)."""
+    return slice_bytes > batch * WHOLE_READ_BYTES
+
+
 class BlockReads(NamedTuple):
     """The block reads (GETRANGEs) a grown filter's lookups cannot avoid, per item."""
 
@@ -114,9 +120,8 @@ def block_reads(client: redis.Redis, key: str, partitions: int, batch: int) -> B
 
     A new item is looked up in every slice; a duplicate in the slices holding most items
     first, until the one that holds it (bloom_common.lua's order). The newest slice is
-    read a block at a time; an older one only when it is larger than a call of ``batch``
-    items reads whole (the rule at a call's start: every item still to decide may look in
-    it). Reading whole is counted as free, so this is a floor.
+    read a block at a time; an older one only when :func:`read_by_block`. Reading whole
+    is counted as free, so this is a floor.
     """
     new_reads = dup_reads = held = 0.0
     for p in range(partitions):
@@ -124,7 +129,7 @@ def block_reads(client: redis.Redis, key: str, partitions: int, batch: int) -> B
         n, block_bytes = int(state["slices"]), int(state["block_bytes"])
         plans = [[int(x) for x in state[f"plan:{i}"].split()] for i in range(n)]  # cap k blocks
         items = [int(state.get(f"items:{i}", 0)) for i in range(n)]
-        large = [blocks * block_bytes > batch * WHOLE_READ_BYTES for _, _, blocks in plans]
+        large = [read_by_block(blocks * block_bytes, batch) for _, _, blocks in plans]
         # while slice m was the newest: it, and the large slices before it
         new_reads += sum(items[m] * (1 + sum(large[:m])) for m in range(n))
         order = list(range(n - 1, -1, -1))

@@ -53,7 +53,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "crawler"), str(ROOT / "tests")]
 
 import redis  # noqa: E402
-from _layout_floor import TABLE_RATES, block_reads, layout_probe, layout_table  # noqa: E402
+from _layout_floor import (  # noqa: E402
+    TABLE_RATES,
+    block_reads,
+    layout_probe,
+    layout_table,
+    read_by_block,
+)
 from _redis import CpuSample, cpu_sample  # noqa: E402
 from _report import emit, ratio, table  # noqa: E402
 
@@ -1024,7 +1030,7 @@ def growth_cpu_targets(now: GrowthScheme, slices: int, probes: Probes) -> list[T
     block_bytes = now.params.block_bits // 8
     # older slices larger than what a call of PROBE_BATCH items reads whole: one GETRANGE
     # per new item each (the rule in bloom_common.lua at a call's start), and the newest
-    by_block = 1 + sum(1 for s in plan[:-1] if s.blocks * block_bytes > PROBE_BATCH * 512)
+    by_block = 1 + sum(1 for s in plan[:-1] if read_by_block(s.blocks * block_bytes, PROBE_BATCH))
     read, new, dup = probes.get("batch_dup"), probes.get("layout_new"), probes.get("bf_madd_dup")
     madd = probes.get("bf_madd")
     floors: dict[str, float | None] = {"duplicates": None, "pages": None, "new": None}
