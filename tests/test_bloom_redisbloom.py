@@ -11,6 +11,7 @@ from scrapy import Request
 from bloomcrawl.core import keys
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.errors import BloomFilterError, FilterMismatchError
+from bloomcrawl.core.scripts import Script, ScriptCall
 
 from kit.data import fill, fingerprints, measure_false_positives
 from test_scheduler import drain, make_scheduler
@@ -73,3 +74,29 @@ def test_scheduler_enqueue_if_new_with_redisbloom(redismod_server, redismod_clie
                                                "http://a.test/2"]
     # the filter the scheduler opened is RedisBloom's, and takes new fingerprints as new
     assert s.bloom.add_many(fingerprints(3, salt="new-")) == [True] * 3
+
+
+def test_a_single_add_sent_again_answers_what_its_first_send_decided(
+        redismod_client: redis.Redis) -> None:
+    """request_seen's call of one item (which builds no list on RedisBloom): sent again
+    after a lost reply it answers from the caller's record and counts nothing twice; a
+    partition whose RedisBloom filter is gone is made again as it was reserved, never by
+    BF.MADD with the module's defaults."""
+    bf = BloomFilter(redismod_client, "r:bloomfilter", capacity=1000, error_rate=0.01,
+                     partitions=1, backend="redisbloom")
+    state = keys.state_key("r:bloomfilter", 0)
+    record = keys.call_record_key("r:bloomfilter", 0, "caller")
+    add = Script.for_backend("redisbloom", "bloom_add.lua")
+    first = ScriptCall(add, [state, record], [b"n" * 20, "", "1"])
+    assert bf.run_scripts([first]) == [b"1"]
+    assert bf.run_scripts([first]) == [b"1"]  # the same token: answered from the record
+    again = ScriptCall(add, [state, record], [b"n" * 20, "", "2"])
+    assert bf.run_scripts([again]) == [b"0"]
+    info = bf.info()
+    assert (info.items, info.checked, info.filtered) == (1, 2, 1)
+
+    rb_key = keys.redisbloom_key("r:bloomfilter", 0)
+    reserved = redismod_client.execute_command("BF.INFO", rb_key, "CAPACITY")
+    redismod_client.delete(rb_key)
+    assert bf.add(b"n" * 20) is True  # made again, empty
+    assert redismod_client.execute_command("BF.INFO", rb_key, "CAPACITY") == reserved

@@ -15,8 +15,13 @@ end
 local flags = ARGV[2]
 if flags == '' then flags = nil end
 local decided = decide(ARGV[1], flags)
-local out = {}
-for j = 1, #decided do out[j] = decided[j] and '1' or '0' end
-local answer = table.concat(out)
+local answer
+if #decided == 1 then  -- a single request_seen
+  answer = decided[1] and '1' or '0'
+else
+  local out = {}
+  for j = 1, #decided do out[j] = decided[j] and '1' or '0' end
+  answer = table.concat(out)
+end
 if record then redis.call('SET', record, token .. ' ' .. answer, 'PX', '600000') end
 return answer

@@ -25,6 +25,12 @@ local function split(blob, flags, out)
 end
 
 local function decide(blob, flags)
+  if #blob == 20 and not flags then
+    -- one request_seen: what every call pays is most of its cost, so no list is built
+    local new = redis.call('BF.MADD', rb_key, blob)[1] == 1
+    redis.call('HINCRBY', state_key, new and 'items' or 'filtered', '1')
+    return {new}
+  end
   local out = {}
   local fps, idx = split(blob, flags, out)
   local filtered = 0
@@ -38,8 +44,12 @@ local function decide(blob, flags)
     end
   end
   if #fps > 0 then
-    if filtered > 0 then redis.call('HINCRBY', state_key, 'filtered', filtered) end
-    if #fps > filtered then redis.call('HINCRBY', state_key, 'items', #fps - filtered) end
+    -- numbers as '%d' strings: Redis would make them with sprintf('%.14g'), which costs more
+    local format = string.format
+    if filtered > 0 then redis.call('HINCRBY', state_key, 'filtered', format('%d', filtered)) end
+    if #fps > filtered then
+      redis.call('HINCRBY', state_key, 'items', format('%d', #fps - filtered))
+    end
   end
   return out
 end
