@@ -1,12 +1,14 @@
-"""The bit layout's own floor for a new item, and what another layout would cost in bits.
+"""The bit layout's own floor for an item, and what another layout would cost in bits.
 
-A new item's k lanes are k bytes of its block (one bit each, in k lanes of the block:
-``core/lua/bloom_common.lua``). Deciding it in Lua takes at the least: the block's
-GETRANGE, its k bytes read and tested, the k changed bytes written back with the bytes
-between them as one string, and that string's SETRANGE. :func:`layout_probe` is that
-script unrolled for one k, with each lane's position taken straight from a byte of the
-fingerprint (no hashing to compute, no slices, no counters; lanes of whole bytes): what
-a script of this layout pays beyond the commands, the string it must build.
+An item's k lanes are k bytes of its block (one bit each, in k lanes of the block:
+``core/lua/bloom_common.lua``). Deciding a new one in Lua takes at the least: the
+block's GETRANGE, its k bytes read and tested, the k changed bytes written back with the
+bytes between them as one string, and that string's SETRANGE. A duplicate is confirmed
+only by all k of its bits: the GETRANGE and the k bytes read and tested.
+:func:`layout_probe` is that script unrolled for one k, with each lane's position taken
+straight from a byte of the fingerprint (no hashing to compute, no slices, no counters;
+lanes of whole bytes): what a script of this layout pays beyond the commands, the string
+it must build.
 
 A layout whose write is one short string built at once (the k bits in one 64- or
 128-bit word, packed by ``struct``) would cost less in Lua, and more in memory: a block
@@ -33,10 +35,11 @@ TABLE_RATES = (1e-3, 1e-4, 1e-5)
 TABLE_BLOCKS = (64, 128, BLOCK_BITS)
 
 
-def layout_probe(k: int, block_bytes: int, blocks: int) -> str:
-    """Lua deciding a batch of new 20-byte fingerprints (ARGV[1]) in KEYS[1] (a chunk of
-    ``blocks`` blocks): the least this bit layout does per new item, unrolled for ``k``.
-    Returns how many it wrote."""
+def layout_probe(k: int, block_bytes: int, blocks: int, write: bool = True) -> str:
+    """Lua deciding a batch of 20-byte fingerprints (ARGV[1]) in KEYS[1] (a chunk of
+    ``blocks`` blocks): the least this bit layout does per item, unrolled for ``k``.
+    Returns how many it wrote; without ``write``, how many it found with all k bits set
+    (it writes nothing: the least a duplicate costs)."""
     w = block_bytes // k * 8  # whole bytes a lane: no two lanes share one
     lines = [
         "local byte, char, sub, f = string.byte, string.char, string.sub, string.format",
@@ -54,8 +57,10 @@ def layout_probe(k: int, block_bytes: int, blocks: int) -> str:
         lines.append("  local r%d = p%d %% 8" % (t, t))
         lines.append("  local b%d, m%d = (p%d - r%d) / 8 + 1, MASK[r%d]" % (t, t, t, t, t))
         lines.append("  local o%d = byte(blk, b%d)" % (t, t))
-    lines.append("  if not (%s) then" % " and ".join(
-        "o%d %% (m%d + m%d) >= m%d" % (t, t, t, t) for t in range(k)))
+    every = " and ".join("o%d %% (m%d + m%d) >= m%d" % (t, t, t, t) for t in range(k))
+    if not write:
+        return "\n".join([*lines, "  if %s then set = set + 1 end" % every, "end", "return set"])
+    lines.append("  if not (%s) then" % every)
     pieces = []
     for t in range(k):
         lines.append("    local n%d = o%d %% (m%d + m%d) >= m%d and o%d or o%d + m%d"

@@ -486,6 +486,8 @@ def bench_bf_madd(client: redis.Redis, fps: Sequence[bytes], unseen: Sequence[by
 # measured the same way. A target below its floor cannot be met by any Lua change.
 
 PROBE_KEY = "{bench:probe}"
+#: the probes' stand-in for a caller's record of its last call
+PROBE_RECORD = PROBE_KEY + ":call"
 PROBE_ROUNDS = 5
 PROBE_CHUNK_BYTES = 1 << 20
 #: items per call of the batched probes: what one partition's call decides of an
@@ -522,19 +524,32 @@ for j = 0, #blob / 20 - 1 do
 end
 return set
 """
+# A single request_seen keeps its caller's record of its last call, read first and
+# written last (KEYS[3]): a call sent again after its reply was lost (by the dupefilter,
+# or by redis-py's cluster client on its own) answers what its first send decided, and a
+# new URL is neither dropped as seen nor crawled twice (core/lua/bloom_add.lua).
+_PROBE_RECORD_READ = "redis.call('GET', KEYS[3]) "
+_PROBE_RECORD_WRITE = " redis.call('SET', KEYS[3], '7 1', 'PX', '600000')"
 PROBE_SCRIPTS = {
     # any script call: EVALSHA with one key and one 20-byte argument
     "empty": "return 1",
-    # one request_seen of a new URL on a filter of S slices: the state read, one block
-    # read per slice, one write, the two counters (S is ARGV[2])
-    "single_new": _PROBE_BLOCK + (
+    # one request_seen of a new URL on a filter of S slices: the record read, the state
+    # read, one block read per slice, one write, the two counters, the record written (S
+    # is ARGV[2])
+    "single_new": _PROBE_BLOCK + _PROBE_RECORD_READ + (
         "redis.call('HMGET', KEYS[1], 'slices', 'block_bytes', 'chunk_blocks', 'max_slices',"
         " 'plan:0', 'items:0', 'hashing') local off = block(0)"
         " for s = 1, tonumber(ARGV[2]) do"
         " redis.call('GETRANGE', KEYS[2], f('%d', off), f('%d', off + 255)) end"
         " redis.call('SETRANGE', KEYS[2], f('%d', off), 'x')"
         " redis.call('HINCRBY', KEYS[1], 'items:0', '1')"
-        " redis.call('HINCRBY', KEYS[1], 'bits_set:0', '1') return 1"),
+        " redis.call('HINCRBY', KEYS[1], 'bits_set:0', '1')") + _PROBE_RECORD_WRITE + " return 1",
+    # the same on RedisBloom (KEYS[2] a BF.RESERVEd filter): the record read, BF.ADD, the
+    # counter it changed, the record written
+    "single_rb": _PROBE_RECORD_READ + (
+        "local new = redis.call('BF.ADD', KEYS[2], ARGV[1])"
+        " redis.call('HINCRBY', KEYS[1], new == 1 and 'items' or 'filtered', '1')")
+    + _PROBE_RECORD_WRITE + " return new",
     # a batch of new items on a filter of one slice: one block read, one write each
     "batch_new": _PROBE_BLOCK + (
         "for j = 0, #ARGV[1] / 20 - 1 do local off = block(j)"
@@ -600,17 +615,20 @@ def bench_probes(client: redis.Redis, sizes: Sizes, module: bool,
     """
     out = Probes(single_slices=single_slices, lanes=lanes)
     state, chunk = probe_partition(client, lanes)
+    record = PROBE_RECORD
     # the one_slice probes' own, which their script's counters are written to alone
     one_slice, one_slice_chunk = probe_partition(client, lanes, ONE_SLICE_KEY)
     n = max(1, sizes.probe_calls // PROBE_ROUNDS)  # calls per probe and round
     calls = max(1, n // 10)  # batched calls per probe and round
     fps = fingerprints(PROBE_ROUNDS * (n + calls * PROBE_BATCH), "probe:")
     shas = {name: client.script_load(body) for name, body in PROBE_SCRIPTS.items()}
-    shas["layout_new"] = client.script_load(layout_probe(lanes, 256, PROBE_CHUNK_BYTES // 256))
+    for name, write in (("layout_new", True), ("layout_dup", False)):
+        shas[name] = client.script_load(layout_probe(lanes, 256, PROBE_CHUNK_BYTES // 256, write))
     client.script_load(ONE_SLICE_SCRIPT.source)
     evalsha, command, sadd = client.evalsha, client.execute_command, client.sadd
     if module:
         command("BF.RESERVE", PROBE_KEY + ":bf", ERROR_RATE, PROBE_ROUNDS * n)
+        command("BF.RESERVE", PROBE_KEY + ":rb", ERROR_RATE, PROBE_ROUNDS * n)
         command("BF.RESERVE", PROBE_KEY + ":bfm", ERROR_RATE, PROBE_ROUNDS * calls * PROBE_BATCH)
 
     def per(name: str, units: int, body: Callable[[], Any]) -> None:
@@ -624,7 +642,7 @@ def bench_probes(client: redis.Redis, sizes: Sizes, module: bool,
         """Each probe once: ``singles`` are new to BF.ADD and SADD, ``items`` to BF.MADD."""
         blobs = [b"".join(items[i * PROBE_BATCH:(i + 1) * PROBE_BATCH]) for i in range(calls)]
         per("empty", n, lambda: [evalsha(shas["empty"], 2, state, chunk, fp) for fp in singles])
-        per("single_new", n, lambda: [evalsha(shas["single_new"], 2, state, chunk, fp,
+        per("single_new", n, lambda: [evalsha(shas["single_new"], 3, state, chunk, record, fp,
                                               single_slices) for fp in singles])
         for name in ("batch_new", "batch_dup"):
             per(name, calls * PROBE_BATCH, lambda name=name: [
@@ -632,8 +650,9 @@ def bench_probes(client: redis.Redis, sizes: Sizes, module: bool,
         for name in ("lanes_new", "lanes_dup"):
             per(name, calls * PROBE_BATCH, lambda name=name: [
                 evalsha(shas[name], 2, state, chunk, blob, lanes) for blob in blobs])
-        per("layout_new", calls * PROBE_BATCH, lambda: [
-            evalsha(shas["layout_new"], 1, chunk, blob) for blob in blobs])
+        for name in ("layout_new", "layout_dup"):  # new, then the same again
+            per(name, calls * PROBE_BATCH, lambda name=name: [
+                evalsha(shas[name], 1, chunk, blob) for blob in blobs])
         for name in ("one_slice_new", "one_slice_dup"):  # new, then the same again
             per(name, calls * PROBE_BATCH, lambda: [
                 evalsha(ONE_SLICE_SCRIPT.sha, 1, one_slice, blob) for blob in blobs])
@@ -641,6 +660,8 @@ def bench_probes(client: redis.Redis, sizes: Sizes, module: bool,
         if module:
             per("bf_add", n, lambda: [command("BF.ADD", PROBE_KEY + ":bf", fp)
                                       for fp in singles])
+            per("single_rb", n, lambda: [evalsha(shas["single_rb"], 3, state, PROBE_KEY + ":rb",
+                                                 record, fp) for fp in singles])
             for name in ("bf_madd", "bf_madd_dup"):  # new, then the same again
                 per(name, len(items), in_batches(
                     lambda batch: command("BF.MADD", PROBE_KEY + ":bfm", *batch), items,
@@ -651,8 +672,8 @@ def bench_probes(client: redis.Redis, sizes: Sizes, module: bool,
         one_round(fps[first:first + n], fps[first + n:first + n + calls * PROBE_BATCH])
     items, filtered = client.hmget(one_slice, "items:0", "filtered")
     out.one_slice_counts = (int(items or 0), int(filtered or 0))
-    client.delete(one_slice, one_slice_chunk, state, chunk, PROBE_KEY + ":set",
-                  PROBE_KEY + ":bf", PROBE_KEY + ":bfm")
+    client.delete(one_slice, one_slice_chunk, state, chunk, record, PROBE_KEY + ":set",
+                  PROBE_KEY + ":bf", PROBE_KEY + ":bfm", PROBE_KEY + ":rb")
     return out
 
 
@@ -778,7 +799,7 @@ def rate_floor(client: redis.Redis, n: int, slices: int) -> list[SeenRow]:
     def floor_run(requests: Sequence[Any]) -> Callable[[], int]:
         def run() -> int:
             for r in requests:
-                evalsha(sha, 2, state, chunk, fingerprint(r), slices)
+                evalsha(sha, 3, state, chunk, PROBE_RECORD, fingerprint(r), slices)
             return 0  # seen: none (the probe answers nothing)
         return run
 
@@ -1032,16 +1053,17 @@ def growth_cpu_targets(now: GrowthScheme, slices: int, probes: Probes) -> list[T
     # per new item each (the rule in bloom_common.lua at a call's start), and the newest
     by_block = 1 + sum(1 for s in plan[:-1] if read_by_block(s.blocks * block_bytes, PROBE_BATCH))
     read, new, dup = probes.get("batch_dup"), probes.get("layout_new"), probes.get("bf_madd_dup")
-    madd = probes.get("bf_madd")
+    madd, seen = probes.get("bf_madd"), probes.get("layout_dup")
     floors: dict[str, float | None] = {"duplicates": None, "pages": None, "new": None}
     refs: dict[str, float | None] = {"duplicates": dup, "new": madd, "pages": None}
-    if read is not None and new is not None and madd is not None and dup is not None:
+    if (read is not None and new is not None and madd is not None and dup is not None
+            and seen is not None):
         new_floor = new + (by_block - 1) * read
-        floors = {"duplicates": read, "new": new_floor,
-                  "pages": ((PAGE_LINKS - 1) * read + new_floor) / PAGE_LINKS}
+        floors = {"duplicates": seen, "new": new_floor,
+                  "pages": ((PAGE_LINKS - 1) * seen + new_floor) / PAGE_LINKS}
         refs["pages"] = ((PAGE_LINKS - 1) * dup + madd) / PAGE_LINKS
     why = {
-        "duplicates": "one block read per item",
+        "duplicates": "the least of its lookup in the slice holding it ('layout_dup')",
         "new": f"a block read in each of the {by_block} slices too large to read whole"
                f" (of {slices}), the least of the newest's lookup and write ('layout_new')",
         "pages": f"{PAGE_LINKS - 1} duplicates and one new URL at those floors",
@@ -1351,8 +1373,11 @@ def report_probes(probes: Probes) -> None:
          " SADD, measured together")
     labels = {
         "empty": "EVALSHA of a script that does nothing (1 key, 1 argument), per call",
-        "single_new": f"one new request_seen, {probes.single_slices} slices: HMGET, a GETRANGE"
-                      " per slice, SETRANGE, 2 HINCRBY; per call",
+        "single_new": f"one new request_seen, {probes.single_slices} slices: GET of the call"
+                      " record, HMGET, a GETRANGE per slice, SETRANGE, 2 HINCRBY, SET of the"
+                      " record; per call",
+        "single_rb": "one new request_seen on RedisBloom: GET of the call record, BF.ADD,"
+                     " HINCRBY, SET of the record; per call",
         "batch_new": f"a new item in a batch of {PROBE_BATCH}: GETRANGE + SETRANGE, per item",
         "batch_dup": f"a duplicate in a batch of {PROBE_BATCH}: GETRANGE, per item",
         "lanes_new": f"the same new item, with a Lua loop computing and testing its k ="
@@ -1363,6 +1388,8 @@ def report_probes(probes: Probes) -> None:
                       f" {probes.lanes} bytes of its block read and tested (positions straight"
                       " from the fingerprint's bytes, unrolled), the changed bytes and those"
                       " between them written back as one string; per item",
+        "layout_dup": f"the same duplicate, the least Lua found for this bit layout: its"
+                      f" block read and its k = {probes.lanes} bytes tested; per item",
         "one_slice_new": "the same new item through bloomcrawl's own script, a filter of one"
                          f" slice (k = {probes.lanes}; not a floor: the bit layout's cost),"
                          " per item",
@@ -1540,17 +1567,19 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
     report_probes(probes)
     redis_ratio = ratio_of(by_key, seen_by)
     floor = probe_ratio(probes)
+    record_why = ("the call record read and written: a call sent again after its reply was"
+                  " lost answers what its first send decided")
     single_why = (f"a script doing only what a new request_seen needs on a filter of"
                   f" {probes.single_slices} slices (one state read, a block read per slice,"
-                  " one write, two counters)")
+                  f" one write, two counters) and {record_why}")
     rate_why = ("Scrapy's fingerprint and one EVALSHA of that script per request, in turns"
                 " with SADD (best of %d rounds each)" % RATE_FLOOR_ROUNDS)
     reads_new = add_many.extra.get("block_reads_new", 1.0)
     reads_dup = add_many.extra.get("block_reads_dup", 1.0)
 
-    def with_reads(base: str | None, reads: float, ref: str) -> float | None:
-        """A floor: ``base``'s probe (none: nothing) and ``reads`` block reads besides."""
-        read, mine = probes.get("batch_dup"), probes.get(base) if base else 0.0
+    def with_reads(base: str, reads: float, ref: str) -> float | None:
+        """A floor: ``base``'s probe and ``reads`` block reads besides."""
+        read, mine = probes.get("batch_dup"), probes.get(base)
         if read is None or mine is None:
             return None
         return ratio(mine + reads * read, probes.get(ref))
@@ -1568,10 +1597,13 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
                          " same bits (the table below)"),
         Target("add_many, bitmap, duplicates: Redis CPU / BF.MADD's",
                redis_ratio("add_many_dup", "bf_madd_dup"), "<=", 15, note=no_module,
-               floor=with_reads(None, reads_dup, "bf_madd_dup"),
-               floor_why=f"one GETRANGE in a script for each block read a duplicate needs in"
-                         f" the grown filter: {reads_dup:.2f} (the newest slice, and the older"
-                         " ones too large to read whole, looked in until the one holding it)"),
+               floor=with_reads("layout_dup", reads_dup - 1, "bf_madd_dup"),
+               floor_why=f"the least Lua found for this bit layout's duplicate: its block read"
+                         f" and its k = {probes.lanes} bytes tested (the 'layout_dup' probe), and"
+                         f" a GETRANGE for each other block read it needs in the grown filter:"
+                         f" {reads_dup:.2f} block reads a duplicate in all (the newest slice, and"
+                         " the older ones too large to read whole, looked in until the one"
+                         " holding it)"),
         Target("request_seen, bitmap: Redis CPU / BF.ADD's", redis_ratio("bloomcrawl", "bf_add"),
                "<=", 1.5, note=no_module, floor=floor("single_new", "bf_add"),
                floor_why=single_why),
@@ -1580,8 +1612,9 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
                floor=rate_ratio("floor", "set_turns", seen_by), floor_why=rate_why),
         Target("request_seen, redisbloom: Redis CPU / BF.ADD's",
                redis_ratio("bloomcrawl_rb", "bf_add"), "<=", 1.5, note=no_module,
-               floor=floor("empty", "bf_add"),
-               floor_why="an EVALSHA that does nothing (one key, one argument)"),
+               floor=floor("single_rb", "bf_add"),
+               floor_why=f"a script doing only what a new request_seen needs on RedisBloom"
+                         f" (BF.ADD, the counter it changed) and {record_why}"),
         Target("request_seen, redisbloom: rate / scrapy-redis SADD's",
                rate_ratio("bloomcrawl_rb", "set", seen_by), ">=", 1, note=no_module,
                floor=rate_ratio("floor", "set_turns", seen_by), floor_why=rate_why),

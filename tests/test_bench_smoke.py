@@ -161,16 +161,21 @@ def layout_floor() -> Any:
 def test_the_layout_floor_probe_finds_what_it_wrote(redis_client: redis.Redis) -> None:
     """The floor probe of a new item (bench/_layout_floor.py) builds a real write: each
     new item's bits are written into its block without moving the others, so the same
-    items coming again are all found."""
+    items coming again are all found, by it and by the duplicate's probe, which finds
+    none of them before and writes nothing."""
     probe = layout_floor()
     blocks = 64
-    redis_client.set("{probe}:c", bytes(blocks * 256))
     fps = b"".join(hashlib.sha1(b"item-%d" % i).digest() for i in range(300))
     for k in (7, 13, 20):
         source = probe.layout_probe(k, 256, blocks)
+        seen = probe.layout_probe(k, 256, blocks, write=False)
         redis_client.set("{probe}:c", bytes(blocks * 256))
+        assert redis_client.eval(seen, 1, "{probe}:c", fps) == 0
         assert redis_client.eval(source, 1, "{probe}:c", fps) == 300
+        written = redis_client.get("{probe}:c")
         assert redis_client.eval(source, 1, "{probe}:c", fps) == 0
+        assert redis_client.eval(seen, 1, "{probe}:c", fps) == 300
+        assert redis_client.get("{probe}:c") == written
         assert redis_client.strlen("{probe}:c") == blocks * 256
 
 
