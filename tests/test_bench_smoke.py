@@ -41,6 +41,7 @@ PLAIN_ROWS = [
     "scrapy-redis RFPDupeFilter (SADD)",
     "rate floor: fingerprint + the probe",
     "scrapy-redis SADD, in turns with it",
+    "request_seen, bitmap, in turns",
     "seeds' recipe RFPDupeFilter",
     "bloomcrawl's filter bits/item",
     "m/n = 10 (DESIGN.md)",
@@ -51,6 +52,8 @@ MODULE_ROWS = [
     "bloomcrawl add, redisbloom",
     "bloomcrawl add_many, redisbloom",
     "bloomcrawl request_seen, redisbloom",
+    "request_seen, redisbloom, in turns",
+    "BF.ADD, in turns",
 ]
 TARGETS = [
     "add_many, bitmap: Redis CPU per decision",
@@ -88,7 +91,8 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
     keys = {row["key"] for row in numbers["contenders"]}
     assert {"set", "recipe", "add", "add_many", "add_many_dup"} <= keys
     seen_keys = {row["key"] for row in numbers["request_seen"]}
-    assert {"bloomcrawl", "bloomcrawl_batched", "set", "recipe", "floor", "set_turns"} <= seen_keys
+    assert {"bloomcrawl", "bloomcrawl_batched", "set", "recipe", "floor", "set_turns",
+            "turns"} <= seen_keys
     # the rate floor of a one-at-a-time script dupefilter, beside SADD's: every request new
     by_key = {row["key"]: row for row in numbers["request_seen"]}
     assert by_key["floor"]["requests_per_second"] > 0
@@ -100,7 +104,17 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
     if redisbloom_module()[0]:
         assert {"bf_add", "bf_madd", "bf_madd_dup", "add_rb", "add_many_rb",
                 "add_many_rb_dup"} <= keys
-        assert {"bloomcrawl_rb", "bloomcrawl_rb_batched"} <= seen_keys
+        assert {"bloomcrawl_rb", "bloomcrawl_rb_batched", "turns_rb", "turns_bf_add"} <= seen_keys
+        # a single request_seen's Redis CPU targets: each backend measured in turns with
+        # BF.ADD, on new requests (seen: false positives only, at an error rate of 0.001)
+        for key in ("turns", "turns_rb", "turns_bf_add"):
+            assert by_key[key]["seen"] <= by_key[key]["requests"] // 100, by_key[key]
+        for backend, key in (("bitmap", "turns"), ("redisbloom", "turns_rb")):
+            target = next(t for t in numbers["targets_cpu"]
+                          if t["name"] == f"request_seen, {backend}: Redis CPU / BF.ADD's")
+            assert target["value"] == pytest.approx(
+                by_key[key]["redis_cpu_us_per_request"]
+                / by_key["turns_bf_add"]["redis_cpu_us_per_request"])
         # the bit layout's own cost, beside BF.MADD: bloomcrawl's script on one slice
         assert all(x > 1 for x in numbers["layout_x_bf_madd"].values()), numbers
         assert "the bit layout itself" in stdout
