@@ -104,7 +104,7 @@ def layout_table() -> list[list[str]]:
 
 #: a slice below the newest is read whole by a call when it is no larger than this many
 #: bytes per lookup the call still expects in it (bloom_common.lua's WHOLE_READ_BYTES)
-WHOLE_READ_BYTES = 512
+WHOLE_READ_BYTES = 2048
 
 
 def read_by_block(slice_bytes: int, batch: int) -> bool:
