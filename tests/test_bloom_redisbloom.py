@@ -90,6 +90,8 @@ def test_a_single_add_sent_again_answers_what_its_first_send_decided(
     first = ScriptCall(add, [state, record], [b"n" * 20, "", "1"])
     assert bf.run_scripts([first]) == [b"1"]
     assert bf.run_scripts([first]) == [b"1"]  # the same token: answered from the record
+    info = bf.info()
+    assert (info.items, info.checked, info.filtered) == (1, 1, 0)
     again = ScriptCall(add, [state, record], [b"n" * 20, "", "2"])
     assert bf.run_scripts([again]) == [b"0"]
     info = bf.info()

@@ -2,6 +2,8 @@
 -- KEYS[1] is the partition's state hash (":state"); the partition's scalable
 -- RedisBloom filter is "<tag>:rb" next to it, created by BF.RESERVE when the
 -- filter was created (never implicitly by BF.MADD, which would use defaults).
+-- The state hash counts the duplicates found ('filtered'); the items added are the
+-- module's own count (BF.INFO), so a new item writes no counter.
 local state_key = KEYS[1]
 local rb_key = string.sub(state_key, 1, -7) .. ':rb'
 local byte, sub = string.byte, string.sub
@@ -28,7 +30,7 @@ local function decide(blob, flags)
   if #blob == 20 and not flags then
     -- one request_seen: what every call pays is most of its cost, so no list is built
     local new = redis.call('BF.MADD', rb_key, blob)[1] == 1
-    redis.call('HINCRBY', state_key, new and 'items' or 'filtered', '1')
+    if not new then redis.call('HINCRBY', state_key, 'filtered', '1') end
     return {new}
   end
   local out = {}
@@ -43,13 +45,9 @@ local function decide(blob, flags)
       if not new then filtered = filtered + 1 end
     end
   end
-  if #fps > 0 then
-    -- numbers as '%d' strings: Redis would make them with sprintf('%.14g'), which costs more
-    local format = string.format
-    if filtered > 0 then redis.call('HINCRBY', state_key, 'filtered', format('%d', filtered)) end
-    if #fps > filtered then
-      redis.call('HINCRBY', state_key, 'items', format('%d', #fps - filtered))
-    end
+  if filtered > 0 then
+    -- a '%d' string: Redis would make a Lua number into one with sprintf('%.17g')
+    redis.call('HINCRBY', state_key, 'filtered', string.format('%d', filtered))
   end
   return out
 end
