@@ -498,7 +498,7 @@ PROBE_CHUNK_BYTES = 1 << 20
 PROBE_BATCH = ADD_MANY_BATCH // defaults.FILTER_PARTITIONS
 # a 256-byte block of the chunk, from two bytes of fingerprint j (from 0) of ARGV[1];
 # f: the commands' numbers passed as strings made by '%d' (Redis would make them with
-# sprintf('%.14g'), which costs more: core/lua/bloom_common.lua does the same)
+# sprintf('%.17g'), which costs more: core/lua/bloom_common.lua does the same)
 _PROBE_BLOCK = ("local f = string.format\n"
                 "local function block(j) local a, b = string.byte(ARGV[1], j * 20 + 1, j * 20 + 2)"
                 " return (a * 256 + b) % " + str(PROBE_CHUNK_BYTES // 256) + " * 256 end\n")
@@ -547,11 +547,11 @@ PROBE_SCRIPTS = {
         " redis.call('SETRANGE', KEYS[2], f('%d', off), 'x')"
         " redis.call('HINCRBY', KEYS[1], 'items:0', '1')"
         " redis.call('HINCRBY', KEYS[1], 'bits_set:0', '1')") + _PROBE_RECORD_WRITE + " return 1",
-    # the same on RedisBloom (KEYS[2] a BF.RESERVEd filter): the record read, BF.ADD, the
-    # counter it changed, the record written
+    # the same on RedisBloom (KEYS[2] a BF.RESERVEd filter): the record read, BF.ADD, a
+    # duplicate's counter (the items added are the module's own count), the record written
     "single_rb": _PROBE_RECORD_READ + (
         "local new = redis.call('BF.ADD', KEYS[2], ARGV[1])"
-        " redis.call('HINCRBY', KEYS[1], new == 1 and 'items' or 'filtered', '1')")
+        " if new == 0 then redis.call('HINCRBY', KEYS[1], 'filtered', '1') end")
     + _PROBE_RECORD_WRITE + " return new",
     # a batch of new items on a filter of one slice: one block read, one write each
     "batch_new": _PROBE_BLOCK + (
@@ -766,7 +766,7 @@ def bench_request_seen(client: redis.Redis, url: str, sizes: Sizes,
     rows.append(SeenRow("set", "scrapy-redis RFPDupeFilter (SADD)", timing, seen))
 
     rows += rate_floor(client, n, max(1, rows[0].slices) if rows else 1)
-    rows += seen_in_turns(client, url, n, backends)
+    rows += seen_in_turns(client, url, n, backends, max(1, rows[0].slices) if rows else 1)
 
     # The recipe's from_settings/from_crawler are not called by Scrapy >= 2.14 and
     # from_spider prints: construct it as they would, with its defaults.
@@ -786,40 +786,81 @@ RATE_FLOOR_ROUNDS = 3
 SEEN_TURNS_ROUNDS = 3
 
 
-def seen_in_turns(client: redis.Redis, url: str, n: int, backends: Sequence[str]
-                  ) -> list[SeenRow]:
-    """request_seen of n new requests on each backend, and BF.ADD of their fingerprints,
-    in turns, each on a fresh filter sized for n, keeping its least Redis CPU.
+def best_in_turns(client: redis.Redis, n: int,
+                  runs: dict[str, Callable[[], Callable[[], int]]], rounds: int,
+                  rank: Callable[[Timing], float]) -> dict[str, tuple[Timing, int]]:
+    """Each of ``runs`` in turns, ``rounds`` times, each after a FLUSHALL: ``runs[key]()``
+    sets its state up and returns the body timed over ``n`` decisions. Each keeps the
+    round that ``rank`` puts lowest."""
+    best: dict[str, tuple[Timing, int]] = {}
+    for _ in range(rounds):
+        for key, setup in runs.items():
+            client.flushall()
+            timing, done = timed(client, n, setup())
+            if key not in best or rank(timing) < rank(best[key][0]):
+                best[key] = (timing, done)
+    client.flushall()
+    return best
+
+
+def seen_in_turns(client: redis.Redis, url: str, n: int, backends: Sequence[str],
+                  slices: int) -> list[SeenRow]:
+    """request_seen of n new requests on each backend, its floor script, and BF.ADD, in
+    turns, each on a fresh filter sized for n, keeping its least Redis CPU.
 
     The rows above are measured once each, minutes apart: on this VM the same command's
     Redis CPU can differ by a third from one to the other (BF.ADD's row beside its probe).
-    The Redis CPU targets of a single request_seen compare these, measured alike.
+    The Redis CPU targets of a single request_seen, and their floors, compare these. Each
+    fingerprints its fresh Requests as it goes, so that every call comes after as much
+    client work as request_seen's.
     """
     from scrapy.utils.request import RequestFingerprinter
 
     fingerprint = RequestFingerprinter().fingerprint
-    best: dict[str, tuple[Timing, int]] = {}
+    evalsha, command = client.evalsha, client.execute_command
+    shas = {name: client.script_load(PROBE_SCRIPTS[name]) for name in ("single_new", "single_rb")}
 
-    def keep(key: str, timing: Timing, seen: int) -> None:
-        if key not in best or timing.redis_us < best[key][0].redis_us:
-            best[key] = (timing, seen)
+    def dupefilter(backend: str) -> Callable[[], Callable[[], int]]:
+        def setup() -> Callable[[], int]:
+            return one_by_one(bloomcrawl_dupefilter(url, "bench-turns:%(spider)s:bloomfilter",
+                                                    n, backend), make_requests(n))
+        return setup
 
-    for _ in range(SEEN_TURNS_ROUNDS):
-        for backend in backends:
-            client.flushall()
-            dupefilter = bloomcrawl_dupefilter(url, "bench-turns:%(spider)s:bloomfilter", n,
-                                               backend)
-            keep("turns" + BACKEND_SUFFIX[backend],
-                 *timed(client, n, one_by_one(dupefilter, make_requests(n))))
-        if "redisbloom" in backends:
-            client.flushall()
-            client.execute_command("BF.RESERVE", "bench-turns:bf", ERROR_RATE, n)
-            fps = [fingerprint(r) for r in make_requests(n)]
-            timing, new = timed(client, n, bf_add_run(client, "bench-turns:bf", fps))
-            keep("turns_bf_add", timing, n - new)
-    client.flushall()
-    labels = {"turns": "  request_seen, bitmap, in turns", "turns_rb":
-              "  request_seen, redisbloom, in turns", "turns_bf_add": "  BF.ADD, in turns"}
+    def calls(*head: Any, tail: tuple[Any, ...] = ()) -> Callable[[Sequence[Any]], int]:
+        """One call per request of ``head`` (a command, or an EVALSHA) + its fingerprint."""
+        run = command if head[0] == "BF.ADD" else evalsha
+
+        def each(requests: Sequence[Any]) -> int:
+            return sum(run(*head, fingerprint(r), *tail) == 0 for r in requests)
+        return each
+
+    def bitmap_floor() -> Callable[[], int]:
+        state, chunk = probe_partition(client)
+        each, requests = calls(shas["single_new"], 3, state, chunk, PROBE_RECORD,
+                               tail=(slices,)), make_requests(n)
+        return lambda: each(requests)
+
+    def redisbloom(head: tuple[Any, ...], reserve: str) -> Callable[[], Callable[[], int]]:
+        def setup() -> Callable[[], int]:
+            client.execute_command("BF.RESERVE", reserve, ERROR_RATE, n)
+            each, requests = calls(*head), make_requests(n)
+            return lambda: each(requests)
+        return setup
+
+    runs: dict[str, Callable[[], Callable[[], int]]] = {
+        "turns" + BACKEND_SUFFIX[b]: dupefilter(b) for b in backends}
+    runs["turns_floor"] = bitmap_floor
+    if "redisbloom" in backends:
+        rb = PROBE_KEY + ":rb"
+        runs["turns_floor_rb"] = redisbloom(
+            (shas["single_rb"], 3, PROBE_KEY + ":state", rb, PROBE_RECORD), rb)
+        runs["turns_bf_add"] = redisbloom(("BF.ADD", "bench-turns:bf"), "bench-turns:bf")
+    best = best_in_turns(client, n, runs, SEEN_TURNS_ROUNDS, lambda t: t.redis_us)
+    labels = {"turns": "  request_seen, bitmap, in turns",
+              "turns_floor": f"  its floor script ({slices} slices), in turns",
+              "turns_rb": "  request_seen, redisbloom, in turns",
+              "turns_floor_rb": "  its floor script, in turns",
+              "turns_bf_add": "  BF.ADD, in turns"}
     return [SeenRow(key, labels[key], *best[key]) for key in labels if key in best]
 
 
@@ -835,33 +876,26 @@ def rate_floor(client: redis.Redis, n: int, slices: int) -> list[SeenRow]:
     from scrapy.utils.request import RequestFingerprinter
     from scrapy_redis.dupefilter import RFPDupeFilter as SetDupeFilter
 
-    client.flushall()
-    state, chunk = probe_partition(client)
     sha = client.script_load(PROBE_SCRIPTS["single_new"])
     fingerprint = RequestFingerprinter().fingerprint
     evalsha = client.evalsha
 
-    def floor_run(requests: Sequence[Any]) -> Callable[[], int]:
+    def floor_run() -> Callable[[], int]:
+        state, chunk = probe_partition(client)
+        requests = make_requests(n)
+
         def run() -> int:
             for r in requests:
                 evalsha(sha, 3, state, chunk, PROBE_RECORD, fingerprint(r), slices)
             return 0  # seen: none (the probe answers nothing)
         return run
 
-    def set_run(requests: Sequence[Any]) -> Callable[[], int]:
-        def run() -> int:
-            dupefilter = SetDupeFilter(client, "bench-floor:set:dupefilter", debug=False)
-            return sum(dupefilter.request_seen(r) for r in requests)
-        return run
+    def set_run() -> Callable[[], int]:
+        return one_by_one(SetDupeFilter(client, "bench-floor:set:dupefilter", debug=False),
+                          make_requests(n))
 
-    best: dict[str, tuple[Timing, int]] = {}
-    for _ in range(RATE_FLOOR_ROUNDS):
-        for key, run in (("floor", floor_run), ("set_turns", set_run)):
-            client.delete("bench-floor:set:dupefilter")
-            timing, done = timed(client, n, run(make_requests(n)))
-            if key not in best or timing.rate > best[key][0].rate:
-                best[key] = (timing, done)
-    client.flushall()
+    best = best_in_turns(client, n, {"floor": floor_run, "set_turns": set_run},
+                         RATE_FLOOR_ROUNDS, lambda t: -t.rate)
     return [
         SeenRow("floor", f"  rate floor: fingerprint + the probe ({slices} slices)",
                 *best["floor"]),
@@ -928,6 +962,9 @@ class GrowthScheme:
     params: FilterParams
     points: list[GrowthPoint] = field(default_factory=list)
     lookups: dict[str, Timing] = field(default_factory=dict)
+    #: block reads a duplicate needs at the largest measured size: in a call of
+    #: PROBE_BATCH items (the duplicates) and of PAGE_LINKS (a page)
+    dup_reads: dict[str, float] = field(default_factory=dict)
     metadata_bytes: int = 0
     key_overhead_bytes: float = 0.0
 
@@ -1063,6 +1100,8 @@ def bench_growth(client: redis.Redis, sizes: Sizes) -> list[GrowthScheme]:
             scheme.points.append(GrowthPoint(n, total, max(bf.info().partition_slices),
                                              True, used,
                                              fixed_bytes=total - allocations))
+        scheme.dup_reads = {what: block_reads(client, bf.key, bf.params.partitions, batch).duplicate
+                            for what, batch in (("duplicates", PROBE_BATCH), ("pages", PAGE_LINKS))}
         scheme.lookups = growth_lookups(client, bf, held, sizes.growth_decisions)
         client.flushall()
         for point in scheme.points:
@@ -1103,15 +1142,22 @@ def growth_cpu_targets(now: GrowthScheme, slices: int, probes: Probes) -> list[T
     refs: dict[str, float | None] = {"duplicates": dup, "new": madd, "pages": None}
     if (read is not None and new is not None and madd is not None and dup is not None
             and seen is not None):
+        # each layout probe's one block read replaced by the reads the filter needs
         new_floor = new + (by_block - 1) * read
-        floors = {"duplicates": seen, "new": new_floor,
-                  "pages": ((PAGE_LINKS - 1) * seen + new_floor) / PAGE_LINKS}
+        found = {what: seen + (now.dup_reads.get(what, 1.0) - 1) * read
+                 for what in ("duplicates", "pages")}
+        floors = {"duplicates": found["duplicates"], "new": new_floor,
+                  "pages": ((PAGE_LINKS - 1) * found["pages"] + new_floor) / PAGE_LINKS}
         refs["pages"] = ((PAGE_LINKS - 1) * dup + madd) / PAGE_LINKS
     why = {
-        "duplicates": "the least of its lookup in the slice holding it ('layout_dup')",
+        "duplicates": f"the least Lua found for its k bytes tested ('layout_dup', less its"
+                      f" block read) and {now.dup_reads.get('duplicates', 1.0):.2f} block reads a"
+                      " duplicate (the newest slice, and the older ones too large to read whole,"
+                      " looked in until the one holding it)",
         "new": f"a block read in each of the {by_block} slices too large to read whole"
                f" (of {slices}), the least of the newest's lookup and write ('layout_new')",
-        "pages": f"{PAGE_LINKS - 1} duplicates and one new URL at those floors",
+        "pages": f"{PAGE_LINKS - 1} duplicates ({now.dup_reads.get('pages', 1.0):.2f} block reads"
+                 f" each in a call of {PAGE_LINKS}) and one new URL at those floors",
     }
     out = []
     for what in ("duplicates", "pages", "new"):
@@ -1422,7 +1468,7 @@ def report_probes(probes: Probes) -> None:
                       " record, HMGET, a GETRANGE per slice, SETRANGE, 2 HINCRBY, SET of the"
                       " record; per call",
         "single_rb": "one new request_seen on RedisBloom: GET of the call record, BF.ADD,"
-                     " HINCRBY, SET of the record; per call",
+                     " SET of the record; per call",
         "batch_new": f"a new item in a batch of {PROBE_BATCH}: GETRANGE + SETRANGE, per item",
         "batch_dup": f"a duplicate in a batch of {PROBE_BATCH}: GETRANGE, per item",
         "lanes_new": f"the same new item, with a Lua loop computing and testing its k ="
@@ -1553,10 +1599,11 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
          " 'one new request_seen' floor probe below, on fresh Requests, in turns with"
          f" scrapy-redis's SADD dupefilter (best of {RATE_FLOOR_ROUNDS} rounds each): the rate no"
          " script dupefilter called one request at a time can pass here.")
-    emit(f"in turns: request_seen on each backend and BF.ADD, {SEEN_TURNS_ROUNDS} rounds, each on"
-         " a fresh filter sized for the requests, all new, keeping its least Redis CPU: the"
-         " targets of a single request_seen's Redis CPU compare these (the rows above are"
-         " measured once each, minutes apart).")
+    emit(f"in turns: request_seen on each backend, the floor scripts of the targets below and"
+         f" BF.ADD, {SEEN_TURNS_ROUNDS} rounds, each on a fresh filter sized for the requests,"
+         " all new, each call after its fingerprint is computed, keeping its least Redis CPU:"
+         " the targets of a single request_seen's Redis CPU, and their floors, compare these"
+         " (the rows above are measured once each, minutes apart).")
 
     emit()
     emit("The recipe's false positives at a realistic fill (its own hash functions;"
@@ -1620,23 +1667,24 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
                   " lost answers what its first send decided")
     single_why = (f"a script doing only what a new request_seen needs on a filter of"
                   f" {probes.single_slices} slices (one state read, a block read per slice,"
-                  f" one write, two counters) and {record_why}")
+                  f" one write, two counters) and {record_why}; in turns with request_seen and"
+                  " BF.ADD")
     rate_why = ("Scrapy's fingerprint and one EVALSHA of that script per request, in turns"
                 " with SADD (best of %d rounds each)" % RATE_FLOOR_ROUNDS)
     reads_new = add_many.extra.get("block_reads_new", 1.0)
     reads_dup = add_many.extra.get("block_reads_dup", 1.0)
 
     def with_reads(base: str, reads: float, ref: str) -> float | None:
-        """A floor: ``base``'s probe and ``reads`` block reads besides."""
+        """A floor: ``base``'s probe, its one block read replaced by ``reads`` of them."""
         read, mine = probes.get("batch_dup"), probes.get(base)
         if read is None or mine is None:
             return None
-        return ratio(mine + reads * read, probes.get(ref))
+        return ratio(mine + (reads - 1) * read, probes.get(ref))
 
     item3 = [
         Target("add_many, bitmap, new: Redis CPU / BF.MADD's", redis_ratio("add_many", "bf_madd"),
                "<=", 15, note=no_module,
-               floor=with_reads("layout_new", reads_new - 1, "bf_madd"),
+               floor=with_reads("layout_new", reads_new, "bf_madd"),
                floor_why=f"the least Lua found for this bit layout's new item: GETRANGE, its"
                          f" k = {probes.lanes} bytes read and tested, the changed bytes and those"
                          " between them built into one string, SETRANGE (the 'layout_new'"
@@ -1646,24 +1694,25 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
                          " same bits (the table below)"),
         Target("add_many, bitmap, duplicates: Redis CPU / BF.MADD's",
                redis_ratio("add_many_dup", "bf_madd_dup"), "<=", 15, note=no_module,
-               floor=with_reads("layout_dup", reads_dup - 1, "bf_madd_dup"),
-               floor_why=f"the least Lua found for this bit layout's duplicate: its block read"
-                         f" and its k = {probes.lanes} bytes tested (the 'layout_dup' probe), and"
-                         f" a GETRANGE for each other block read it needs in the grown filter:"
-                         f" {reads_dup:.2f} block reads a duplicate in all (the newest slice, and"
-                         " the older ones too large to read whole, looked in until the one"
-                         " holding it)"),
+               floor=with_reads("layout_dup", reads_dup, "bf_madd_dup"),
+               floor_why=f"the least Lua found for this bit layout's duplicate: its k ="
+                         f" {probes.lanes} bytes tested (the 'layout_dup' probe, less its one"
+                         f" block read), and a GETRANGE for each block read it needs in the grown"
+                         f" filter: {reads_dup:.2f} a duplicate (the newest slice, and the older"
+                         " ones too large to read whole, looked in until the one holding it; a"
+                         " slice read whole counted as free)"),
         Target("request_seen, bitmap: Redis CPU / BF.ADD's", redis_ratio("turns", "turns_bf_add"),
-               "<=", 1.5, note=no_module, floor=floor("single_new", "bf_add"),
+               "<=", 1.5, note=no_module, floor=redis_ratio("turns_floor", "turns_bf_add"),
                floor_why=single_why),
         Target("request_seen, bitmap: rate / scrapy-redis SADD's",
                rate_ratio("bloomcrawl", "set", seen_by), ">=", 1,
                floor=rate_ratio("floor", "set_turns", seen_by), floor_why=rate_why),
         Target("request_seen, redisbloom: Redis CPU / BF.ADD's",
                redis_ratio("turns_rb", "turns_bf_add"), "<=", 1.5, note=no_module,
-               floor=floor("single_rb", "bf_add"),
+               floor=redis_ratio("turns_floor_rb", "turns_bf_add"),
                floor_why=f"a script doing only what a new request_seen needs on RedisBloom"
-                         f" (BF.ADD, the counter it changed) and {record_why}"),
+                         f" (BF.ADD; a new item changes no counter) and {record_why}; in turns"
+                         " with request_seen and BF.ADD"),
         Target("request_seen, redisbloom: rate / scrapy-redis SADD's",
                rate_ratio("bloomcrawl_rb", "set", seen_by), ">=", 1, note=no_module,
                floor=rate_ratio("floor", "set_turns", seen_by), floor_why=rate_why),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,7 @@ PLAIN_ROWS = [
     "rate floor: fingerprint + the probe",
     "scrapy-redis SADD, in turns with it",
     "request_seen, bitmap, in turns",
+    "its floor script (",
     "seeds' recipe RFPDupeFilter",
     "bloomcrawl's filter bits/item",
     "m/n = 10 (DESIGN.md)",
@@ -53,6 +55,7 @@ MODULE_ROWS = [
     "bloomcrawl add_many, redisbloom",
     "bloomcrawl request_seen, redisbloom",
     "request_seen, redisbloom, in turns",
+    "its floor script, in turns",
     "BF.ADD, in turns",
 ]
 TARGETS = [
@@ -104,17 +107,22 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
     if redisbloom_module()[0]:
         assert {"bf_add", "bf_madd", "bf_madd_dup", "add_rb", "add_many_rb",
                 "add_many_rb_dup"} <= keys
-        assert {"bloomcrawl_rb", "bloomcrawl_rb_batched", "turns_rb", "turns_bf_add"} <= seen_keys
-        # a single request_seen's Redis CPU targets: each backend measured in turns with
-        # BF.ADD, on new requests (seen: false positives only, at an error rate of 0.001)
-        for key in ("turns", "turns_rb", "turns_bf_add"):
+        assert {"bloomcrawl_rb", "bloomcrawl_rb_batched", "turns_rb", "turns_bf_add",
+                "turns_floor", "turns_floor_rb"} <= seen_keys
+        # a single request_seen's Redis CPU targets and their floors: each backend and its
+        # floor script measured in turns with BF.ADD, on new requests (seen: false
+        # positives only, at an error rate of 0.001)
+        for key in ("turns", "turns_rb", "turns_bf_add", "turns_floor", "turns_floor_rb"):
             assert by_key[key]["seen"] <= by_key[key]["requests"] // 100, by_key[key]
+        bf_add = by_key["turns_bf_add"]["redis_cpu_us_per_request"]
         for backend, key in (("bitmap", "turns"), ("redisbloom", "turns_rb")):
             target = next(t for t in numbers["targets_cpu"]
                           if t["name"] == f"request_seen, {backend}: Redis CPU / BF.ADD's")
+            floor = key.replace("turns", "turns_floor")
             assert target["value"] == pytest.approx(
-                by_key[key]["redis_cpu_us_per_request"]
-                / by_key["turns_bf_add"]["redis_cpu_us_per_request"])
+                by_key[key]["redis_cpu_us_per_request"] / bf_add)
+            assert target["floor"] == pytest.approx(
+                by_key[floor]["redis_cpu_us_per_request"] / bf_add)
         # the bit layout's own cost, beside BF.MADD: bloomcrawl's script on one slice
         assert all(x > 1 for x in numbers["layout_x_bf_madd"].values()), numbers
         assert "the bit layout itself" in stdout
@@ -191,6 +199,16 @@ def test_the_layout_floor_probe_finds_what_it_wrote(redis_client: redis.Redis) -
         assert redis_client.eval(seen, 1, "{probe}:c", fps) == 300
         assert redis_client.get("{probe}:c") == written
         assert redis_client.strlen("{probe}:c") == blocks * 256
+
+
+def test_the_floor_reads_slices_whole_by_the_scripts_rule() -> None:
+    """The block-read floor (bench/_layout_floor.py) and bloom_common.lua read an older
+    slice whole below the same bytes per expected lookup."""
+    lua = (BENCH.parent.parent / "crawler" / "bloomcrawl" / "core" / "lua"
+           / "bloom_common.lua").read_text()
+    found = re.search(r"^local WHOLE_READ_BYTES = (\d+)$", lua, re.MULTILINE)
+    assert found is not None
+    assert int(found.group(1)) == layout_floor().WHOLE_READ_BYTES
 
 
 def getranges(client: redis.Redis) -> int:
