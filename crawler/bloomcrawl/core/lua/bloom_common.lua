@@ -17,9 +17,10 @@
 local state_key = KEYS[1]
 local byte, char, sub, floor = string.byte, string.char, string.sub, math.floor
 -- Integers made into strings by format('%d'): Redis turns a Lua number passed to a
--- command into a string with sprintf('%.14g'), as Lua does for a number joined with
--- '..', and that costs a GETRANGE about a fifth of its time; '%d' costs less. Never a
--- key's own name through '%s': Lua's format cuts a short string at a NUL byte.
+-- command into a string with sprintf('%.17g') (Lua, for a number joined with '..',
+-- with '%.14g'), and that costs a GETRANGE about a fifth of its time; '%d' costs
+-- less. Never a key's own name through '%s': Lua's format cuts a short string at a
+-- NUL byte.
 local format = string.format
 -- a revisit window's decide() marks here (index -> true) the new items it found in the
 -- generation that last left the window: queued again after their window (nil: none)
