@@ -765,7 +765,6 @@ def bench_request_seen(client: redis.Redis, url: str, sizes: Sizes,
     timing, seen = timed(client, n, one_by_one(set_filter, requests))
     rows.append(SeenRow("set", "scrapy-redis RFPDupeFilter (SADD)", timing, seen))
 
-    rows += rate_floor(client, n, max(1, rows[0].slices) if rows else 1)
     rows += seen_in_turns(client, url, n, backends, max(1, rows[0].slices) if rows else 1)
 
     # The recipe's from_settings/from_crawler are not called by Scrapy >= 2.14 and
@@ -780,41 +779,26 @@ def bench_request_seen(client: redis.Redis, url: str, sizes: Sizes,
     return rows
 
 
-#: turns of the rate floor and of SADD beside it; each keeps its best rate
-RATE_FLOOR_ROUNDS = 3
-#: turns of request_seen on each backend and of BF.ADD; each keeps its least Redis CPU
+#: rounds of the single request_seen's turns (seen_in_turns)
 SEEN_TURNS_ROUNDS = 3
-
-
-def best_in_turns(client: redis.Redis, n: int,
-                  runs: dict[str, Callable[[], Callable[[], int]]], rounds: int,
-                  rank: Callable[[Timing], float]) -> dict[str, tuple[Timing, int]]:
-    """Each of ``runs`` in turns, ``rounds`` times, each after a FLUSHALL: ``runs[key]()``
-    sets its state up and returns the body timed over ``n`` decisions. Each keeps the
-    round that ``rank`` puts lowest."""
-    best: dict[str, tuple[Timing, int]] = {}
-    for _ in range(rounds):
-        for key, setup in runs.items():
-            client.flushall()
-            timing, done = timed(client, n, setup())
-            if key not in best or rank(timing) < rank(best[key][0]):
-                best[key] = (timing, done)
-    client.flushall()
-    return best
 
 
 def seen_in_turns(client: redis.Redis, url: str, n: int, backends: Sequence[str],
                   slices: int) -> list[SeenRow]:
-    """request_seen of n new requests on each backend, its floor script, and BF.ADD, in
-    turns, each on a fresh filter sized for n, keeping its least Redis CPU.
+    """request_seen of n new requests on each backend, the floor scripts, BF.ADD and the
+    SADD dupefilter of scrapy-redis, in turns, SEEN_TURNS_ROUNDS times, each after a
+    FLUSHALL on a fresh filter sized for n.
 
     The rows above are measured once each, minutes apart: on this VM the same command's
     Redis CPU can differ by a third from one to the other (BF.ADD's row beside its probe).
-    The Redis CPU targets of a single request_seen, and their floors, compare these. Each
-    fingerprints its fresh Requests as it goes, so that every call comes after as much
-    client work as request_seen's.
+    The Redis CPU targets of a single request_seen, and their floors, compare the rounds of
+    least Redis CPU. The rate floor is the bitmap floor script's best rate, beside SADD's:
+    what any Lua filter called one request at a time can reach here. Each contender
+    fingerprints its fresh Requests as it goes (scrapy-redis's SADD its own way), so that
+    every call comes after as much client work as request_seen's.
     """
     from scrapy.utils.request import RequestFingerprinter
+    from scrapy_redis.dupefilter import RFPDupeFilter as SetDupeFilter
 
     fingerprint = RequestFingerprinter().fingerprint
     evalsha, command = client.evalsha, client.execute_command
@@ -847,60 +831,41 @@ def seen_in_turns(client: redis.Redis, url: str, n: int, backends: Sequence[str]
             return lambda: each(requests)
         return setup
 
+    def sadd() -> Callable[[], int]:
+        return one_by_one(SetDupeFilter(client, "bench-turns:set:dupefilter", debug=False),
+                          make_requests(n))
+
     runs: dict[str, Callable[[], Callable[[], int]]] = {
         "turns" + BACKEND_SUFFIX[b]: dupefilter(b) for b in backends}
     runs["turns_floor"] = bitmap_floor
+    runs["set_turns"] = sadd
     if "redisbloom" in backends:
         rb = PROBE_KEY + ":rb"
         runs["turns_floor_rb"] = redisbloom(
             (shas["single_rb"], 3, PROBE_KEY + ":state", rb, PROBE_RECORD), rb)
         runs["turns_bf_add"] = redisbloom(("BF.ADD", "bench-turns:bf"), "bench-turns:bf")
-    best = best_in_turns(client, n, runs, SEEN_TURNS_ROUNDS, lambda t: t.redis_us)
+    done: dict[str, list[tuple[Timing, int]]] = {key: [] for key in runs}
+    for _ in range(SEEN_TURNS_ROUNDS):
+        for key, setup in runs.items():
+            client.flushall()
+            done[key].append(timed(client, n, setup()))
+    client.flushall()
+
+    def least_cpu(key: str) -> tuple[Timing, int]:
+        return min(done[key], key=lambda r: r[0].redis_us)
+
+    def best_rate(key: str) -> tuple[Timing, int]:
+        return max(done[key], key=lambda r: r[0].rate)
+
+    rows = [SeenRow("floor", f"  rate floor: fingerprint + the probe ({slices} slices)",
+                    *best_rate("turns_floor")),
+            SeenRow("set_turns", "  scrapy-redis SADD, in turns with it", *best_rate("set_turns"))]
     labels = {"turns": "  request_seen, bitmap, in turns",
               "turns_floor": f"  its floor script ({slices} slices), in turns",
               "turns_rb": "  request_seen, redisbloom, in turns",
               "turns_floor_rb": "  its floor script, in turns",
               "turns_bf_add": "  BF.ADD, in turns"}
-    return [SeenRow(key, labels[key], *best[key]) for key in labels if key in best]
-
-
-def rate_floor(client: redis.Redis, n: int, slices: int) -> list[SeenRow]:
-    """The best rate a script dupefilter can reach here, beside SADD's, in turns.
-
-    Its ``request_seen`` is Scrapy's fingerprint of a fresh Request and one EVALSHA of
-    the ``single_new`` probe (the least a new request_seen on a filter of ``slices``
-    slices does in Redis): what any Lua filter called one request at a time pays. The
-    SADD dupefilter of scrapy-redis runs in turns with it over the same URLs (fresh
-    Request objects for both, so both fingerprint), each keeping its best round.
-    """
-    from scrapy.utils.request import RequestFingerprinter
-    from scrapy_redis.dupefilter import RFPDupeFilter as SetDupeFilter
-
-    sha = client.script_load(PROBE_SCRIPTS["single_new"])
-    fingerprint = RequestFingerprinter().fingerprint
-    evalsha = client.evalsha
-
-    def floor_run() -> Callable[[], int]:
-        state, chunk = probe_partition(client)
-        requests = make_requests(n)
-
-        def run() -> int:
-            for r in requests:
-                evalsha(sha, 3, state, chunk, PROBE_RECORD, fingerprint(r), slices)
-            return 0  # seen: none (the probe answers nothing)
-        return run
-
-    def set_run() -> Callable[[], int]:
-        return one_by_one(SetDupeFilter(client, "bench-floor:set:dupefilter", debug=False),
-                          make_requests(n))
-
-    best = best_in_turns(client, n, {"floor": floor_run, "set_turns": set_run},
-                         RATE_FLOOR_ROUNDS, lambda t: -t.rate)
-    return [
-        SeenRow("floor", f"  rate floor: fingerprint + the probe ({slices} slices)",
-                *best["floor"]),
-        SeenRow("set_turns", "  scrapy-redis SADD, in turns with it", *best["set_turns"]),
-    ]
+    return rows + [SeenRow(key, labels[key], *least_cpu(key)) for key in labels if key in done]
 
 
 # --- the recipe at a realistic fill -----------------------------------------
@@ -1597,7 +1562,7 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
          f" hash_number={RECIPE_HASHES}).")
     emit("rate floor: a request_seen doing only Scrapy's fingerprint and one EVALSHA of the"
          " 'one new request_seen' floor probe below, on fresh Requests, in turns with"
-         f" scrapy-redis's SADD dupefilter (best of {RATE_FLOOR_ROUNDS} rounds each): the rate no"
+         f" scrapy-redis's SADD dupefilter (best of {SEEN_TURNS_ROUNDS} rounds each): the rate no"
          " script dupefilter called one request at a time can pass here.")
     emit(f"in turns: request_seen on each backend, the floor scripts of the targets below and"
          f" BF.ADD, {SEEN_TURNS_ROUNDS} rounds, each on a fresh filter sized for the requests,"
@@ -1670,7 +1635,7 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
                   f" one write, two counters) and {record_why}; in turns with request_seen and"
                   " BF.ADD")
     rate_why = ("Scrapy's fingerprint and one EVALSHA of that script per request, in turns"
-                " with SADD (best of %d rounds each)" % RATE_FLOOR_ROUNDS)
+                " with SADD (best of %d rounds each)" % SEEN_TURNS_ROUNDS)
     reads_new = add_many.extra.get("block_reads_new", 1.0)
     reads_dup = add_many.extra.get("block_reads_dup", 1.0)
 
