@@ -440,19 +440,16 @@ def redisbloom_false_positives(client: redis.Redis, key: str, unseen: Sequence[b
     return hits
 
 
-def bf_add_run(client: redis.Redis, key: str, fps: Sequence[bytes]) -> Callable[[], int]:
-    """BF.ADD of each fingerprint, one call each; returns how many were new."""
-    def run() -> int:
-        command = client.execute_command
-        return sum(command("BF.ADD", key, fp) for fp in fps)
-    return run
-
-
 def bench_bf_add(client: redis.Redis, fps: Sequence[bytes], unseen: Sequence[bytes]
                  ) -> list[Row]:
     key = "bench:bf_add"
     client.execute_command("BF.RESERVE", key, ERROR_RATE, len(fps))
-    timing, new = timed(client, len(fps), bf_add_run(client, key, fps))
+
+    def run() -> int:
+        command = client.execute_command
+        return sum(command("BF.ADD", key, fp) for fp in fps)
+
+    timing, new = timed(client, len(fps), run)
     memory = memory_of_db(client)
     hits = redisbloom_false_positives(client, key, unseen)
     info = redisbloom_info(client, key)
@@ -810,26 +807,18 @@ def seen_in_turns(client: redis.Redis, url: str, n: int, backends: Sequence[str]
                                                     n, backend), make_requests(n))
         return setup
 
-    def calls(*head: Any, tail: tuple[Any, ...] = ()) -> Callable[[Sequence[Any]], int]:
-        """One call per request of ``head`` (a command, or an EVALSHA) + its fingerprint."""
-        run = command if head[0] == "BF.ADD" else evalsha
-
-        def each(requests: Sequence[Any]) -> int:
-            return sum(run(*head, fingerprint(r), *tail) == 0 for r in requests)
-        return each
-
-    def bitmap_floor() -> Callable[[], int]:
-        state, chunk = probe_partition(client)
-        each, requests = calls(shas["single_new"], 3, state, chunk, PROBE_RECORD,
-                               tail=(slices,)), make_requests(n)
-        return lambda: each(requests)
-
-    def redisbloom(head: tuple[Any, ...], reserve: str) -> Callable[[], Callable[[], int]]:
+    def calls(prepare: Callable[[], Any], send: Callable[..., Any], *head: Any,
+              tail: tuple[Any, ...] = ()) -> Callable[[], Callable[[], int]]:
+        """After ``prepare()``, one ``send(*head, fingerprint, *tail)`` per fresh request;
+        the body answers how many replied 0 (seen)."""
         def setup() -> Callable[[], int]:
-            client.execute_command("BF.RESERVE", reserve, ERROR_RATE, n)
-            each, requests = calls(*head), make_requests(n)
-            return lambda: each(requests)
+            prepare()
+            requests = make_requests(n)
+            return lambda: sum(send(*head, fingerprint(r), *tail) == 0 for r in requests)
         return setup
+
+    def reserve(key: str) -> Callable[[], Any]:
+        return lambda: command("BF.RESERVE", key, ERROR_RATE, n)
 
     def sadd() -> Callable[[], int]:
         return one_by_one(SetDupeFilter(client, "bench-turns:set:dupefilter", debug=False),
@@ -837,13 +826,16 @@ def seen_in_turns(client: redis.Redis, url: str, n: int, backends: Sequence[str]
 
     runs: dict[str, Callable[[], Callable[[], int]]] = {
         "turns" + BACKEND_SUFFIX[b]: dupefilter(b) for b in backends}
-    runs["turns_floor"] = bitmap_floor
+    state, chunk = probe_partition(client)  # the floor scripts' keys (written again each turn)
+    runs["turns_floor"] = calls(lambda: probe_partition(client), evalsha, shas["single_new"], 3,
+                                state, chunk, PROBE_RECORD, tail=(slices,))
     runs["set_turns"] = sadd
     if "redisbloom" in backends:
         rb = PROBE_KEY + ":rb"
-        runs["turns_floor_rb"] = redisbloom(
-            (shas["single_rb"], 3, PROBE_KEY + ":state", rb, PROBE_RECORD), rb)
-        runs["turns_bf_add"] = redisbloom(("BF.ADD", "bench-turns:bf"), "bench-turns:bf")
+        runs["turns_floor_rb"] = calls(reserve(rb), evalsha, shas["single_rb"], 3, state, rb,
+                                       PROBE_RECORD)
+        runs["turns_bf_add"] = calls(reserve("bench-turns:bf"), command, "BF.ADD",
+                                     "bench-turns:bf")
     done: dict[str, list[tuple[Timing, int]]] = {key: [] for key in runs}
     for _ in range(SEEN_TURNS_ROUNDS):
         for key, setup in runs.items():

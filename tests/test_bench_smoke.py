@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from bloomcrawl.core.bloom import BloomFilter
+from bloomcrawl.core.scripts import load_lua
 from bloomcrawl.ops.cluster.processes import redisbloom_module
 
 from kit import ROOT
@@ -204,9 +205,8 @@ def test_the_layout_floor_probe_finds_what_it_wrote(redis_client: redis.Redis) -
 def test_the_floor_reads_slices_whole_by_the_scripts_rule() -> None:
     """The block-read floor (bench/_layout_floor.py) and bloom_common.lua read an older
     slice whole below the same bytes per expected lookup."""
-    lua = (BENCH.parent.parent / "crawler" / "bloomcrawl" / "core" / "lua"
-           / "bloom_common.lua").read_text()
-    found = re.search(r"^local WHOLE_READ_BYTES = (\d+)$", lua, re.MULTILINE)
+    found = re.search(r"^local WHOLE_READ_BYTES = (\d+)$", load_lua("bloom_common.lua"),
+                      re.MULTILINE)
     assert found is not None
     assert int(found.group(1)) == layout_floor().WHOLE_READ_BYTES
 
