@@ -972,6 +972,10 @@ class GrowthScheme:
     params: FilterParams
     points: list[GrowthPoint] = field(default_factory=list)
     lookups: dict[str, Timing] = field(default_factory=dict)
+    #: BF.MADD's lookups on a filter holding the same URLs, in turns with ours (empty:
+    #: no RedisBloom), and each round's ours / BF.MADD's Redis CPU
+    madd_lookups: dict[str, Timing] = field(default_factory=dict)
+    to_madd: dict[str, list[float]] = field(default_factory=dict)
     #: block reads a duplicate needs at the largest measured size: in a call of
     #: PROBE_BATCH items (the duplicates) and of PAGE_LINKS (a page)
     dup_reads: dict[str, float] = field(default_factory=dict)
@@ -985,6 +989,9 @@ class GrowthScheme:
             "points": [{**asdict(pt), "optimal_bytes": pt.optimal_bytes, "ratio": pt.ratio}
                        for pt in self.points],
             "redis_cpu_us_per_decision": {k: t.redis_us for k, t in self.lookups.items()},
+            "bf_madd_redis_cpu_us_per_decision": {k: t.redis_us
+                                                  for k, t in self.madd_lookups.items()},
+            "to_bf_madd_by_round": self.to_madd,
             "metadata_bytes": self.metadata_bytes,
         }
 
@@ -1067,31 +1074,77 @@ def filter_memory(client: redis.Redis) -> tuple[int, int, int, int]:
     return total, chunk_usage, allocations, count
 
 
-def growth_lookups(client: redis.Redis, bf: BloomFilter, held: int,
-                   decisions: int) -> dict[str, Timing]:
-    """Redis CPU per decision at ``held`` URLs: duplicates, pages, new URLs."""
+#: rounds of the lookups at the largest measured size, with RedisBloom in turns
+GROWTH_TURNS = 5
+
+
+def _pages_body(add: Callable[[Sequence[bytes]], Sequence[Any]],
+                pages: Sequence[Sequence[bytes]]) -> Callable[[], int]:
+    """A timed body: one ``add`` call a page; returns how many answers were truthy."""
+    def run() -> int:
+        return sum(sum(map(bool, add(page))) for page in pages)
+    return run
+
+
+def growth_lookups(client: redis.Redis, bf: BloomFilter, held: int, decisions: int,
+                   rb_key: str | None = None, rounds: int = 1
+                   ) -> tuple[dict[str, Timing], dict[str, Timing], dict[str, list[float]]]:
+    """Redis CPU per decision at ``held`` URLs: duplicates, pages, new URLs.
+
+    ``rb_key``: a BF.RESERVEd filter holding the same URLs. BF.MADD then decides the same
+    fingerprints in turns with ``bf``, each kind's first to go alternating, ``rounds``
+    times (each round its own sample, and new URLs of its own): the filters' size costs
+    both (a duplicate's bits are read from a filter of tens of MB, not from a probe's).
+    Returns bloomcrawl's and BF.MADD's median round of each kind, and each round's
+    bloomcrawl / BF.MADD Redis CPU."""
     rng = random.Random(7)
-    dups = url_fingerprints("grow", rng.sample(range(held), decisions))
-    out = {}
-    out["duplicates"], _ = timed(client, decisions, in_batches(bf.add_many, dups, ADD_MANY_BATCH))
-    # a page of host h: links to pages of h seen before, and one new page of h
-    pages = []
-    for n in range(decisions // PAGE_LINKS):
-        host = n % HOSTS
-        seen = [host + HOSTS * rng.randrange(held // HOSTS) for _ in range(PAGE_LINKS - 1)]
-        pages.append(url_fingerprints("grow", seen) + url_fingerprints("page", [n * HOSTS + host]))
 
-    def crawl() -> int:
-        return sum(sum(bf.add_many(page)) for page in pages)
+    def madd(batch: Sequence[bytes]) -> Sequence[Any]:
+        return client.execute_command("BF.MADD", rb_key, *batch)  # type: ignore[no-any-return]
 
-    out["pages"], _ = timed(client, len(pages) * PAGE_LINKS, crawl)
-    new = url_fingerprints("new", range(decisions))
-    out["new"], _ = timed(client, decisions, in_batches(bf.add_many, new, ADD_MANY_BATCH))
-    return out
+    ours: dict[str, list[Timing]] = {}
+    theirs: dict[str, list[Timing]] = {}
+    ratios: dict[str, list[float]] = {}
+    for r in range(rounds):
+        dups = url_fingerprints("grow", rng.sample(range(held), decisions))
+        # a page of host h: links to pages of h seen before, and one new page of h
+        pages = []
+        for n in range(decisions // PAGE_LINKS):
+            host = n % HOSTS
+            seen = [host + HOSTS * rng.randrange(held // HOSTS) for _ in range(PAGE_LINKS - 1)]
+            page = r * decisions + n
+            pages.append(url_fingerprints("grow", seen)
+                         + url_fingerprints("page", [page * HOSTS + host]))
+        new = url_fingerprints("new", range(r * decisions, (r + 1) * decisions))
+        kinds = {
+            "duplicates": (decisions, in_batches(bf.add_many, dups, ADD_MANY_BATCH),
+                           in_batches(madd, dups, MADD_BATCH)),
+            "pages": (len(pages) * PAGE_LINKS, _pages_body(bf.add_many, pages),
+                      _pages_body(madd, pages)),
+            "new": (decisions, in_batches(bf.add_many, new, ADD_MANY_BATCH),
+                    in_batches(madd, new, MADD_BATCH)),
+        }
+        for what, (count, mine, module) in kinds.items():
+            if rb_key is not None and r % 2:
+                theirs.setdefault(what, []).append(timed(client, count, module)[0])
+            ours.setdefault(what, []).append(timed(client, count, mine)[0])
+            if rb_key is not None and not r % 2:
+                theirs.setdefault(what, []).append(timed(client, count, module)[0])
+            if rb_key is not None:
+                ratios.setdefault(what, []).append(ours[what][-1].redis_us
+                                                   / theirs[what][-1].redis_us)
+
+    def median_round(timings: list[Timing]) -> Timing:
+        return sorted(timings, key=lambda t: t.redis_us)[len(timings) // 2]
+    return ({what: median_round(t) for what, t in ours.items()},
+            {what: median_round(t) for what, t in theirs.items()}, ratios)
 
 
-def bench_growth(client: redis.Redis, sizes: Sizes) -> list[GrowthScheme]:
-    """Fill each filter to each measured size; the larger sizes from the slice plan."""
+def bench_growth(client: redis.Redis, sizes: Sizes, module: bool = False
+                 ) -> list[GrowthScheme]:
+    """Fill each filter to each measured size; the larger sizes from the slice plan.
+    ``module``: RedisBloom is loaded, and the growing filter's lookups at the largest
+    size run in turns with BF.MADD on a filter holding the same URLs."""
     schemes = growth_schemes()
     measured = [n for n in GROWTH_SIZES if n <= sizes.growth_max]
     for scheme in schemes:
@@ -1112,7 +1165,16 @@ def bench_growth(client: redis.Redis, sizes: Sizes) -> list[GrowthScheme]:
                                              fixed_bytes=total - allocations))
         scheme.dup_reads = {what: block_reads(client, bf.key, bf.params.partitions, batch).duplicate
                             for what, batch in (("duplicates", PROBE_BATCH), ("pages", PAGE_LINKS))}
-        scheme.lookups = growth_lookups(client, bf, held, sizes.growth_decisions)
+        rb_key = None
+        if module and scheme.key == "now":
+            rb_key = GROWTH_KEY + ":bf"
+            client.execute_command("BF.RESERVE", rb_key, ERROR_RATE, held)
+            for start in range(0, held, MADD_BATCH):
+                client.execute_command("BF.MADD", rb_key, *url_fingerprints(
+                    "grow", range(start, min(held, start + MADD_BATCH))))
+        scheme.lookups, scheme.madd_lookups, scheme.to_madd = growth_lookups(
+            client, bf, held, sizes.growth_decisions, rb_key,
+            GROWTH_TURNS if rb_key is not None else 1)
         client.flushall()
         for point in scheme.points:
             point.model_bytes = modelled_memory(scheme, point.urls)[0]
@@ -1139,26 +1201,24 @@ def growth_floors(params: FilterParams) -> tuple[float, list[tuple[float, float,
 
 
 def growth_cpu_targets(now: GrowthScheme, slices: int, probes: Probes) -> list[Target]:
-    """Redis CPU per decision at the largest measured size over BF.MADD's (the probes), and
-    the floor: the block reads the lookups cannot avoid, at the probes' cost."""
+    """Redis CPU per decision at the largest measured size over BF.MADD's on a filter
+    holding the same URLs, in turns (the median of the rounds' ratios), and the floor: the
+    block reads the lookups cannot avoid, at the probes' cost, over the same BF.MADD."""
     plan = now.params.plan()[:slices]
     block_bytes = now.params.block_bits // 8
     # older slices larger than what a call of PROBE_BATCH items reads whole: one GETRANGE
     # per new item each (the rule in bloom_common.lua at a call's start), and the newest
     by_block = 1 + sum(1 for s in plan[:-1] if read_by_block(s.blocks * block_bytes, PROBE_BATCH))
-    read, new, dup = probes.get("batch_dup"), probes.get("layout_new"), probes.get("bf_madd_dup")
-    madd, seen = probes.get("bf_madd"), probes.get("layout_dup")
+    read, new, seen = probes.get("batch_dup"), probes.get("layout_new"), probes.get("layout_dup")
     floors: dict[str, float | None] = {"duplicates": None, "pages": None, "new": None}
-    refs: dict[str, float | None] = {"duplicates": dup, "new": madd, "pages": None}
-    if (read is not None and new is not None and madd is not None and dup is not None
-            and seen is not None):
+    refs: dict[str, float | None] = {what: t.redis_us for what, t in now.madd_lookups.items()}
+    if read is not None and new is not None and seen is not None:
         # each layout probe's one block read replaced by the reads the filter needs
         new_floor = new + (by_block - 1) * read
         found = {what: seen + (now.dup_reads.get(what, 1.0) - 1) * read
                  for what in ("duplicates", "pages")}
         floors = {"duplicates": found["duplicates"], "new": new_floor,
                   "pages": ((PAGE_LINKS - 1) * found["pages"] + new_floor) / PAGE_LINKS}
-        refs["pages"] = ((PAGE_LINKS - 1) * dup + madd) / PAGE_LINKS
     why = {
         "duplicates": f"the least Lua found for its k bytes tested ('layout_dup', less its"
                       f" block read) and {now.dup_reads.get('duplicates', 1.0):.2f} block reads a"
@@ -1171,11 +1231,13 @@ def growth_cpu_targets(now: GrowthScheme, slices: int, probes: Probes) -> list[T
     }
     out = []
     for what in ("duplicates", "pages", "new"):
-        ref = refs[what]
+        ref = refs.get(what)
         floor = floors[what]
-        out.append(Target(f"{what}: Redis CPU / BF.MADD's", ratio(now.lookups[what].redis_us, ref),
+        rounds = now.to_madd.get(what)
+        out.append(Target(f"{what}: Redis CPU / BF.MADD's",
+                          statistics.median(rounds) if rounds else None,
                           "<=", 15, note="no RedisBloom" if ref is None else "",
-                          floor=ratio(floor, ref) if floor is not None else None,
+                          floor=ratio(floor, ref) if floor is not None and ref else None,
                           floor_why=why[what]))
     return out
 
@@ -1840,15 +1902,24 @@ def report_growth(sizes: Sizes, schemes: list[GrowthScheme], probes: Probes) -> 
          f" {fmt_count(sizes.growth_decisions)} duplicates and then as many new fingerprints"
          f" in add_many batches of {ADD_MANY_BATCH:,}; pages: {PAGE_LINKS} links to one host"
          " (one partition, one call), to pages seen before but one")
-    header = ["decisions", "before us/dec", "now us/dec", "x before"]
+    header = ["decisions", "before us/dec", "now us/dec", "x before", "BF.MADD us/dec",
+              "now x BF.MADD, by round"]
     cells = [[what, fmt_us(before.lookups[what].redis_us), fmt_us(now.lookups[what].redis_us),
-              fmt_ratio(ratio(now.lookups[what].redis_us, before.lookups[what].redis_us))]
+              fmt_ratio(ratio(now.lookups[what].redis_us, before.lookups[what].redis_us)),
+              fmt_us(now.madd_lookups[what].redis_us) if what in now.madd_lookups else "-",
+              ", ".join(f"{x:.1f}" for x in now.to_madd.get(what, ())) or "-"]
              for what in ("duplicates", "pages", "new")]
     before_last = [p for p in before.points if p.measured][-1]
     now_last = [p for p in now.points if p.measured][-1]
-    cells.append(["slices per partition", str(before_last.slices), str(now_last.slices), ""])
+    cells.append(["slices per partition", str(before_last.slices), str(now_last.slices), "",
+                  "", ""])
     for line in table(header, cells):
         emit(line)
+    if now.to_madd:
+        emit(f"now and BF.MADD: {GROWTH_TURNS} rounds in turns (the first to go alternating),"
+             f" each its own sample; BF.MADD on a filter reserved for the {fmt_count(held)}"
+             " URLs and holding them, its pages one BF.MADD a page; the us columns are each"
+             " one's median round, and the targets below the median of the rounds' ratios.")
     emit("now looks in every slice for a new URL, in the slices holding most URLs first for"
          " a duplicate; older slices small for what the call still looks up are read whole,"
          " once per call. One partition's call decides about 250 of a batch of 1,000.")
@@ -2037,7 +2108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          None) or 14
             probes = bench_probes(client, sizes, bool(module), max(1, single_slices), lanes)
             client.flushall()
-            schemes = bench_growth(client, sizes)
+            schemes = bench_growth(client, sizes, bool(module))
         finally:
             client.close()
     finally:

@@ -135,6 +135,16 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
                       if r["key"] == "add_many_dup")["extra"]["to_bf_madd_in_turns"]
         assert len(rounds) >= 3 and all(x > 1 for x in rounds), rounds
         assert dup["value"] == pytest.approx(statistics.median(rounds))
+        # the lookups at the largest size: beside BF.MADD on a filter holding the same URLs,
+        # in turns, each target the median of the rounds' ratios
+        now = numbers["growth"]["schemes"]["now"]
+        for kind in ("duplicates", "pages", "new"):
+            rounds = now["to_bf_madd_by_round"][kind]
+            assert len(rounds) >= 3 and all(x > 0 for x in rounds), rounds
+            target = next(t for t in numbers["growth"]["targets_cpu"]
+                          if t["name"] == f"{kind}: Redis CPU / BF.MADD's")
+            assert target["value"] == pytest.approx(statistics.median(rounds))
+            assert now["bf_madd_redis_cpu_us_per_decision"][kind] > 0
         # the bit layout's own cost, beside BF.MADD: bloomcrawl's script on one slice
         assert all(x > 1 for x in numbers["layout_x_bf_madd"].values()), numbers
         assert "the bit layout itself" in stdout
