@@ -441,7 +441,7 @@ def duplicates_in_turns(client: redis.Redis, fps: Sequence[bytes]) -> list[float
     DUP_TURNS_ROUNDS-th of them again to each, in batches of the same size, the one that
     goes first alternating. A round's share spans the whole filling (so every slice), and
     both see the same duplicates; the "same again" rows above pass once each, minutes
-    apart, and BF.MADD's row alone moved 0.31-0.44 us a duplicate from run to run.
+    apart, and BF.MADD's row alone moved 0.31-0.41 us a duplicate from run to run.
     Returns the rounds' ratios."""
     client.flushall()
     bf = BloomFilter(client, "bench:dup-turns:bloomfilter", capacity=len(fps),
@@ -820,8 +820,8 @@ def bench_request_seen(client: redis.Redis, url: str, sizes: Sizes,
 
 
 #: rounds of the single request_seen's turns (seen_in_turns): the Redis CPU targets take
-#: the median of the rounds' ratios; with 3 rounds' least CPU, the same tree printed
-#: the RedisBloom target at 1.52x-1.99x BF.ADD from run to run
+#: the median of the rounds' ratios; with 3 rounds' least CPU, five runs printed the
+#: RedisBloom target at 1.52x-1.99x BF.ADD
 SEEN_TURNS_ROUNDS = 7
 
 
@@ -976,6 +976,8 @@ class GrowthScheme:
     #: no RedisBloom), and each round's ours / BF.MADD's Redis CPU
     madd_lookups: dict[str, Timing] = field(default_factory=dict)
     to_madd: dict[str, list[float]] = field(default_factory=dict)
+    #: that filter's BF.INFO after the rounds: capacity, items, filters (1: never grown)
+    madd_filter: dict[str, int] = field(default_factory=dict)
     #: block reads a duplicate needs at the largest measured size: in a call of
     #: PROBE_BATCH items (the duplicates) and of PAGE_LINKS (a page)
     dup_reads: dict[str, float] = field(default_factory=dict)
@@ -992,6 +994,7 @@ class GrowthScheme:
             "bf_madd_redis_cpu_us_per_decision": {k: t.redis_us
                                                   for k, t in self.madd_lookups.items()},
             "to_bf_madd_by_round": self.to_madd,
+            "bf_madd_filter": self.madd_filter,
             "metadata_bytes": self.metadata_bytes,
         }
 
@@ -1168,13 +1171,22 @@ def bench_growth(client: redis.Redis, sizes: Sizes, module: bool = False
         rb_key = None
         if module and scheme.key == "now":
             rb_key = GROWTH_KEY + ":bf"
-            client.execute_command("BF.RESERVE", rb_key, ERROR_RATE, held)
+            # room for the URLs the rounds add (new ones, a page's new link), and one
+            # filter only: a scaled-out RedisBloom filter looks in each of its filters,
+            # and the rounds after its growth would measure another filter than the first
+            room = GROWTH_TURNS * (sizes.growth_decisions + sizes.growth_decisions // PAGE_LINKS)
+            client.execute_command("BF.RESERVE", rb_key, ERROR_RATE, held + room, "NONSCALING")
             for start in range(0, held, MADD_BATCH):
                 client.execute_command("BF.MADD", rb_key, *url_fingerprints(
                     "grow", range(start, min(held, start + MADD_BATCH))))
         scheme.lookups, scheme.madd_lookups, scheme.to_madd = growth_lookups(
             client, bf, held, sizes.growth_decisions, rb_key,
             GROWTH_TURNS if rb_key is not None else 1)
+        if rb_key is not None:
+            info = redisbloom_info(client, rb_key)
+            scheme.madd_filter = {"capacity": int(info.get("Capacity", 0)),
+                                  "items": int(info.get("Number of items inserted", 0)),
+                                  "filters": int(info.get("Number of filters", 0))}
         client.flushall()
         for point in scheme.points:
             point.model_bytes = modelled_memory(scheme, point.urls)[0]
@@ -1812,9 +1824,10 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
         emit(f"duplicates in turns: a bitmap filter and BF.MADD's both hold the"
              f" {fmt_count(by_key['add_many'].items)} fingerprints; each of"
              f" {len(dup_turns)} rounds sends every {len(dup_turns)}th again to both (batches"
-             f" of {ADD_MANY_BATCH}, the first to go alternating): add_many's Redis CPU over"
+             f" of {ADD_MANY_BATCH:,}, the first to go alternating): add_many's Redis CPU over"
              " BF.MADD's, round by round: " + ", ".join(f"{x:.2f}" for x in dup_turns)
-             + f"; the duplicates target below is their median, {statistics.median(dup_turns):.2f}")
+             + f"; the duplicates target below is their median, {statistics.median(dup_turns):.2f}"
+             " (its floor: the probes', over BF.MADD's probe in the same probe turns)")
     emit_targets("Targets (issue: bitmap decisions at most 15x BF.MADD's Redis CPU, a single"
                  " request_seen at most 1.5x BF.ADD's and at SADD's rate); printed, not"
                  " asserted", item3)
@@ -1916,10 +1929,14 @@ def report_growth(sizes: Sizes, schemes: list[GrowthScheme], probes: Probes) -> 
     for line in table(header, cells):
         emit(line)
     if now.to_madd:
+        rb = now.madd_filter
         emit(f"now and BF.MADD: {GROWTH_TURNS} rounds in turns (the first to go alternating),"
-             f" each its own sample; BF.MADD on a filter reserved for the {fmt_count(held)}"
-             " URLs and holding them, its pages one BF.MADD a page; the us columns are each"
-             " one's median round, and the targets below the median of the rounds' ratios.")
+             f" each its own sample; BF.MADD on one non-scaling filter holding the"
+             f" {fmt_count(held)} URLs (reserved for {fmt_count(rb.get('capacity', 0))}, with"
+             f" room for the rounds' new URLs: {fmt_count(rb.get('items', 0))} items and"
+             f" {rb.get('filters', 0)} filter after them), its pages one BF.MADD a page; the us"
+             " columns are each one's median round, and the targets below the median of the"
+             " rounds' ratios.")
     emit("now looks in every slice for a new URL, in the slices holding most URLs first for"
          " a duplicate; older slices small for what the call still looks up are read whole,"
          " once per call. One partition's call decides about 250 of a batch of 1,000.")

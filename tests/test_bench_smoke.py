@@ -145,6 +145,9 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
                           if t["name"] == f"{kind}: Redis CPU / BF.MADD's")
             assert target["value"] == pytest.approx(statistics.median(rounds))
             assert now["bf_madd_redis_cpu_us_per_decision"][kind] > 0
+        # one RedisBloom filter all along: a scaled-out one would be another filter
+        assert now["bf_madd_filter"]["filters"] == 1, now["bf_madd_filter"]
+        assert now["bf_madd_filter"]["items"] <= now["bf_madd_filter"]["capacity"]
         # the bit layout's own cost, beside BF.MADD: bloomcrawl's script on one slice
         assert all(x > 1 for x in numbers["layout_x_bf_madd"].values()), numbers
         assert "the bit layout itself" in stdout
@@ -172,6 +175,10 @@ def test_quick_run_without_the_module_says_why(tmp_path: Path,
     assert [row for row in PLAIN_ROWS if row not in stdout] == []
     assert_targets_printed(stdout)
     assert [t["verdict"] for t in numbers["targets"] if "redisbloom" in t["name"]] == ["n/a"] * 2
+    # every target measured beside RedisBloom says so, at a million and at the largest size
+    beside = [t for t in numbers["targets_cpu"] + numbers["growth"]["targets_cpu"]
+              if "BF.MADD's" in t["name"] or "BF.ADD's" in t["name"]]
+    assert len(beside) == 7 and all(t["verdict"] == "n/a" for t in beside), beside
     assert numbers["redisbloom_skipped"] == "--no-redisbloom given"
 
 
