@@ -13,6 +13,7 @@ import pytest
 from scrapy import Request, Spider
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
+from twisted.internet.task import Clock
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.errors import SettingError
@@ -560,3 +561,61 @@ def test_a_late_send_is_reported_only_beyond_its_hosts_margin(
     assert seen == reported
     sent = scheduler.loop.outbox.feedback_for(0).sent
     assert ("a.test" in sent) == reported[-1]
+
+
+
+def on_a_clock(s: Scheduler, monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """The scheduler's exchange timers and poller on a clock the test steps (no reactor
+    runs here), its loop started as in a crawl."""
+    from bloomcrawl.crawl import exchanges
+
+    clock = Clock()
+    loop = s.loop
+    for timer in (loop._flush_call, loop._wake_call, loop._retry_call, loop._due_call):
+        monkeypatch.setattr(timer, "_later", clock.callLater)
+    monkeypatch.setattr(exchanges, "call_later", clock.callLater)
+    loop.started = True
+    return clock
+
+
+def test_an_exchange_that_carries_the_acks_leaves_no_ack_timer(
+        scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ack timer is for acks no exchange has taken yet. One set for acks that then
+    left with a lease would send, at its time, the acks of the pages finished since,
+    sooner than their own delay: an exchange more, a Redis woken once more."""
+    s, loop = scheduler, scheduler.loop
+    for i in range(2):
+        s.enqueue_request(Request("http://a.test/%d" % i))
+    s.send_pending()
+    first, second = drain(s)
+    on_a_clock(s, monkeypatch)
+    try:
+        finish(s, first)
+        assert loop.flush_pending()  # its ack waits for a lease, or leaves by the timer
+        s.send_pending()  # an exchange takes it, as a lease does
+        assert not loop.outbox.owes_writes()
+        assert not loop.flush_pending()
+        finish(s, second)
+        assert loop.flush_pending()  # the next ack sets it again, from its own time
+    finally:
+        loop.stop()
+
+
+def test_a_poll_of_a_busy_worker_sends_no_counts_alone(
+        scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker with work sends its counts with the next exchange that goes anyway; what
+    it owes Redis beyond counts (links, acks, reports), and no timer will send, a poll
+    does."""
+    s, loop = scheduler, scheduler.loop
+    on_a_clock(s, monkeypatch)
+    loop.starved = False
+    try:
+        loop.outbox.count("pages", 1)
+        loop.poller._poll()
+        assert loop.outbox.owes() and not loop.outbox.exchanging  # the count waits
+        s.enqueue_request(Request("http://a.test/link"))
+        loop.poller._poll()
+        assert not loop.outbox.owes()  # the link went, and the count with it
+        assert s.server.hget(s.frontier.keys.stats, "pages") == b"1"
+    finally:
+        loop.stop()

@@ -213,6 +213,10 @@ class ExchangeLoop:
                              check_idle=check_idle, probe=probe)
         if d is None:
             return
+        # every ack, request and report owed left with this exchange: the ack timer set
+        # for them would only send, at its time, the acks of the pages finished since,
+        # sooner than their own ACK_DELAY. The next ack (or report) sets it from its time.
+        self._flush_call.cancel()
         d.addCallbacks(self._exchanged, self._failed if failures is None else failures.append)
         d.addErrback(log_unexpected, logger, self.log_extra)
 
@@ -430,9 +434,10 @@ class Poller:
             d = self.start_urls.read()
             d.addCallbacks(self._read, loop.redis_failed)
             d.addErrback(log_unexpected, logger, loop.log_extra)
-        if loop.starved or not loop.flush_pending():
-            # a worker with work sends what it owes by the ack timer or with its next
-            # lease: a poll's exchange would only wake Redis once more
+        if loop.starved or (not loop.flush_pending() and loop.outbox.owes_writes()):
+            # a worker with work sends its acks and reports by the ack timer or with its
+            # next lease, and its counts with whichever exchange comes next: a poll's
+            # exchange would only wake Redis once more
             loop.exchange(lease=loop.starved, check_idle=loop.starved)
         self._schedule(self._delay)
         self._delay = min(MAX_POLL_DELAY, self._delay * 2)
