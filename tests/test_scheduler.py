@@ -593,7 +593,7 @@ def test_an_exchange_that_carries_the_acks_leaves_no_ack_timer(
         finish(s, first)
         assert loop.flush_pending()  # its ack waits for a lease, or leaves by the timer
         s.send_pending()  # an exchange takes it, as a lease does
-        assert not loop.outbox.owes_writes()
+        assert not loop.outbox.owes()
         assert not loop.flush_pending()
         finish(s, second)
         assert loop.flush_pending()  # the next ack sets it again, from its own time

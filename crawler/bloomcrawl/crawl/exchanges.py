@@ -168,10 +168,8 @@ class ExchangeLoop:
 
     def exchange(self, *, lease: bool = True, check_idle: bool = False) -> None:
         """Start an exchange of all that is owed, leasing when this worker wants work.
-
-        Nothing starts while one is under way (its reply starts the next) or
-        while a retry waits out its back-off (it will).
-        """
+        Nothing starts while one is under way (its reply starts the next) or while a retry
+        waits out its back-off (it will)."""
         if self.outbox.exchanging or self._retry_call.pending():
             return
         if self.recovery.needed():
@@ -213,10 +211,7 @@ class ExchangeLoop:
                              check_idle=check_idle, probe=probe)
         if d is None:
             return
-        # every ack, request and report owed left with this exchange: the ack timer set
-        # for them would only send, at its time, the acks of the pages finished since,
-        # sooner than their own ACK_DELAY. The next ack (or report) sets it from its time.
-        self._flush_call.cancel()
+        self._flush_call.cancel()  # all owed left: the next ack sets it from its own time
         d.addCallbacks(self._exchanged, self._failed if failures is None else failures.append)
         d.addErrback(log_unexpected, logger, self.log_extra)
 
@@ -434,10 +429,12 @@ class Poller:
             d = self.start_urls.read()
             d.addCallbacks(self._read, loop.redis_failed)
             d.addErrback(log_unexpected, logger, loop.log_extra)
-        if loop.starved or (not loop.flush_pending() and loop.outbox.owes_writes()):
-            # a worker with work sends its acks and reports by the ack timer or with its
-            # next lease, and its counts with whichever exchange comes next: a poll's
-            # exchange would only wake Redis once more
+        # a worker with work sends its acks and reports by the ack timer or with its next
+        # lease, and its counts with whichever exchange comes next: a poll's exchange would
+        # only wake Redis once more. What no timer will send (links, acks, reports) goes.
+        outbox = loop.outbox
+        writes = outbox.requests() or outbox.ack_partition() is not None or outbox.has_feedback()
+        if loop.starved or (writes and not loop.flush_pending()):
             loop.exchange(lease=loop.starved, check_idle=loop.starved)
         self._schedule(self._delay)
         self._delay = min(MAX_POLL_DELAY, self._delay * 2)

@@ -240,11 +240,7 @@ class Outbox:
 
     def owes(self) -> bool:
         """Requests, acks or stats are waiting to be sent."""
-        return self.owes_writes() or self.shared_stats.owes()
-
-    def owes_writes(self) -> bool:
-        """Requests, acks or reports of hosts are waiting to be sent (counts aside)."""
-        return bool(self._outgoing or self._feedback) or any(self._acks.values())
+        return bool(self._outgoing or self._acks or self._feedback) or self.shared_stats.owes()
 
     def ack_partition(self) -> int | None:
         """A partition with acks to send: a lease from it carries them in the same call."""
