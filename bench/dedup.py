@@ -153,6 +153,21 @@ def timed(client: redis.Redis, decisions: int, body: Callable[[], int]) -> tuple
     return Timing(decisions, seconds, used.main_thread_s, client_cpu), result
 
 
+def one_round(client: redis.Redis, decisions: int, bodies: dict[str, Callable[[], int]],
+              round_number: int) -> dict[str, tuple[Timing, int]]:
+    """One round of turns: each body timed once, in order, or in reverse order in an odd
+    round (the one that goes first alternates)."""
+    names = list(bodies)
+    if round_number % 2:
+        names.reverse()
+    return {name: timed(client, decisions, bodies[name]) for name in names}
+
+
+def median_round(timings: Sequence[Timing]) -> Timing:
+    """The round of median Redis CPU (an odd number of rounds: the median itself)."""
+    return sorted(timings, key=lambda t: t.redis_us)[len(timings) // 2]
+
+
 @dataclass
 class Row:
     """One contender of the raw-decision table."""
@@ -457,10 +472,9 @@ def duplicates_in_turns(client: redis.Redis, fps: Sequence[bytes]) -> list[float
     ratios = []
     for r in range(DUP_TURNS_ROUNDS):
         share = fps[r::DUP_TURNS_ROUNDS]
-        turn = {"ours": in_batches(bf.add_many, share, ADD_MANY_BATCH),
-                "madd": in_batches(madd, share, MADD_BATCH)}
-        done = {name: timed(client, len(share), turn[name])
-                for name in (("madd", "ours") if r % 2 else ("ours", "madd"))}
+        done = one_round(client, len(share),
+                         {"ours": in_batches(bf.add_many, share, ADD_MANY_BATCH),
+                          "madd": in_batches(madd, share, MADD_BATCH)}, r)
         if done["ours"][1] or done["madd"][1]:
             raise RuntimeError("duplicates in turns: %d and %d answered new"
                                % (done["ours"][1], done["madd"][1]))
@@ -892,7 +906,8 @@ def seen_in_turns(client: redis.Redis, url: str, n: int, backends: Sequence[str]
     client.flushall()
 
     def median_cpu(key: str) -> tuple[Timing, int]:
-        return sorted(done[key], key=lambda r: r[0].redis_us)[len(done[key]) // 2]
+        timing = median_round([t for t, _ in done[key]])
+        return next(r for r in done[key] if r[0] is timing)
 
     def to_bf_add(key: str) -> list[float]:
         return [mine.redis_us / add.redis_us for (mine, _), (add, _)
@@ -1128,17 +1143,13 @@ def growth_lookups(client: redis.Redis, bf: BloomFilter, held: int, decisions: i
                     in_batches(madd, new, MADD_BATCH)),
         }
         for what, (count, mine, module) in kinds.items():
-            if rb_key is not None and r % 2:
-                theirs.setdefault(what, []).append(timed(client, count, module)[0])
-            ours.setdefault(what, []).append(timed(client, count, mine)[0])
-            if rb_key is not None and not r % 2:
-                theirs.setdefault(what, []).append(timed(client, count, module)[0])
+            bodies = {"ours": mine, "madd": module} if rb_key is not None else {"ours": mine}
+            done = one_round(client, count, bodies, r)
+            ours.setdefault(what, []).append(done["ours"][0])
             if rb_key is not None:
-                ratios.setdefault(what, []).append(ours[what][-1].redis_us
-                                                   / theirs[what][-1].redis_us)
-
-    def median_round(timings: list[Timing]) -> Timing:
-        return sorted(timings, key=lambda t: t.redis_us)[len(timings) // 2]
+                theirs.setdefault(what, []).append(done["madd"][0])
+                ratios.setdefault(what, []).append(done["ours"][0].redis_us
+                                                   / done["madd"][0].redis_us)
     return ({what: median_round(t) for what, t in ours.items()},
             {what: median_round(t) for what, t in theirs.items()}, ratios)
 

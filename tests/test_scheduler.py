@@ -563,7 +563,6 @@ def test_a_late_send_is_reported_only_beyond_its_hosts_margin(
     assert ("a.test" in sent) == reported[-1]
 
 
-
 def on_a_clock(s: Scheduler, monkeypatch: pytest.MonkeyPatch) -> Clock:
     """The scheduler's exchange timers and poller on a clock the test steps (no reactor
     runs here), its loop started as in a crawl."""
