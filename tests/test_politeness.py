@@ -14,6 +14,7 @@ import redis
 from scrapy import Request
 from scrapy.settings import Settings
 
+from bloomcrawl.core import presence
 from bloomcrawl.core.bloom import BloomFilter, partition_of
 from bloomcrawl.core.errors import FilterMismatchError, SettingError
 from bloomcrawl.core.frontier import Frontier, Outgoing
@@ -292,6 +293,33 @@ def test_a_lease_ahead_comes_only_from_hosts_without_a_delay(redis_client: redis
     assert len(got) == 2 + 3  # 8 slots: 2 due, then half of the 6 left
     # no ahead asked: `want` is the most a lease gives
     assert len(a.exchange((), {}, lease_from=home(solo), want=1).leases) == 1
+
+
+def test_a_worker_alone_in_the_crawl_leases_all_free_slots_ahead(
+        redis_client: redis.Redis) -> None:
+    """Each stats call tells a worker whether it is the only one alive (presence): alone,
+    a lease ahead may take all of a host's free slots; while another worker is alive,
+    half, as before; alone again once that one's presence ran out."""
+    polite = Politeness(delay=0.0, concurrency=8)
+    a = worker(redis_client, "a", polite)
+    a.exchange(outgoing(a, *("http://x.test/%d" % i for i in range(40))), {},
+               [(1, {"pages": 1})])
+    assert not a.alone  # not recorded as alive yet: no worker is alone
+    presence.here(a)
+    a.exchange((), {}, [(2, {"pages": 1})])
+    assert a.alone
+    got = a.exchange((), {}, lease_from=home("x.test"), want=2, ahead=20).leases
+    assert len(got) == 8  # 2 due, then all 6 free slots
+    b = worker(redis_client, "b", polite, lease_timeout=0.3)
+    presence.here(b)
+    a.exchange((), {home("x.test"): [x.token for x in got]}, [(3, {"pages": 8})])
+    assert not a.alone
+    got = a.exchange((), {}, lease_from=home("x.test"), want=2, ahead=20).leases
+    assert len(got) == 2 + 3  # 8 slots: 2 due, then half of the 6 left
+    time.sleep(0.4)  # b's presence runs out (killed without a word)
+    a.exchange((), {home("x.test"): [x.token for x in got]}, [(4, {"pages": 5})])
+    assert a.alone
+    assert len(a.exchange((), {}, lease_from=home("x.test"), want=2, ahead=20).leases) == 8
 
 
 def test_one_slot_hosts_wait_from_the_response_of_their_last_request(

@@ -138,19 +138,16 @@ def sent_key(entry: Outgoing) -> bytes:
 
 def stats_call(f: keys.FrontierKeys, worker: str, node: str,
                stats: Sequence[tuple[int, Mapping[str, int]]]) -> ScriptCall:
-    """One call for all of a batch's numbered counts, lowest number first.
-
-    One call, not one per number: a pipeline's calls are not atomic together,
-    and a NOSCRIPT reply to one of them (after a restart or failover, when
-    another client loads the script in between) would let a higher number
-    apply before a lower one, which the script then refuses as already applied.
-    """
+    """One call for all of a batch's numbered counts, lowest number first: in one call per
+    number, a NOSCRIPT reply to one (after a restart or failover, another client loading
+    the script in between) would let a higher number apply before a lower one, which the
+    script then refuses. It also tells whether the worker is alone (Frontier.alone)."""
     args: list[Any] = [worker, node]
     for number, counts in stats:
         args += [number, len(counts)]
         for name, value in counts.items():
             args += [name, value]
-    return ScriptCall(_STATS, [f.stats, f.pages_by_node, f.stats_applied], args)
+    return ScriptCall(_STATS, [f.stats, f.pages_by_node, f.stats_applied, f.workers], args)
 
 
 class Frontier:
@@ -182,6 +179,8 @@ class Frontier:
         #: the scheduler's watch of ``server``: its epoch is in lease tokens (a rolled
         #: back counter gives tokens again: an old one's ack must not end a new lease)
         self.watch: ServerWatch | None = None
+        #: the only worker alive, as the last stats call found: it may lease all free slots
+        self.alone = False
 
     @property
     def partitions(self) -> int:
@@ -289,6 +288,7 @@ class Frontier:
         partitions = [p for p in dict.fromkeys(touched) if p != lease_from]
         calls = [self._partition_call(p, seen.get(p), by_partition.get(p, ()),
                                       acks.get(p, ()), 0) for p in partitions]
+        stats_at = len(calls) if stats else None
         if stats:
             calls.append(stats_call(f, self.worker_id, self.node, stats))
         calls += [ScriptCall(_PEEK, [f.polite(p, "ready"), f.polite(p, "queued")], [])
@@ -306,7 +306,9 @@ class Frontier:
         results = self.bloom.run_scripts(calls, recreate_filter=self._recreate_filter,
                                          whole=self.whole)
         received = time.monotonic()
-        replies = [r for r in results if isinstance(r, list)]
+        if stats_at is not None:
+            self.alone = int(results[stats_at][1]) == 1
+        replies = [r for i, r in enumerate(results) if isinstance(r, list) and i != stats_at]
         revisited = sum(reply[0].count(b"2") for reply in replies)
         queued = sum(reply[0].count(b"1") for reply in replies) + revisited
         done = Exchanged(queued, sum(not e.record_only for e in outgoing) - queued, revisited)
@@ -344,7 +346,7 @@ class Frontier:
                            want, self.lease_ms,
                            # tokens: "<worker>/<epoch>:<partition>:<number from Redis>"
                            "%s%d:" % (self._token_prefix(), partition), repr(random.random()),
-                           "%d:%d" % (ahead, horizon * 1000) if horizon > 0 else ahead,
+                           "%d:%d:%d" % (ahead, horizon * 1000, 1 if self.alone else 2),
                            *seen, *ack_args(acks)]
         script = _LEASE
         partition_keys = [f.state(partition), f.leases(partition), f.deadlines(partition),

@@ -278,9 +278,10 @@ end
 -- A host without a delay that is the only one ready gives all it may at once (up to
 -- its free slots) in one command each; with several ready, each gives one in turn.
 -- Beyond `want`, up to `ahead` more come from hosts without a delay only, each giving
--- at most half its free slots: a worker keeps those for its engine's next free slots
--- (fewer exchanges); a request that waits in a worker cannot break a delay its host
--- does not have, and the host keeps slots for the other workers.
+-- at most 1/share of its free slots (share 2: half): a worker keeps those for its
+-- engine's next free slots (fewer exchanges); a request that waits in a worker cannot
+-- break a delay its host does not have, and the host keeps slots for the other workers.
+-- A worker alone in the crawl asks with share 1: there are no others to keep them for.
 -- Within `want`, a host with a delay and one slot ready within `horizon` ms is leased for
 -- then: the worker holds its request until that time (the lease says how long from now),
 -- and the host's next lease counts from it. Workers that all learnt when a host is ready would
@@ -295,7 +296,7 @@ end
 -- host of one slot, whose next lease waits for this one's ack and counts from the end
 -- it carries (end_leases), so when it left never needs reporting.
 local function lease_ready(leases, deadlines, counter, want, ahead, horizon, lease_ms, prefix,
-                           u, out)
+                           u, out, share)
   local n, most, spare = 0, want + ahead, {}
   while n < most do
     local r = redis.call('ZRANGEBYSCORE', PR.ready, '-inf', PR.now + horizon, 'WITHSCORES',
@@ -315,9 +316,9 @@ local function lease_ready(leases, deadlines, counter, want, ahead, horizon, lea
     if delay == 0 and most - n > 1 and (not several or need <= 0) then
       local free = conc - tonumber(redis.call('HGET', PR.busy, host) or '0')
       local due = math.max(0, math.min(need, free))
-      -- ahead, at most half the free slots the host had when this call first took
-      -- from it: requests held in a worker must not keep the others from its slots
-      local left = spare[host] or math.floor((free - due) / 2)
+      -- ahead, at most 1/share of the free slots the host had when this call first
+      -- took from it: requests held in a worker must not keep the others from its slots
+      local left = spare[host] or math.floor((free - due) / share)
       -- several hosts ready (need <= 0 then): one each in turn
       local extra = math.max(0, math.min(left, several and 1 or most - n - due))
       spare[host] = left - extra
@@ -389,7 +390,7 @@ end
 -- counter, KEYS[5..10] politeness (polite_init)
 -- ARGV[1] cfg, ARGV[2] queue type, ARGV[3] feedback triples, ARGV[4] acks, ARGV[5] want,
 -- ARGV[6] lease ms, ARGV[7] token prefix (the worker), ARGV[8] a random number in [0, 1),
--- ARGV[9] ahead[:horizon] (lease_ready), then the feedback triples, the acks, and what
+-- ARGV[9] ahead[:horizon[:share]] (lease_ready), then the feedback triples, the acks, and what
 -- enqueue reads.
 -- Returns {decisions, wait, token1, payload1, paced1, ...}; wait as ready_wait(), after
 -- all of it (acks and new requests may have made a host ready, or set when it is).
@@ -405,10 +406,11 @@ local function exchange(enqueue)
   local out = {enqueue and enqueue(at) or '', ''}
   end_leases(KEYS[2], KEYS[3], ack_from, at - 1)
   if want > 0 then
-    -- ARGV[9]: "<ahead>" or "<ahead>:<horizon ms>"
-    local ahead, horizon = string.match(ARGV[9], '^(%d+):?(%d*)$')
+    -- ARGV[9]: "<ahead>", "<ahead>:<horizon ms>" or "<ahead>:<horizon ms>:<share>"
+    local ahead, horizon, share = string.match(ARGV[9], '^(%d+):?(%d*):?(%d*)$')
     lease_ready(KEYS[2], KEYS[3], KEYS[4], want, tonumber(ahead), tonumber(horizon) or 0,
-                tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), out)
+                tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), out,
+                math.max(1, tonumber(share) or 2))
   end
   out[2] = ready_wait()
   return out
