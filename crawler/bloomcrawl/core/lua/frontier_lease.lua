@@ -5,10 +5,10 @@
 -- zset, KEYS[4] lease counter, KEYS[5..10] politeness (polite_common)
 -- ARGV[1] politeness cfg, ARGV[2] queue type, ARGV[3] feedback triples, ARGV[4] acks,
 -- ARGV[5] how many to lease (0: none), ARGV[6] lease ms, ARGV[7] token prefix (the
--- worker), ARGV[8] a random number in [0, 1) (the delay jitter), ARGV[9] how many more
--- to lease from hosts without a delay, and ":<ms>" the horizon of paced hosts leased for
--- later, and ":<share>" what part of a host's free slots they may take, 1/2 by default
--- (lease_ready), then the feedback triples (kind, host, value) and the tokens to ack
+-- worker), ARGV[8] a random number in [0, 1) (the delay jitter), ARGV[9]
+-- "<ahead>:<horizon ms>:<share>": how many more to lease from hosts without a delay, the
+-- horizon of paced hosts leased for later, and 1/share of a host's free slots is the most
+-- those may take (lease_ready), then the feedback triples (kind, host, value) and the tokens to ack
 -- returns {'', wait, token1, payload1, paced1, token2, ...} (paced: '0' when the host
 -- has no delay, else its delay, room and start, see lease_ready): wait is the ms until the
 -- partition's next host is ready (-1: nothing queued; -2: requests queued, but every

@@ -7,9 +7,9 @@
 -- All of a batch's numbers travel in this one call: in separate calls of one
 -- pipeline, a NOSCRIPT reply to the first (another client loads the script
 -- between the two) would let the second apply first and the first be refused.
--- KEYS[4] (optional) the workers alive (frontier_workers.lua): the call then also tells
--- whether the worker is alone in the crawl, the only one alive being itself.
--- Returns how many numbers were applied; with KEYS[4], {applied, 1 alone or 0}.
+-- KEYS[4] the workers alive (frontier_workers.lua): the call also tells whether the
+-- worker is alone in the crawl, the only one alive being itself.
+-- Returns {how many numbers were applied, 1 alone or 0}.
 local last = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
 local applied = 0
 local i = 3
@@ -28,7 +28,6 @@ while i <= #ARGV do
   i = i + 2 + 2 * fields
 end
 if applied > 0 then redis.call('HSET', KEYS[3], ARGV[1], last) end
-if not KEYS[4] then return applied end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local alive = redis.call('ZRANGEBYSCORE', KEYS[4], now, '+inf', 'LIMIT', '0', '2')

@@ -390,7 +390,7 @@ end
 -- counter, KEYS[5..10] politeness (polite_init)
 -- ARGV[1] cfg, ARGV[2] queue type, ARGV[3] feedback triples, ARGV[4] acks, ARGV[5] want,
 -- ARGV[6] lease ms, ARGV[7] token prefix (the worker), ARGV[8] a random number in [0, 1),
--- ARGV[9] ahead[:horizon[:share]] (lease_ready), then the feedback triples, the acks, and what
+-- ARGV[9] ahead:horizon:share (lease_ready), then the feedback triples, the acks, and what
 -- enqueue reads.
 -- Returns {decisions, wait, token1, payload1, paced1, ...}; wait as ready_wait(), after
 -- all of it (acks and new requests may have made a host ready, or set when it is).
@@ -406,11 +406,10 @@ local function exchange(enqueue)
   local out = {enqueue and enqueue(at) or '', ''}
   end_leases(KEYS[2], KEYS[3], ack_from, at - 1)
   if want > 0 then
-    -- ARGV[9]: "<ahead>", "<ahead>:<horizon ms>" or "<ahead>:<horizon ms>:<share>"
-    local ahead, horizon, share = string.match(ARGV[9], '^(%d+):?(%d*):?(%d*)$')
-    lease_ready(KEYS[2], KEYS[3], KEYS[4], want, tonumber(ahead), tonumber(horizon) or 0,
-                tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), out,
-                math.max(1, tonumber(share) or 2))
+    -- ARGV[9]: "<ahead>:<horizon ms>:<share>"
+    local ahead, horizon, share = string.match(ARGV[9], '^(%d+):(%d+):(%d+)$')
+    lease_ready(KEYS[2], KEYS[3], KEYS[4], want, tonumber(ahead), tonumber(horizon),
+                tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), out, tonumber(share))
   end
   out[2] = ready_wait()
   return out
