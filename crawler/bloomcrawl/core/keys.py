@@ -140,9 +140,13 @@ def crawl_key(spider_name: str) -> str:
 
 
 def item_ids_key(items_key: str) -> str:
-    """The set of ids of items stored before ids expired (same slot as the items list).
+    """The set of ids of items stored by earlier versions, which kept every id (same
+    slot as the items list).
 
-    Never written any more: still read, so that what it holds stays stored once.
+    Never added to any more: still read, so that what it holds stays stored once, and
+    bounded by the dedup window: the first push that finds it without an expiry gives it
+    one of one window (items_push.lua), after which each of its ids is older than the
+    window.
     """
     return "{%s}:ids" % items_key
 

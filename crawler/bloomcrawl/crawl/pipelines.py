@@ -6,7 +6,9 @@ checked and pushed in one atomic call, so a page crawled twice after a
 worker died, or a push sent twice, stores nothing twice. The ids are kept
 for REDIS_ITEMS_DEDUP_WINDOW seconds (7 days), by Redis's clock, in the
 zset ``{<items key>}:recent_ids``: its memory follows the items of that
-window, not every item ever stored.
+window, not every item ever stored. The set ``{<items key>}:ids`` of
+earlier versions (every id) is still read, and expires one window after the
+first push that finds it.
 """
 
 from __future__ import annotations
@@ -165,6 +167,18 @@ class RedisItemsPipeline:
                           0, None)
         window = get_float(settings, "REDIS_ITEMS_DEDUP_WINDOW", defaults.ITEMS_DEDUP_WINDOW,
                            0.001, None)
+        lease_timeout = get_float(settings, "SCHEDULER_LEASE_TIMEOUT", defaults.LEASE_TIMEOUT,
+                                  0, None)
+        if window < lease_timeout:
+            # A warning, not a SettingError: a short window is a trade one may make on
+            # purpose (less memory for ids, items deduplicated downstream, a crawl whose
+            # scheduler has no leases), and refusing it would stop crawls that ran before.
+            logger.warning(
+                "REDIS_ITEMS_DEDUP_WINDOW (%gs) is shorter than SCHEDULER_LEASE_TIMEOUT (%gs):"
+                " a page whose worker died before its ack is crawled again only after its"
+                " lease expired, when its items' ids have left the window, so its items are"
+                " stored twice. Set REDIS_ITEMS_DEDUP_WINDOW to a few lease timeouts at least",
+                window, lease_timeout)
         origins.want(crawler)  # the spider middleware tags items from now on
         return cls(redis_from_settings(settings), crawler, pattern, retry, window)
 

@@ -22,7 +22,7 @@ RULES = {
               " +hmget +hset +hsetnx +hgetall +hincrby +hdel +exists +strlen +getrange +setrange"
               " +incr +incrby +time +zadd +zrem +zpopmin +zcard +zscore +zrangebyscore +rpush"
               " +lpush +lpop +rpop +llen +sadd +sismember +get +decr +zincrby +zrange"
-              " +zremrangebyscore +set",
+              " +zremrangebyscore +set +pexpire",
     "exporter": "resetkeys resetchannels -@all %R~* +ping +info +command +cluster|slots"
                 " +cluster|shards +asking +scan +dbsize +time +hgetall +hmget +hget +hlen +get"
                 " +strlen +llen +zcard +zcount +scard +script|load +evalsha_ro +zrevrange"
