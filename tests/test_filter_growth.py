@@ -328,6 +328,21 @@ def test_a_partition_whose_state_was_lost_goes_on_with_its_slices(
     assert bf.info().slices >= before.slices
 
 
+def test_a_job_without_partitions_set_opens_the_stored_count(
+        redis_client: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """BLOOMFILTER_PARTITIONS left unset means "what the filter has", on one Redis as on
+    a cluster; set to another count, it is still refused (the bits would move)."""
+    made = config(BLOOMFILTER_PARTITIONS=2).open(redis_client, "demo")
+    made.add_many(fingerprints(100, salt="parts-"))
+    caplog.set_level(logging.WARNING)
+    bf = config().open(redis_client, "demo")
+    assert bf.params == made.params and bf.params.partitions == 2
+    assert not any(bf.add_many(fingerprints(100, salt="parts-")))
+    assert sizing_warnings(caplog) == []
+    with pytest.raises(FilterMismatchError, match="partitions: stored 2, asked for 4"):
+        config(BLOOMFILTER_PARTITIONS=4).open(redis_client, "demo")
+
+
 # --- BLOOMFILTER_INITIAL_CAPACITY: a crawl that knows its size ----------------------------
 
 
@@ -373,8 +388,6 @@ def test_an_initial_capacity_of_another_filter_is_logged_and_the_stored_one_kept
     ({"BLOOMFILTER_INITIAL_CAPACITY": "many"}, "BLOOMFILTER_INITIAL_CAPACITY"),
     ({"BLOOMFILTER_INITIAL_CAPACITY": 1000, "BLOOMFILTER_BIT": 20},
      "not of one that BLOOMFILTER_BIT sizes"),
-    ({"BLOOMFILTER_INITIAL_CAPACITY": 1000, "BLOOMFILTER_BACKEND": "redisbloom"},
-     "not of one that BLOOMFILTER_BACKEND sizes"),
 ])
 def test_a_wrong_initial_capacity_is_refused_by_name(settings: dict[str, Any],
                                                      message: str) -> None:

@@ -164,7 +164,7 @@ class BloomFilter:
             # the seeds' sizing is an allocation the user asked for: kept as it was
             params = FilterParams.fixed(bit_exponent, hashes, **common)
         else:
-            if concrete == "bitmap" and initial_capacity is None:
+            if initial_capacity is None:
                 initial_capacity = defaults.FILTER_INITIAL_CAPACITY
             params = FilterParams(capacity=capacity, error_rate=error_rate,
                                   initial_capacity=initial_capacity,

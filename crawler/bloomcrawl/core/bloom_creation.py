@@ -48,7 +48,13 @@ def has_redisbloom(server: Any) -> bool:
 
 
 def resolve_auto_backend(server: redis.Redis, key: str, params: FilterParams) -> FilterParams:
-    """auto: an existing filter keeps its backend; a new one uses RedisBloom if loaded."""
+    """auto: an existing filter keeps its backend; a new one uses RedisBloom if loaded.
+
+    Either backend starts a new filter small and grows it (``initial_capacity``).
+    An existing filter's backend is never a mismatch under auto: asked sizing that
+    only the other backend has (BLOOMFILTER_BIT, a growth that is not an integer)
+    is a sizing difference, logged when the filter is opened with its own.
+    """
     with redis_errors(server):
         raw = server.hget(keys.meta_key(key), "params")
         if raw is not None:
@@ -65,9 +71,21 @@ def resolve_auto_backend(server: redis.Redis, key: str, params: FilterParams) ->
     changes: dict[str, Any] = {"backend": stored}
     if stored == "redisbloom":
         changes["tightening"] = REDISBLOOM_TIGHTENING
-        changes["initial_capacity"] = None  # RedisBloom sizes its first sub-filter itself
         if params.bit_exponent is not None or float(params.growth) != int(params.growth):
-            return params  # cannot: stay on the bitmap backend
+            if raw is None:
+                return params  # cannot: a new filter stays on the bitmap backend
+            # the stored RedisBloom filter is opened with its own sizing, as any
+            # other difference in sizing would be
+            own = parse_stored_params(server, key, raw)
+            changes.update(bit_exponent=None, hashes=None, growth=own.growth,
+                           initial_capacity=own.initial_capacity)
+            logger.warning(
+                "Bloom filter %r at %s is a RedisBloom filter, made with growth %s: asked"
+                " for %s, which only bitmap filters have; it is opened with its own", key,
+                describe_redis(server), own.growth,
+                "BLOOMFILTER_BIT=%s and BLOOMFILTER_HASH_NUMBER=%s" % (
+                    params.bit_exponent, params.hashes)
+                if params.bit_exponent is not None else "growth %s" % (params.growth,))
     else:
         changes["tightening"] = defaults.FILTER_TIGHTENING
     return dataclasses.replace(params, **changes)

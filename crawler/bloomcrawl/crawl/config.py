@@ -228,10 +228,9 @@ class FilterConfig:
             raise SettingError("BLOOMFILTER_BACKEND must be bitmap, redisbloom or auto, got %r"
                                % (backend,))
         initial_capacity = get_optional_int(settings, "BLOOMFILTER_INITIAL_CAPACITY", minimum=1)
-        fixed = "BLOOMFILTER_BIT" if bit_exponent is not None else "BLOOMFILTER_BACKEND"
-        if initial_capacity is not None and (bit_exponent is not None or backend == "redisbloom"):
+        if initial_capacity is not None and bit_exponent is not None:
             raise SettingError("BLOOMFILTER_INITIAL_CAPACITY sizes the first slice of a filter"
-                               " that grows, not of one that %s sizes" % fixed)
+                               " that grows, not of one that BLOOMFILTER_BIT sizes")
         partition_by = settings.get("BLOOMFILTER_PARTITION_BY") or None
         if partition_by is not None and partition_by not in PARTITION_BY:
             raise SettingError("BLOOMFILTER_PARTITION_BY must be host or fingerprint, got %r"
@@ -310,22 +309,23 @@ class FilterConfig:
 def default_partitions(server: Any, key: str) -> int:
     """BLOOMFILTER_PARTITIONS when not set: enough to spread over a Redis Cluster's masters.
 
-    One Redis: :data:`~bloomcrawl.core.defaults.FILTER_PARTITIONS`. A Redis
-    Cluster: the partitions an existing filter has, else
+    The partitions an existing filter has, else on one Redis
+    :data:`~bloomcrawl.core.defaults.FILTER_PARTITIONS`, and on a Redis Cluster
     :data:`~bloomcrawl.core.defaults.CLUSTER_PARTITIONS_PER_MASTER` per master
     (each partition is one slot; slots are spread by hash, so a few per
     master even out, and the cluster can later grow to that many masters).
     """
-    if not is_cluster(server):
-        return defaults.FILTER_PARTITIONS
+    cluster = is_cluster(server)
     with redis_errors(server):
         raw = server.hget(keys.meta_key(key), "params")
-        masters = len(server.get_primaries())
+        masters = len(server.get_primaries()) if cluster else 1
     if raw is not None:
         try:
             return int(json.loads(raw)["partitions"])
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: the filter names the problem when it opens
+    if not cluster:
+        return defaults.FILTER_PARTITIONS
     return max(defaults.FILTER_PARTITIONS, defaults.CLUSTER_PARTITIONS_PER_MASTER * masters)
 
 
