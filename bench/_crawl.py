@@ -43,6 +43,13 @@ SETTLE_S = 0.5
 STEADY_FROM = 0.1
 #: the crawl's phases: Redis CPU is sampled when each quarter of the pages is fetched
 PHASES = 4
+#: the ``site`` spider's keys: bloomcrawl's queue keys and scrapy-redis's queue start with
+#: QUEUE_PREFIX; its filter's (meta, partition states, bit chunks, call records) and the
+#: scrapy-redis dupefilters' hold one of FILTER_MARKS
+QUEUE_PREFIX = "site:requests"
+FILTER_MARKS = ("site:bloomfilter", "site:dupefilter")
+#: the kinds :func:`key_memory` sums the keys' memory by
+KEY_KINDS = ("filter", "queue", "other")
 
 
 @dataclass(frozen=True)
@@ -194,6 +201,17 @@ class CrawlRun:
     #: the workers did not share a crawl: each crawled the whole site on its own (the
     #: in-memory scheduler with 2 processes: what the machine allows 2 processes)
     separate: bool = False
+    #: Redis used_memory right after the run's FLUSHALL, before the crawl (None: not
+    #: measured, see run_crawl's ``memory``)
+    empty_memory: int | None = None
+    #: at the end of the crawl, with used_memory: kind (KEY_KINDS) -> (keys, bytes of
+    #: MEMORY USAGE summed over them); empty when not measured
+    key_memory: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def added_memory(self) -> int | None:
+        """used_memory at the end over the empty server's: what the crawl added."""
+        return None if self.empty_memory is None else self.used_memory - self.empty_memory
 
     @property
     def items_missing(self) -> int:
@@ -269,6 +287,7 @@ def run_crawl(
     settings: dict[str, str],
     kill_at: float | None = None,
     sample: Callable[[], RedisSample] | None = None,
+    memory: bool = False,
 ) -> CrawlRun:
     """One crawl of the whole site by ``workers`` processes of ``contender``.
 
@@ -278,9 +297,14 @@ def run_crawl(
     ``client``; a Redis Cluster's are summed over its masters by the caller).
     A contender that cannot share a crawl (the in-memory scheduler) run with
     several workers makes as many separate crawls of the site, side by side.
+    ``memory``: also read used_memory right after the FLUSHALL and, at the end,
+    the MEMORY USAGE of every key by kind (:func:`key_memory`; one server, not
+    with ``sample``), after the end's sample so that its commands are not counted.
     """
     read: Callable[[], RedisSample] = sample or functools.partial(redis_sample, client)
+    memory = memory and sample is None
     client.flushall()
+    empty_memory = int(client.info("memory")["used_memory"]) if memory else None
     site.reset()
     if contender.start == "redis":
         client.rpush("site:start_urls", site.url)
@@ -331,6 +355,7 @@ def run_crawl(
                 logs(procs))) from None
         time.sleep(SETTLE_S)
         after = read()
+        keys_memory = key_memory(client) if memory else {}
         phases.append(phase(int(site.brief()["distinct"]), after.cpu))
         for w in procs:
             if w.wait(deadline - time.monotonic()) is None:
@@ -371,7 +396,33 @@ def run_crawl(
         item_pages=item_pages,
         redis_process_cpu_s=(after.cpu - before.cpu).process_s,
         separate=workers > 1 and not contender.shared,
+        empty_memory=empty_memory,
+        key_memory=keys_memory,
     )
+
+
+def key_kind(key: str) -> str:
+    """Which of KEY_KINDS a key of the ``site`` spider's crawl is."""
+    if key.startswith(QUEUE_PREFIX):
+        return "queue"
+    if any(mark in key for mark in FILTER_MARKS):
+        return "filter"
+    return "other"
+
+
+def key_memory(client: redis.Redis) -> dict[str, tuple[int, int]]:
+    """Every key SCAN finds, by kind: (keys, bytes of MEMORY USAGE, every element
+    counted)."""
+    names = [k.decode() if isinstance(k, bytes) else str(k)
+             for k in client.scan_iter(count=1000)]
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.memory_usage(name, samples=0)
+    found = {kind: (0, 0) for kind in KEY_KINDS}
+    for name, usage in zip(names, pipe.execute(), strict=True):
+        keys, size = found[key_kind(name)]
+        found[key_kind(name)] = (keys + 1, size + int(usage or 0))  # None: gone since
+    return found
 
 
 def stored_item_pages(client: redis.Redis, key: str = "site:items") -> dict[int, int]:

@@ -38,7 +38,10 @@ wait before the workers close):
   pipeline being one) up to each worker's last response;
 * the workers' own CPU time per page, between their first and last
   responses: the same comparison as pages/s, but hardly affected by what
-  else the machine runs.
+  else the machine runs;
+* Redis memory: INFO used_memory right after the run's FLUSHALL (the empty
+  server) and at the end of the crawl, and the MEMORY USAGE of every key
+  SCAN finds at the end, summed by kind (the filter's, the queue's, other).
 
 Targets are printed next to the values (PASS/MISS); nothing is asserted.
 Wall-clock rates depend on what else the machine is doing: compare rows of
@@ -66,6 +69,7 @@ from _crawl import (
     BLOOMCRAWL,
     FLOOR_PAGES,
     ITEM_PIPELINES,
+    KEY_KINDS,
     MEMORY,
     RECIPE,
     SCRAPY_REDIS,
@@ -78,16 +82,20 @@ from _crawl import (
     run_crawl,
     run_of,
 )
-from _report import fmt, verdict
+from _report import fmt, table, verdict
 from _site import SiteProcess
 from crawlbench import profile
 
 from kit.redis import RedisServer
 
 CONTENDERS = (MEMORY, BLOOMCRAWL, SCRAPY_REDIS, RECIPE)
-CEILING_TARGET = 0.9
+#: issue 20's pages/s target, the one the rounds of --repeat judge too
+CEILING_TARGET = profile.CEILING_TARGET
 ROUND_TRIPS_TARGET = 3.0
 REDIS_CPU_TARGET_US = 60.0
+#: issue 20: the 3,000-page crawl uses at most this much of Redis (bytes), judged on
+#: what the one-process crawl added to the empty server (see print_memory)
+REDIS_MEMORY_TARGET = 3 * 2**20
 TOP_COMMANDS = 8
 ROW = ("%-34s %5d %8.1f %8.1f %8s %6.2f %6s %5d %7d %5d %4s %9.1f %8.2f %9.0f %9s %10.2f"
        " %8.1f")
@@ -156,7 +164,7 @@ def run_all(plan: Plan, contenders: list[Contender], items: str, workdir: Path,
                         runs.append(run_crawl(
                             contender, workers=workers, site=site, client=client,
                             redis_url=server.url, workdir=workdir / contender.key,
-                            timeout=plan.timeout, settings=run_settings))
+                            timeout=plan.timeout, settings=run_settings, memory=True))
                     except CrawlFailed as exc:
                         failures.append("%s, %d processes: %s" % (contender.label, workers, exc))
                         print(str(exc), file=sys.stderr)
@@ -236,6 +244,8 @@ def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
     print()
     print_targets(runs, ceiling, floor)
     print()
+    print_memory(runs)
+    print()
     print_phases(runs, floor)
     print(ORIENTATION)
 
@@ -243,7 +253,8 @@ def print_table(plan: Plan, runs: list[CrawlRun], contenders: list[Contender],
 def print_targets(runs: list[CrawlRun], ceiling: float | None, floor: Floor | None) -> None:
     mine = run_of(runs, BLOOMCRAWL)
     memory = run_of(runs, MEMORY)
-    print("targets, bloomcrawl with 1 process:")
+    print("targets, bloomcrawl with 1 process, this run alone (pages/s: issue 20's %.2f of the"
+          " ceiling, the target --repeat judges by the median of its rounds):" % CEILING_TARGET)
     if mine is None:
         print("  (bloomcrawl was not run)")
         return
@@ -252,7 +263,7 @@ def print_targets(runs: list[CrawlRun], ceiling: float | None, floor: Floor | No
     cpu_us = mine.per_page(mine.redis_cpu_s) * 1e6
     once = mine.missing == 0 and mine.duplicates == 0
     rows = [
-        ("pages/s / in-memory ceiling", fmt(ratio, ".2f"), ">= %.1f" % CEILING_TARGET,
+        ("pages/s / in-memory ceiling", fmt(ratio, ".2f"), ">= %.2f" % CEILING_TARGET,
          verdict(None if ratio is None else ratio >= CEILING_TARGET)),
         ("round trips per page", "%.2f" % rtt, "<= %g" % ROUND_TRIPS_TARGET,
          verdict(rtt <= ROUND_TRIPS_TARGET)),
@@ -268,6 +279,57 @@ def print_targets(runs: list[CrawlRun], ceiling: float | None, floor: Floor | No
         # the same ratio from CPU time: does not depend on what else the machine runs
         print("  %-40s %8.2f  (cross-check, no target)" % (
             "worker CPU per page: ceiling / bloomcrawl", memory.worker_cpu_s / mine.worker_cpu_s))
+
+
+def print_memory(runs: list[CrawlRun]) -> None:
+    """Redis memory of each one-process crawl through Redis, and issue 20's 3 MB target.
+
+    The target is judged on what bloomcrawl's crawl added: used_memory at the end
+    minus the empty server's, read right after the run's FLUSHALL. The empty
+    server's part is not the crawl's, and it moves with what the server ran
+    before (loaded scripts and allocator pages a FLUSHALL keeps). The issue's
+    figures to beat, 49.8 MB (bloomcrawl's filter as it was) and 2.1 MB
+    (scrapy-redis), were used_memory at the end, the "end" column.
+    """
+    shown = [r for r in runs if r.workers == 1 and r.contender is not MEMORY
+             and r.empty_memory is not None]
+    print("Redis memory, 1 process: used_memory (INFO) of the empty server (after the run's"
+          " FLUSHALL) and at the end of the crawl; MEMORY USAGE of every key SCAN found at the"
+          " end, summed by kind (keys in brackets)")
+    if not shown:
+        print("  (no crawl through Redis was run)")
+        return
+    header = ["contender", "empty MB", "end MB", "added MB",
+              *("%s keys" % kind for kind in KEY_KINDS)]
+    rows = [[r.contender.label, "%.2f" % (r.empty_memory / 2**20),
+             "%.2f" % (r.used_memory / 2**20), fmt(mb(r.added_memory)),
+             *("%s (%d)" % (size_text(r.key_memory.get(kind, (0, 0))[1]),
+                            r.key_memory.get(kind, (0, 0))[0]) for kind in KEY_KINDS)]
+            for r in shown if r.empty_memory is not None]
+    for line in table(header, rows):
+        print("  " + line)
+    print("  filter: bloomcrawl's meta, partition states, bit chunks and call records, or"
+          " scrapy-redis's dupefilter; queue: the frontier's per-host queues, leases and"
+          " host tables, or scrapy-redis's request queue; other: start URLs, shared stats,"
+          " items, the crawl's id")
+    mine = run_of(runs, BLOOMCRAWL)
+    added = None if mine is None else mine.added_memory
+    print("Redis memory of the 1-process crawl <= %.0f MB: %s (issue 20; bloomcrawl: %s MB"
+          " added = used_memory at the end - the empty server's, the figure judged: the empty"
+          " server's memory is not the crawl's and moves with what ran before; the issue's"
+          " 49.8 and 2.1 MB were used_memory at the end, here %s MB)" % (
+              REDIS_MEMORY_TARGET / 2**20,
+              verdict(None if added is None else added <= REDIS_MEMORY_TARGET),
+              fmt(mb(added)), fmt(None if mine is None else mb(mine.used_memory))))
+
+
+def mb(size: int | None) -> float | None:
+    return None if size is None else size / 2**20
+
+
+def size_text(size: int) -> str:
+    """Bytes in KB under a MB, else in MB (2^10, 2^20)."""
+    return "%.1f KB" % (size / 2**10) if size < 2**20 else "%.2f MB" % (size / 2**20)
 
 
 def print_worker_cpu(runs: list[CrawlRun],
@@ -410,6 +472,9 @@ def as_json(plan: Plan, runs: list[CrawlRun], failures: list[str],
             else r.steady_redis_cpu_per_page_s * 1e6,
             "worker_cpu_ms_per_page": r.per_page(r.worker_cpu_s) * 1e3,
             "used_memory": r.used_memory,
+            "empty_memory": r.empty_memory,
+            "key_memory": {kind: {"keys": n, "bytes": size}
+                           for kind, (n, size) in r.key_memory.items()},
             "commands": {name: {"calls": calls, "usec": usec}
                          for name, (calls, usec) in r.commands.items()},
             "probes": r.probes,

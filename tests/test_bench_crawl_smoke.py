@@ -120,6 +120,20 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
             assert phases[-1]["queued"] >= 149, phases
     quarters = [x for x in lines if x.startswith("  1 process: pages 0-")]
     assert len(quarters) == 1 and quarters[0].count("us a page") == 4, proc.stdout
+    # Redis memory of the one-process crawls: the empty server, the end, the keys by kind
+    for key in ("bloomcrawl", "scrapy_redis", "recipe"):
+        run = next(r for r in numbers["runs"] if r["contender"] == key and r["workers"] == 1)
+        assert 0 < run["empty_memory"] < run["used_memory"], run
+        kinds = run["key_memory"]
+        assert set(kinds) == {"filter", "queue", "other"}, kinds
+        assert kinds["filter"]["keys"] > 0 and kinds["filter"]["bytes"] > 0, (key, kinds)
+        start = next(i for i, x in enumerate(lines) if x.startswith("Redis memory, 1 process"))
+        row = next(x for x in lines[start:] if x.startswith("  " + CONTENDERS[key] + "  "))
+        assert "%.2f" % (run["used_memory"] / 2**20) in row.split(), row
+    target = next(x for x in lines if x.startswith("Redis memory of the 1-process crawl <= 3 MB:"))
+    assert target.split()[9] in ("PASS", "MISS"), target
+    ceiling = next(x for x in lines if x.strip().startswith("pages/s / in-memory ceiling"))
+    assert ">= 0.95" in ceiling, ceiling  # issue 20's, as the rounds of --repeat judge
 
 
 @pytest.mark.long
