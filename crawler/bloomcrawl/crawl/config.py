@@ -2,15 +2,16 @@
 
 Only ``from_crawler`` methods call these. Every error is a
 :class:`~bloomcrawl.core.errors.SettingError` naming the setting and its value,
-raised before anything touches Redis. Defaults come from
+raised before anything touches Redis (one value's checks:
+:mod:`bloomcrawl.crawl.setting_values`). Defaults come from
 :mod:`bloomcrawl.core.defaults`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,14 +28,28 @@ from bloomcrawl.core.errors import InvalidFilterParameters, SettingError
 from bloomcrawl.core.politeness import Politeness, host_of
 from bloomcrawl.core.sizing import (
     BACKENDS,
+    MAX_GENERATIONS,
     PARTITION_BY,
     REDISBLOOM_TIGHTENING,
     FilterParams,
     shortest_window,
 )
+from bloomcrawl.crawl.setting_values import (
+    get_bool,
+    get_dict,
+    get_duration,
+    get_float,
+    get_int,
+    get_optional_int,
+    get_windows,
+)
+from bloomcrawl.crawl.setting_values import parse_duration as parse_duration
+from bloomcrawl.crawl.timing import MAX_LEASE
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
 
 #: SCHEDULER_QUEUE_CLASS values (bloomcrawl's names and scrapy-redis's classes)
 QUEUE_TYPES = {
@@ -50,106 +65,6 @@ QUEUE_TYPES = {
 }
 
 
-def get_int(settings: BaseSettings, name: str, default: int, minimum: int | None = None) -> int:
-    """An integer setting; 0 is a value, not "unset"."""
-    raw = settings.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-        if isinstance(raw, float) and raw != value:
-            raise ValueError(raw)
-    except (TypeError, ValueError) as exc:
-        raise SettingError("%s must be an integer, got %r" % (name, raw)) from exc
-    if minimum is not None and value < minimum:
-        raise SettingError("%s must be >= %d, got %r" % (name, minimum, raw))
-    return value
-
-
-def get_optional_int(settings: BaseSettings, name: str,
-                     minimum: int | None = None) -> int | None:
-    raw = settings.get(name)
-    if raw is None or raw == "":
-        return None
-    return get_int(settings, name, 0, minimum)
-
-
-def get_float(
-    settings: BaseSettings,
-    name: str,
-    default: float,
-    low: float | None = None,
-    high: float | None = None,
-) -> float:
-    """A float setting, optionally in the open interval (low, high)."""
-    raw = settings.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except (TypeError, ValueError) as exc:
-        raise SettingError("%s must be a number, got %r" % (name, raw)) from exc
-    if (low is not None and value <= low) or (high is not None and value >= high):
-        raise SettingError("%s must be in (%s, %s), got %r" % (name, low, high, raw))
-    return value
-
-
-#: seconds per unit of a duration such as "7d", "12h", "30m" or "90s"
-DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([dhms]?)\s*$")
-
-
-def parse_duration(raw: Any) -> float:
-    """Seconds from a number or a duration such as ``"7d"``, ``"12h"``, ``"30m"``,
-    ``"90s"``; ``"never"`` (and 0) is 0. ValueError otherwise."""
-    if isinstance(raw, bool):
-        raise ValueError("a duration is seconds or a number with d, h, m or s")
-    if isinstance(raw, int | float):
-        value = float(raw)
-    elif isinstance(raw, str) and raw.strip().lower() == "never":
-        return 0.0
-    else:
-        match = _DURATION.match(raw) if isinstance(raw, str) else None
-        if match is None:
-            raise ValueError("expected seconds or a duration such as 7d, 12h, 30m or 90s")
-        value = float(match.group(1)) * DURATION_UNITS[match.group(2) or "s"]
-    if not math.isfinite(value) or value < 0:
-        raise ValueError("a duration must be finite and >= 0")
-    return value
-
-
-def get_duration(settings: BaseSettings, name: str, default: float) -> float:
-    """A duration setting (:func:`parse_duration`): seconds, or "7d", "12h", "30m", "90s"."""
-    raw = settings.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return parse_duration(raw)
-    except ValueError as exc:
-        raise SettingError("%s %r: %s" % (name, raw, exc)) from exc
-
-
-def get_windows(settings: BaseSettings, name: str) -> tuple[tuple[str, float], ...]:
-    """Named revisit windows: a dict (or its JSON) of name -> duration
-    (:func:`parse_duration`; 0 or "never": never forgotten), sorted by name."""
-    raw = settings.get(name)
-    if raw is None or raw == "" or raw == {}:
-        return ()
-    try:
-        windows = settings.getdict(name)
-    except (ValueError, TypeError) as exc:
-        raise SettingError("%s %r: expected a dict of window name to duration, such as"
-                           " {\"listing\": \"1h\", \"article\": \"never\"}" % (name, raw)
-                           ) from exc
-    out = []
-    for window, duration in windows.items():
-        try:
-            out.append((window, parse_duration(duration)))
-        except ValueError as exc:
-            raise SettingError("%s window %r: %r: %s" % (name, window, duration, exc)) from exc
-    return tuple(sorted(out))
-
-
 def redis_from_settings(settings: BaseSettings) -> Any:
     """A client for REDIS_URL or REDIS_CLUSTER_NODES (plus REDIS_PARAMS), checked with a PING."""
     nodes = settings.get("REDIS_CLUSTER_NODES")
@@ -159,7 +74,7 @@ def redis_from_settings(settings: BaseSettings) -> Any:
         url = cluster_url(nodes)
     else:
         url = settings.get("REDIS_URL") or defaults.REDIS_URL
-    params = dict(settings.getdict("REDIS_PARAMS"))
+    params = get_dict(settings, "REDIS_PARAMS")
     params.pop("decode_responses", None)
     client = redis_from_url(url, **params)
     ping(client)
@@ -217,8 +132,9 @@ class FilterConfig:
         capacity = get_int(settings, "BLOOMFILTER_CAPACITY", defaults.FILTER_CAPACITY, 1)
         error_rate = get_float(settings, "BLOOMFILTER_ERROR_RATE", defaults.FILTER_ERROR_RATE,
                                0, 1)
-        bit_exponent = get_optional_int(settings, "BLOOMFILTER_BIT")
-        hashes = get_optional_int(settings, "BLOOMFILTER_HASH_NUMBER")
+        # FilterParams' ranges, checked here: FilterParams.fixed computes with them first
+        bit_exponent = get_optional_int(settings, "BLOOMFILTER_BIT", 10, 40)
+        hashes = get_optional_int(settings, "BLOOMFILTER_HASH_NUMBER", 1, 64)
         if (bit_exponent is None) != (hashes is None):
             # the seeds' recipe defaults the other one; so do we
             bit_exponent = defaults.SEEDS_BIT_EXPONENT if bit_exponent is None else bit_exponent
@@ -239,7 +155,7 @@ class FilterConfig:
             key_pattern=key_pattern,
             capacity=capacity,
             error_rate=error_rate,
-            partitions=get_optional_int(settings, "BLOOMFILTER_PARTITIONS", minimum=1),
+            partitions=get_optional_int(settings, "BLOOMFILTER_PARTITIONS", 1, 16384),
             growth=get_float(settings, "BLOOMFILTER_GROWTH", defaults.FILTER_GROWTH, 1, None),
             tightening=get_float(settings, "BLOOMFILTER_TIGHTENING",
                                  defaults.FILTER_TIGHTENING, 0, 1),
@@ -247,12 +163,12 @@ class FilterConfig:
             hashes=hashes,
             backend=backend,
             partition_by=partition_by,
-            strict_params=settings.getbool("BLOOMFILTER_STRICT_PARAMS",
-                                           defaults.FILTER_STRICT_PARAMS),
+            strict_params=get_bool(settings, "BLOOMFILTER_STRICT_PARAMS",
+                                   defaults.FILTER_STRICT_PARAMS),
             revisit_after=get_duration(settings, "BLOOMFILTER_REVISIT_AFTER",
                                        defaults.FILTER_REVISIT_AFTER),
             generations=get_int(settings, "BLOOMFILTER_GENERATIONS",
-                                defaults.FILTER_GENERATIONS, 1),
+                                defaults.FILTER_GENERATIONS, 1, MAX_GENERATIONS),
             windows=get_windows(settings, "BLOOMFILTER_REVISIT_WINDOWS"),
             initial_capacity=initial_capacity,
         )
@@ -367,28 +283,50 @@ class FrontierConfig:
         queue_pattern = settings.get("SCHEDULER_QUEUE_KEY") or defaults.QUEUE_KEY
         if spider is not None:
             spider_key(settings, "SCHEDULER_QUEUE_KEY", defaults.QUEUE_KEY, spider)
+        concurrency = get_int(settings, "CONCURRENT_REQUESTS", 16, minimum=1)
         return cls(
             queue_pattern=queue_pattern,
             queue_type=queue_type_from_settings(
                 settings.get("SCHEDULER_QUEUE_CLASS") or defaults.QUEUE_TYPE),
-            persist=settings.getbool("SCHEDULER_PERSIST", defaults.SCHEDULER_PERSIST),
-            flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START",
-                                            defaults.SCHEDULER_FLUSH_ON_START),
+            persist=get_bool(settings, "SCHEDULER_PERSIST", defaults.SCHEDULER_PERSIST),
+            flush_on_start=get_bool(settings, "SCHEDULER_FLUSH_ON_START",
+                                    defaults.SCHEDULER_FLUSH_ON_START),
             lease_timeout=get_float(settings, "SCHEDULER_LEASE_TIMEOUT",
                                     defaults.LEASE_TIMEOUT, 0, None),
             reap_interval=get_float(settings, "SCHEDULER_REAP_INTERVAL",
                                     defaults.REAP_INTERVAL, 0, None),
             max_idle=get_float(settings, "MAX_IDLE_TIME_BEFORE_CLOSE",
                                defaults.MAX_IDLE_TIME_BEFORE_CLOSE, -1e-9, None),
-            prefetch=get_int(settings, "SCHEDULER_PREFETCH", defaults.PREFETCH, minimum=1),
+            prefetch=get_prefetch(settings, concurrency),
             seen_cache=get_int(settings, "SCHEDULER_SEEN_CACHE", defaults.SEEN_CACHE,
                                minimum=0),
-            allow_eviction=settings.getbool("REDIS_ALLOW_EVICTION",
-                                            defaults.REDIS_ALLOW_EVICTION),
-            concurrency=get_int(settings, "CONCURRENT_REQUESTS", 16, minimum=1),
-            strict=settings.getbool("FRONTIER_STRICT", defaults.FRONTIER_STRICT),
+            allow_eviction=get_bool(settings, "REDIS_ALLOW_EVICTION",
+                                    defaults.REDIS_ALLOW_EVICTION),
+            concurrency=concurrency,
+            strict=get_bool(settings, "FRONTIER_STRICT", defaults.FRONTIER_STRICT),
             crawl_id=str(settings.get("FRONTIER_CRAWL_ID") or ""),
         )
+
+
+def get_prefetch(settings: BaseSettings, concurrency: int) -> int:
+    """SCHEDULER_PREFETCH: 1 up to CONCURRENT_REQUESTS or MAX_LEASE, whichever is more.
+
+    More is leased as that most, and logged once: the engine runs
+    CONCURRENT_REQUESTS at once, and a lease beyond that leaves requests waiting
+    in this worker, each keeping a slot of its host, cluster-wide, from every
+    other worker; and one script leases them all, Redis serving no other client
+    until it ends. Jobs that set more ran before: they run on, leasing less.
+    """
+    most = max(concurrency, MAX_LEASE)
+    prefetch = get_int(settings, "SCHEDULER_PREFETCH", defaults.PREFETCH, minimum=1)
+    if prefetch > most:
+        logger.warning(
+            "SCHEDULER_PREFETCH=%r is more than a worker can use: it leases at most %d a call"
+            " (CONCURRENT_REQUESTS or %d, whichever is more); requests leased beyond what"
+            " the engine runs at once would wait in this worker, keeping their hosts' slots"
+            " from every other worker", settings.get("SCHEDULER_PREFETCH"), most, MAX_LEASE)
+        return most
+    return prefetch
 
 
 def politeness_from_settings(settings: BaseSettings, spider: Any = None) -> Politeness:
@@ -404,11 +342,12 @@ def politeness_from_settings(settings: BaseSettings, spider: Any = None) -> Poli
     else:
         try:
             delay = float(delay_raw)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise SettingError("the spider's download_delay must be a number, got %r"
                                % (delay_raw,)) from None
-    if delay < 0:
-        raise SettingError("DOWNLOAD_DELAY must be >= 0, got %r" % (delay,))
+    if not 0 <= delay < math.inf:
+        raise SettingError("%s must be a finite number >= 0, got %r" % (
+            "DOWNLOAD_DELAY" if delay_raw is None else "the spider's download_delay", delay))
     concurrency = get_int(settings, "CONCURRENT_REQUESTS_PER_DOMAIN", 8, minimum=1)
     own = getattr(spider, "max_concurrent_requests", None)
     if own is not None:
@@ -423,9 +362,9 @@ def politeness_from_settings(settings: BaseSettings, spider: Any = None) -> Poli
         if not 0 <= jitter <= 1:
             raise SettingError("DOWNLOAD_DELAY_JITTER must be in [0, 1], got %r" % (jitter,))
     else:
-        jitter = 0.5 if settings.getbool("RANDOMIZE_DOWNLOAD_DELAY", True) else 0.0
+        jitter = 0.5 if get_bool(settings, "RANDOMIZE_DOWNLOAD_DELAY", True) else 0.0
     slots = []
-    for host, entry in settings.getdict("DOWNLOAD_SLOTS").items():
+    for host, entry in get_dict(settings, "DOWNLOAD_SLOTS").items():
         if not isinstance(entry, dict):
             raise SettingError("DOWNLOAD_SLOTS[%r] must be a dict, got %r" % (host, entry))
         slot_delay = entry.get("delay")
@@ -433,16 +372,16 @@ def politeness_from_settings(settings: BaseSettings, spider: Any = None) -> Poli
         try:
             slot_delay = None if slot_delay is None else float(slot_delay)
             slot_conc = None if slot_conc is None else int(slot_conc)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise SettingError("DOWNLOAD_SLOTS[%r]: delay must be a number and concurrency an"
                                " integer, got %r" % (host, entry)) from None
-        if (slot_delay is not None and slot_delay < 0) or (slot_conc is not None
-                                                           and slot_conc < 1):
-            raise SettingError("DOWNLOAD_SLOTS[%r]: delay must be >= 0 and concurrency >= 1,"
-                               " got %r" % (host, entry))
+        if (slot_delay is not None and not 0 <= slot_delay < math.inf) or (
+                slot_conc is not None and slot_conc < 1):
+            raise SettingError("DOWNLOAD_SLOTS[%r]: delay must be a finite number >= 0 and"
+                               " concurrency >= 1, got %r" % (host, entry))
         slots.append((host_of("http://%s/" % host) or str(host), slot_delay, slot_conc))
     autothrottle = None
-    if settings.getbool("AUTOTHROTTLE_ENABLED"):
+    if get_bool(settings, "AUTOTHROTTLE_ENABLED", False):
         start = get_float(settings, "AUTOTHROTTLE_START_DELAY", 5.0)
         most = get_float(settings, "AUTOTHROTTLE_MAX_DELAY", 60.0)
         target = get_float(settings, "AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0, 0, None)

@@ -38,7 +38,8 @@ from bloomcrawl.core.connection import (
 )
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 from bloomcrawl.crawl import origins
-from bloomcrawl.crawl.config import get_float, redis_from_settings
+from bloomcrawl.crawl.config import redis_from_settings, spider_key
+from bloomcrawl.crawl.setting_values import get_float
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -163,6 +164,8 @@ class RedisItemsPipeline:
     def from_crawler(cls, crawler: Crawler) -> RedisItemsPipeline:
         settings = crawler.settings
         pattern = settings.get("REDIS_ITEMS_KEY") or defaults.ITEMS_KEY
+        if crawler.spider is not None:
+            spider_key(settings, "REDIS_ITEMS_KEY", defaults.ITEMS_KEY, crawler.spider.name)
         retry = get_float(settings, "REDIS_ITEMS_RETRY_TIMEOUT", defaults.ITEMS_RETRY_TIMEOUT,
                           0, None)
         window = get_float(settings, "REDIS_ITEMS_DEDUP_WINDOW", defaults.ITEMS_DEDUP_WINDOW,
