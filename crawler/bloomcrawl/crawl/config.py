@@ -186,12 +186,20 @@ class FilterConfig:
                                       generations=self.generations, windows=self.windows)
         try:
             if self.bit_exponent is not None and self.hashes is not None:
-                FilterParams.fixed(self.bit_exponent, self.hashes, **common)
+                params = FilterParams.fixed(self.bit_exponent, self.hashes, **common)
             else:
-                FilterParams(capacity=self.capacity, error_rate=self.error_rate,
-                             initial_capacity=self.first_slice(common["partitions"]), **common)
+                params = FilterParams(capacity=self.capacity, error_rate=self.error_rate,
+                                      initial_capacity=self.first_slice(common["partitions"]),
+                                      **common)
         except InvalidFilterParameters as exc:
             raise SettingError("BLOOMFILTER_* settings: %s" % exc) from exc
+        try:  # values in range, but beyond what the slices' arithmetic can size
+            params.plan()
+        except (ArithmeticError, ValueError) as exc:
+            raise SettingError(
+                "BLOOMFILTER_* settings: no filter can be sized with BLOOMFILTER_ERROR_RATE=%r,"
+                " BLOOMFILTER_GROWTH=%r, BLOOMFILTER_TIGHTENING=%r (%s)"
+                % (self.error_rate, self.growth, self.tightening, exc)) from exc
 
     def first_slice(self, partitions: int) -> int | None:
         """Items each partition's first slice holds (None: not set, the filter's own)."""
