@@ -27,6 +27,7 @@ BENCH = ROOT / "bench"
 sys.path[:0] = [str(ROOT / "crawler"), str(ROOT / "tests")]
 
 import redis  # noqa: E402
+from _exchange_floor import ExchangeFloor, measure_exchange_floor  # noqa: E402
 from _redis import CpuSample, cpu_sample  # noqa: E402
 from _site import SiteProcess  # noqa: E402
 
@@ -445,7 +446,7 @@ def pick_contenders(parser: argparse.ArgumentParser, spec: str,
         parser.error("unknown contender %s; choose from %s" % (exc, ", ".join(by_key)))
 
 
-# --- the floor: Redis's own cost for the least a page needs ------------------------------
+# --- the floors: bloomcrawl's own calls for the least a page needs, and its commands alone --
 
 #: requests in each run of the floor probe, the runs at a crawl's rate too (about 10 s
 #: at 200 pages/s: a VM's wake-up costs vary from second to second); and the pages per
@@ -462,7 +463,9 @@ FLOOR_PAYLOAD = ('{"url": "http://127.0.0.1:8000/page/%d", "method": "GET", "cal
 
 @dataclass(frozen=True)
 class Floor:
-    """Redis main-thread CPU, microseconds, of the least work a crawled page needs."""
+    """Redis main-thread CPU, microseconds, of the least work a crawled page needs: through
+    bloomcrawl's own calls, sent back to back (Redis kept busy: a floor of this code, not
+    of Redis), and the command floor under them (:attr:`commands`: no Lua work)."""
 
     idle_us_per_s: float  # Redis doing nothing, per second
     round_trip_us: float  # one PING, one round trip each
@@ -478,6 +481,9 @@ class Floor:
     paced_us: dict[int, float] = field(default_factory=dict)
     #: the rate (pages/s) the paced runs went at
     paced_rate: float = 0.0
+    #: the command floor (bench/_exchange_floor.py, main thread): only the commands a
+    #: page cannot do without, no Lua work; what no change to the scripts goes under
+    commands: ExchangeFloor | None = None
 
     def per_exchange_us(self) -> tuple[float, float]:
         """(fixed us per exchange, us per page) fitted to the pages-per-exchange runs."""
@@ -486,8 +492,9 @@ class Floor:
         return (c1 - per_page) * b1, per_page
 
     def at(self, pages_per_s: float, exchanges_per_page: float) -> float:
-        """The floor of a crawl at this rate and batching: Redis's idle CPU per page,
-        plus each exchange's fixed cost shared by its pages, plus each page's own."""
+        """bloomcrawl's calls for a crawl at this rate and batching, back to back: Redis's
+        idle CPU per page, plus each exchange's fixed cost shared by its pages, plus each
+        page's own."""
         fixed, per_page = self.per_exchange_us()
         return self.idle_us_per_s / pages_per_s + fixed * exchanges_per_page + per_page
 
@@ -498,7 +505,8 @@ def _main_cpu(client: redis.Redis) -> float:
 
 def measure_floor(client: redis.Redis, error_rate: float = 1e-6,
                   pace: tuple[float, float] | None = None, pages: int = FLOOR_PAGES) -> Floor:
-    """What this Redis spends on the least a page needs (a fresh keyspace; flushed after).
+    """What this Redis spends on the least a page needs through bloomcrawl's own calls,
+    and on its commands alone (a fresh keyspace; flushed after).
 
     The frontier's own calls (:class:`~bloomcrawl.core.frontier.Frontier`), one
     host partitioned by host as the demo crawl, CONCURRENT_REQUESTS_PER_DOMAIN
@@ -507,6 +515,8 @@ def measure_floor(client: redis.Redis, error_rate: float = 1e-6,
     back to back. ``pace``: (pages/s, exchanges a page) of a crawl; the same
     exchanges are then also sent at that rate, with that many pages in each
     and with twice as many (:attr:`Floor.paced_us`). ``pages``: requests in each run.
+    Then the command floor (:attr:`Floor.commands`): the probes of
+    ``bench/_exchange_floor.py``, ``2 x pages`` calls each, the main thread's CPU.
     """
     import hashlib
 
@@ -588,6 +598,7 @@ def measure_floor(client: redis.Redis, error_rate: float = 1e-6,
         bloom.run_scripts([ScriptCall(add, [keys.state_key("floor:bloomfilter", 0)], [fp])
                            for fp in fps[start:start + 100]])
     decision = (_main_cpu(client) - before) / pages * 1e6 - call
+    commands = measure_exchange_floor(client, calls=2 * pages, main_thread=True)
     client.flushall()
     return Floor(idle, round_trip, call, per_page, decision, paced,
-                 pace[0] if pace is not None else 0.0)
+                 pace[0] if pace is not None else 0.0, commands)

@@ -1,6 +1,7 @@
 """The least Redis can spend on one page's exchange: its commands, with no Lua work.
 
-``bench/scale.py`` prints it beside its 64-master estimate. Each probe is a
+``bench/scale.py`` prints it beside its 64-master estimate, ``bench/crawl.py``
+beside its crawl's Redis CPU (that crawl's pages, in the crawl's shape). Each probe is a
 script that only issues the commands a partition call cannot do without,
 on keys laid out as a partition's, pipelined as the workers pipeline:
 
@@ -13,10 +14,11 @@ on keys laid out as a partition's, pipelined as the workers pipeline:
   hosts, ``ZPOPMIN`` of the host's queue, the lease's hash field and
   deadline, the host's in-flight count and next time; then the same undone.
 
-Redis CPU is ``used_cpu_sys + used_cpu_user`` over many pipelined calls,
-the least of :data:`ROUNDS` turns. What the real scripts spend above these
-is Lua's own work (hashing, lanes, the host bookkeeping's reads and
-branches): the probes give what no Lua change can go below.
+Redis CPU is ``used_cpu_sys + used_cpu_user`` (or the main thread's alone,
+``main_thread``) over many pipelined calls, the least of :data:`ROUNDS`
+turns. What the real scripts spend above these is Lua's own work (hashing,
+lanes, the host bookkeeping's reads and branches): the probes give what no
+Lua change can go below.
 """
 
 from __future__ import annotations
@@ -91,9 +93,11 @@ class ExchangeFloor:
         return calls * self.call_us + new * self.new_us + seen * self.seen_us + self.lease_ack_us
 
 
-def measure_exchange_floor(client: redis.Redis, calls: int = CALLS) -> ExchangeFloor:
+def measure_exchange_floor(client: redis.Redis, calls: int = CALLS,
+                           main_thread: bool = False) -> ExchangeFloor:
     """The probes, ``calls`` calls each (a multiple of PER_PIPELINE), each best of
-    :data:`ROUNDS`."""
+    :data:`ROUNDS`; ``main_thread``: the main thread's CPU (what ``bench/crawl.py``
+    judges), not the whole process's."""
     calls = max(PER_PIPELINE, calls - calls % PER_PIPELINE)
     client.flushall()
     client.setrange(KEYS[0], 1 << 20, "\0")  # a 1 MiB chunk of blocks
@@ -119,16 +123,20 @@ def measure_exchange_floor(client: redis.Redis, calls: int = CALLS) -> ExchangeF
         "lease": lambda i: [shas["lease"], len(KEYS), *KEYS, "token-%d" % i],
         "empty": lambda i: [shas["seen"], 1, KEYS[0]],
     }
+    def cpu() -> float:
+        sample = cpu_sample(client)
+        return sample.main_thread_s if main_thread else sample.process_s
+
     best: dict[str, float] = {}
     for _ in range(ROUNDS):
         for name, args in probes.items():
-            before = cpu_sample(client).process_s
+            before = cpu()
             for start in range(0, calls, PER_PIPELINE):
                 pipe = client.pipeline(transaction=False)
                 for i in range(start, start + PER_PIPELINE):
                     pipe.execute_command("EVALSHA", *args(i))
                 pipe.execute()
-            us = (cpu_sample(client).process_s - before) / calls * 1e6
+            us = (cpu() - before) / calls * 1e6
             best[name] = min(us, best.get(name, us))
     client.flushall()
     new_us = (best["many"] - best["few"]) / (MANY - FEW)

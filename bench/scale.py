@@ -1108,7 +1108,9 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
     filter (:func:`design_depth`, :func:`design_seen_depth`) each slice more costs what
     :func:`measure_slice_cost` measured. Three pages: by fingerprint and by host with
     10 new links of 20 (a frontier that grows), and by host with PLAN_NEW_LINKS (the
-    plan's crawl, on average).
+    plan's crawl, on average). Every estimate line ends with its verdict against
+    ESTIMATE_TARGET_US and its own floor (:func:`estimate_verdict`); the TARGET line, the
+    plan's page on a filter sized up front, is the headline the target is judged on.
     """
     clusters = [r for r in results if r.name == "cluster"]
     if not clusters or extras is None:
@@ -1140,18 +1142,24 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
         reached = spread(ESTIMATE_MASTERS, calls)
         extra = max(0.0, reached - spread(biggest.masters, scripts))
         high = calls * per_call + fingerprints + extra * rtt
-        lines.append(f"  {name}: {calls:.1f} calls a page x {per_call:.1f} us + {new} new"
-                     f" and {seen} seen fingerprints {fingerprints:.0f} us + {extra:.1f} more"
-                     f" masters reached x {rtt:.1f} us = {high:,.0f} us a page")
         # slices more than the measured filter's a link is looked up in, new and seen
         deep_new = max(0.0, design_depth(ESTIMATE_PARTITIONS) - e.new_depth)
         deep_seen = max(0.0, design_seen_depth(ESTIMATE_PARTITIONS) - e.seen_depth)
         lookups = new * deep_new + seen * deep_seen
+        stats = 1 / CLUSTER_STATS_EVERY  # stats calls a page
+        least = (floor.page_us(calls - stats, new, seen) + stats * extras.stats.us_pipelined
+                 + reached * rtt)
+        # a slice more is one block read more: what a seen link's floor is
+        deep_us, deep_floor = high + lookups * slice_us, least + lookups * floor.seen_us
+        lines.append(f"  {name}: {calls:.1f} calls a page x {per_call:.1f} us + {new} new"
+                     f" and {seen} seen fingerprints {fingerprints:.0f} us + {extra:.1f} more"
+                     f" masters reached x {rtt:.1f} us = {high:,.0f} us a page"
+                     f"{estimate_verdict(high, least)}")
         lines.append(f"    AT THE PLAN'S DEPTH (BLOOMFILTER_CAPACITY={ESTIMATE_URLS}, each"
                      f" partition growing to its share): a new link is looked up in"
                      f" {deep_new:.1f} slices more than here, a seen one in {deep_seen:.1f}"
                      f" more: + {lookups:.0f} lookups x {slice_us:.2f} us ="
-                     f" {high + lookups * slice_us:,.0f} us a page")
+                     f" {deep_us:,.0f} us a page{estimate_verdict(deep_us, deep_floor)}")
         if measured_sized is None:
             # arithmetic only: the measured filter's own depth stays in (an upper bound)
             sized = (new * max(0.0, design_depth(ESTIMATE_PARTITIONS, ESTIMATE_URLS)
@@ -1161,7 +1169,8 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
             sized_us = high + sized * slice_us
             lines.append(f"    with BLOOMFILTER_INITIAL_CAPACITY={ESTIMATE_URLS} too (one"
                          f" slice a partition for its share): + {sized:.0f} lookups ="
-                         f" {sized_us:,.0f} us a page (the measured filter's depth kept)")
+                         f" {sized_us:,.0f} us a page (the measured filter's depth kept)"
+                         f"{estimate_verdict(sized_us, least + sized * floor.seen_us)}")
         else:
             # measured: the same pages on a filter of one slice a partition, as the plan's
             # (no lookup more than those measured)
@@ -1176,11 +1185,8 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
                          f" {measured_sized.new_depth:.1f} slices, a seen one in"
                          f" {measured_sized.seen_depth:.1f}, as in the plan's filter):"
                          f" {calls:.1f} calls x {s_call:.1f} us + {fingerprints:.0f} +"
-                         f" {s_extra:.1f} x {rtt:.1f} us = {sized_us:,.0f} us a page")
-        stats = 1 / CLUSTER_STATS_EVERY  # stats calls a page
-        least = (floor.page_us(calls - stats, new, seen) + stats * extras.stats.us_pipelined
-                 + reached * rtt)
-        # a slice more is one block read more: what a seen link's floor is
+                         f" {s_extra:.1f} x {rtt:.1f} us = {sized_us:,.0f} us a page"
+                         f"{estimate_verdict(sized_us, least + sized * floor.seen_us)}")
         lines.append(f"    FLOOR, the same page's commands with no Lua work"
                      f" (bench/_exchange_floor.py): {calls - stats:.1f} partition calls"
                      f" x {floor.call_us:.1f} us + {new} new links x {floor.new_us:.1f}"
@@ -1195,11 +1201,24 @@ def estimate_lines(results: Sequence[TargetResult], extras: Extras | None,
         sized_floor_us = round(least + sized * floor.seen_us)
     lines.append(f"  TARGET: at most {ESTIMATE_TARGET_US} us a page, the plan's page with"
                  f" BLOOMFILTER_INITIAL_CAPACITY (docs/scale.md's recommendation):"
-                 f" {sized_us:,.0f} us, {verdict(sized_us <= ESTIMATE_TARGET_US)}; its floor"
+                 f" {sized_us:,.0f} us, {verdict(round(sized_us) <= ESTIMATE_TARGET_US)}; its floor"
                  f" on this machine {sized_floor_us:,.0f} us: the target is"
                  f" {'reachable' if sized_floor_us <= ESTIMATE_TARGET_US else 'NOT reachable'}"
                  f" here")
+    lines.append("  the headline is that line: the plan's page is the crawl docs/scale.md plans"
+                 f" for (10^10 URLs, {PLAN_NEW_LINKS} new link of {EXCHANGE_LINKS} a page), and"
+                 " docs/scale.md recommends sizing its filter up front"
+                 " (BLOOMFILTER_INITIAL_CAPACITY); the other verdicts are the same estimate for"
+                 " other pages, or the filter left to grow")
     return lines
+
+
+def estimate_verdict(us: float, floor_us: float) -> str:
+    """`` -> PASS|MISS (400 us), floor F us: reachable|NOT reachable``, rounded as printed."""
+    shown, least = round(us), round(floor_us)
+    return (f" -> {verdict(shown <= ESTIMATE_TARGET_US)} against {ESTIMATE_TARGET_US} us,"
+            f" floor {least:,} us:"
+            f" {'reachable' if least <= ESTIMATE_TARGET_US else 'NOT reachable'}")
 
 
 _STARTED = time.monotonic()

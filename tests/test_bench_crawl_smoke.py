@@ -97,6 +97,17 @@ def test_quick_run_prints_every_contender(tmp_path: Path, env_no_state: dict[str
     assert len(paced) == 2 and min(paced) * 2 == max(paced), paced
     assert all(us > 0 for us in paced.values()) and numbers["floor"]["paced_rate"] > 0
     assert "the same exchanges at this crawl's" in proc.stdout
+    # the Redis CPU target's reachability is judged on the command floor (no Lua work),
+    # printed beside bloomcrawl's own calls sent back to back
+    line = next(x for x in lines if x.strip().startswith("command floor for this crawl (us)"))
+    found = re.search(r"\(us\)\s+(\d+)\s+<= 60\s+(reachable|NOT reachable here)$", line)
+    assert found is not None, line
+    assert (found.group(2) == "reachable") == (int(found.group(1)) <= 60), line
+    assert any(x.strip().startswith("bloomcrawl's calls, back to back (us)") for x in lines)
+    commands = numbers["floor"]["command_floor"]
+    assert commands["us"] > 0 and commands["exchanges"] > 0 and commands["new"] > 0, commands
+    probe = numbers["floor"]["commands"]
+    assert probe["new_us"] > 0 and probe["lease_ack_us"] > 0, probe
     runs = {(r["contender"], r["workers"]) for r in numbers["runs"]}
     assert runs == {("memory", 1), ("memory", 2), ("bloomcrawl", 1), ("bloomcrawl", 2),
                     ("scrapy_redis", 1), ("scrapy_redis", 2), ("recipe", 1), ("recipe", 2)}
