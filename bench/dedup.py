@@ -1641,8 +1641,10 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
          f" Scrapy {env['scrapy']}; {env['cpus']} CPUs; load average {env['loadavg_start']}"
          f" at start, {env['loadavg_end']} at end")
     emit("fingerprints: the same SHA-1 digests for every contender (the set and the recipe get"
-         " the 40-char hex, as their dupefilters store it); bloomcrawl and RedisBloom sized with"
-         f" capacity = items inserted, error rate {ERROR_RATE:g}")
+         f" the 40-char hex, as their dupefilters store it); error rate {ERROR_RATE:g}; the"
+         " module's own filters (BF.ADD, BF.MADD) reserved for the items inserted, bloomcrawl's"
+         " given them as BLOOMFILTER_CAPACITY and grown from 256 items a partition, as a new"
+         " filter is")
     emit()
     emit("One decision = check-and-set of one fingerprint, from one Python process;"
          " x BF = relative to RedisBloom.")
@@ -1669,8 +1671,10 @@ def report(args: argparse.Namespace, sizes: Sizes, env: dict[str, Any], rows: li
     for line in table(header, cells):
         emit(line)
     emit("bitmap: bloomcrawl's own Lua filter, any Redis; redisbloom: BLOOMFILTER_BACKEND="
-         "redisbloom, BF.MADD inside bloomcrawl's atomic scripts (first sub-filter at half the"
-         " error rate, hence its larger size).")
+         "redisbloom, BF.MADD inside bloomcrawl's atomic scripts, on a chain of sub-filters"
+         " from 256 items a partition reserved at half the error rate: a new item is looked up"
+         " in each, hence more bits and CPU than the module's one reserved filter"
+         " (BLOOMFILTER_INITIAL_CAPACITY = BLOOMFILTER_CAPACITY makes it one).")
     emit("x BF: against BF.ADD for one-at-a-time rows, BF.MADD for batched rows, BF.MADD"
          " again for the all-duplicates rows (rates: > 1 is faster; Redis CPU: > 1 costs more).")
     emit("Redis us/dec: INFO cpu main thread (sys + user) before and after, per decision;"
