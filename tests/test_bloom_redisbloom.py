@@ -64,8 +64,11 @@ def test_a_new_filter_starts_small_and_its_chain_keeps_the_error_rate(
     info = bf.info()
     assert info.slices == 10, info
     assert info.memory_bytes < 260_000 * 10, info  # bytes: under 80 bits an item
-    # reserved at the error rate itself, the module's chain measured 1.2-1.3 times it here
-    assert measure_false_positives(bf) <= p
+    # reserved at the error rate itself, the module's chain measured 1.2-1.4 times it here
+    measured = measure_false_positives(bf)
+    assert measured <= p
+    # the estimate counts the full sub-filters at their own rates, not at the newest's fill
+    assert measured / 2 <= info.estimated_false_positive_rate <= measured * 2, (measured, info)
 
 
 def test_auto_opens_a_redisbloom_filter_asked_for_bitmap_only_sizing(

@@ -191,7 +191,10 @@ def redisbloom_info(server: redis.Redis, key: str, params: FilterParams) -> Bloo
         memory += size
         capacity += int(fields["Capacity"])
         slices.append(int(fields["Number of filters"]))
-        fp_sum += (part_set / m) ** k if m else 0.0
+        if params.initial_capacity is None or slices[-1] == 1:
+            fp_sum += (part_set / m) ** k if m else 0.0
+        else:
+            fp_sum += chain_false_positives(params, slices[-1], n)
         filtered += int(state.get(b"filtered", 0))
     checked = items + filtered
     return BloomInfo(
@@ -200,3 +203,21 @@ def redisbloom_info(server: redis.Redis, key: str, params: FilterParams) -> Bloo
         estimated_false_positive_rate=fp_sum / params.partitions, slices=max(slices),
         memory_bytes=memory, partitions=params.partitions, checked=checked,
         filtered=filtered, slice_capacity=capacity, partition_slices=slices)
+
+
+def chain_false_positives(params: FilterParams, links: int, items: int) -> float:
+    """The estimated false-positive rate of a grown RedisBloom chain of ``links``
+    sub-filters holding ``items``: those before the newest full, each at its own rate
+    (half its plan's: the module halves what it is reserved with), the newest at its fill.
+    One k for the whole chain, as above, would take the full old sub-filters for as
+    empty as the newest."""
+    plan = params.plan()
+    rate, left = 0.0, items
+    for i in range(min(links, len(plan))):
+        held = plan[i].capacity if i < links - 1 else max(0, left)
+        left -= held
+        bits_per_item = -math.log(plan[i].error_rate / 2) / math.log(2) ** 2
+        k = max(1, math.ceil(math.log(2) * bits_per_item))
+        rate += (1 - math.exp(-k * held / (plan[i].capacity * bits_per_item))) ** k
+    return min(1.0, rate)
+
