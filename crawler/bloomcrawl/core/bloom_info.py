@@ -18,7 +18,7 @@ import redis
 
 from bloomcrawl.core import keys
 from bloomcrawl.core.connection import redis_errors
-from bloomcrawl.core.sizing import FilterParams, SlicePlan, blocked_false_positive_rate
+from bloomcrawl.core.sizing import LN2_2, FilterParams, SlicePlan, blocked_false_positive_rate
 
 
 @dataclass
@@ -166,8 +166,7 @@ def bitmap_info(server: redis.Redis, key: str, params: FilterParams) -> BloomInf
 
 def redisbloom_info(server: redis.Redis, key: str, params: FilterParams) -> BloomInfo:
     """BF.INFO per partition; bits set and false-positive rate are estimates here."""
-    first = params.plan()[0]
-    k = max(1, math.ceil(math.log(2) * -math.log(first.error_rate) / math.log(2) ** 2))
+    k, _ = module_hashes(params.plan()[0].error_rate)
     with redis_errors(server):
         pipe = server.pipeline(transaction=False)
         for p in range(params.partitions):
@@ -216,8 +215,13 @@ def chain_false_positives(params: FilterParams, links: int, items: int) -> float
     for i in range(min(links, len(plan))):
         held = plan[i].capacity if i < links - 1 else max(0, left)
         left -= held
-        bits_per_item = -math.log(plan[i].error_rate / 2) / math.log(2) ** 2
-        k = max(1, math.ceil(math.log(2) * bits_per_item))
+        k, bits_per_item = module_hashes(plan[i].error_rate / 2)
         rate += (1 - math.exp(-k * held / (plan[i].capacity * bits_per_item))) ** k
     return min(1.0, rate)
 
+
+def module_hashes(error_rate: float) -> tuple[int, float]:
+    """The hashes and bits per item of an unblocked filter at ``error_rate``, as the
+    module sizes its sub-filters."""
+    bits_per_item = -math.log(error_rate) / LN2_2
+    return max(1, math.ceil(math.log(2) * bits_per_item)), bits_per_item

@@ -239,17 +239,16 @@ def default_partitions(server: Any, key: str) -> int:
     (each partition is one slot; slots are spread by hash, so a few per
     master even out, and the cluster can later grow to that many masters).
     """
-    cluster = is_cluster(server)
     with redis_errors(server):
         raw = server.hget(keys.meta_key(key), "params")
-        masters = len(server.get_primaries()) if cluster else 1
-    if raw is not None:
-        try:
-            return int(json.loads(raw)["partitions"])
-        except (ValueError, KeyError, TypeError):
-            pass  # unreadable: the filter names the problem when it opens
-    if not cluster:
-        return defaults.FILTER_PARTITIONS
+        if raw is not None:
+            try:
+                return int(json.loads(raw)["partitions"])
+            except (ValueError, KeyError, TypeError):
+                pass  # unreadable: the filter names the problem when it opens
+        if not is_cluster(server):
+            return defaults.FILTER_PARTITIONS
+        masters = len(server.get_primaries())
     return max(defaults.FILTER_PARTITIONS, defaults.CLUSTER_PARTITIONS_PER_MASTER * masters)
 
 
@@ -299,8 +298,7 @@ class FrontierConfig:
             persist=get_bool(settings, "SCHEDULER_PERSIST", defaults.SCHEDULER_PERSIST),
             flush_on_start=get_bool(settings, "SCHEDULER_FLUSH_ON_START",
                                     defaults.SCHEDULER_FLUSH_ON_START),
-            lease_timeout=get_float(settings, "SCHEDULER_LEASE_TIMEOUT",
-                                    defaults.LEASE_TIMEOUT, 0, None),
+            lease_timeout=get_lease_timeout(settings),
             reap_interval=get_float(settings, "SCHEDULER_REAP_INTERVAL",
                                     defaults.REAP_INTERVAL, 0, None),
             max_idle=get_float(settings, "MAX_IDLE_TIME_BEFORE_CLOSE",
@@ -314,6 +312,11 @@ class FrontierConfig:
             strict=get_bool(settings, "FRONTIER_STRICT", defaults.FRONTIER_STRICT),
             crawl_id=str(settings.get("FRONTIER_CRAWL_ID") or ""),
         )
+
+
+def get_lease_timeout(settings: BaseSettings) -> float:
+    """SCHEDULER_LEASE_TIMEOUT: seconds a leased request may go unacked, > 0."""
+    return get_float(settings, "SCHEDULER_LEASE_TIMEOUT", defaults.LEASE_TIMEOUT, 0, None)
 
 
 def get_prefetch(settings: BaseSettings, concurrency: int) -> int:

@@ -38,7 +38,7 @@ from bloomcrawl.core.connection import (
 )
 from bloomcrawl.core.scripts import Script, ScriptCall, run_scripts
 from bloomcrawl.crawl import origins
-from bloomcrawl.crawl.config import redis_from_settings, spider_key
+from bloomcrawl.crawl.config import get_lease_timeout, redis_from_settings, spider_key
 from bloomcrawl.crawl.setting_values import get_float
 
 if TYPE_CHECKING:
@@ -170,8 +170,7 @@ class RedisItemsPipeline:
                           0, None)
         window = get_float(settings, "REDIS_ITEMS_DEDUP_WINDOW", defaults.ITEMS_DEDUP_WINDOW,
                            0.001, None)
-        lease_timeout = get_float(settings, "SCHEDULER_LEASE_TIMEOUT", defaults.LEASE_TIMEOUT,
-                                  0, None)
+        lease_timeout = get_lease_timeout(settings)
         if window < lease_timeout:
             # A warning, not a SettingError: a short window is a trade one may make on
             # purpose (less memory for ids, items deduplicated downstream, a crawl whose
