@@ -104,9 +104,28 @@ def check_hosts() -> str:
     return "%s; nodes %s Ready" % (out.strip().splitlines()[-1], ", ".join(ready))
 
 
+def log_swarm_state() -> None:
+    """What the swarm holds, for a make up that did not get its tasks running: the nodes,
+    every task of the stack with its state and error, and each engine's last log lines."""
+    e2e.log("the swarm's nodes:\n" + docker("node", "ls", check=False).stdout)
+    e2e.log("the stack's tasks:\n" + docker(
+        "stack", "ps", STACK, "--no-trunc", "--format",
+        "{{.Name}} {{.Node}} {{.DesiredState}} {{.CurrentState}} {{.Error}}",
+        check=False).stdout)
+    for host in HOSTS:
+        log = HOSTS_DIR / host / "dockerd.log"
+        if log.exists():
+            e2e.log("%s's dockerd, last lines:\n%s" % (
+                host, "\n".join(log.read_text(errors="replace").splitlines()[-15:])))
+
+
 def check_up() -> str:
     started = time.monotonic()
-    e2e.make("up", "WORKERS=3", timeout=900)
+    try:
+        e2e.make("up", "WORKERS=3", timeout=900)
+    except AssertionError:
+        log_swarm_state()
+        raise
     took = time.monotonic() - started
     workers = running_workers()
     assert sorted(workers.values()) == list(HOSTS), "workers on %s" % workers

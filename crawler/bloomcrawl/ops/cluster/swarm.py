@@ -73,6 +73,16 @@ class Task:
     error: str = ""
 
 
+def not_running(service: str, tasks: Sequence[Task]) -> list[str]:
+    """A service's tasks that do not run, where each is and its state, with its error
+    (``redis.1 on h1: Preparing 5 minutes ago``), or that the service has no task."""
+    waiting = [t for t in tasks if not t.state.startswith("Running")]
+    if not waiting:
+        return [f"{service}: no task scheduled"]
+    return ["%s on %s: %s%s" % (t.name, t.node or "no node", t.state,
+                                f" ({t.error})" if t.error else "") for t in waiting[:3]]
+
+
 class Swarm:
     """This checkout's ``docker-compose.swarm.yml`` as a stack on the manager docker reaches."""
 
@@ -236,10 +246,9 @@ class Swarm:
                 say("waiting for: " + summary)
                 last = summary
             if time.monotonic() > deadline:
-                errors = [f"{t.name} on {t.node}: {t.error}" for name in waiting
-                          for t in self.tasks(name, running_only=False) if t.error]
-                raise OpsError(f"not running after {timeout:g}s: {summary}"
-                               + ("; " + "; ".join(errors[-5:]) if errors else ""))
+                raise OpsError(f"not running after {timeout:g}s: {summary}; " + "; ".join(
+                    line for name in sorted(waiting)
+                    for line in not_running(name, self.tasks(name, running_only=False))))
             time.sleep(2)
 
     def tasks(self, service: str, *, running_only: bool = True) -> list[Task]:
