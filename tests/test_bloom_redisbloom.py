@@ -144,3 +144,44 @@ def test_a_single_add_sent_again_answers_what_its_first_send_decided(
     redismod_client.delete(rb_key)
     assert bf.add(b"n" * 20) is True  # made again, empty
     assert redismod_client.execute_command("BF.INFO", rb_key, "CAPACITY") == reserved
+
+
+def test_a_lost_redisbloom_filter_is_made_again_as_reserved_on_every_path(
+        redismod_server, redismod_client: redis.Redis) -> None:
+    """The scripts add with BF.INSERT NOCREATE (no EXISTS a call): a partition whose
+    RedisBloom filter is gone is refused by the module itself, on a batch, a lookup and a
+    crawl's exchange, and made again as it was reserved, never with the module's
+    defaults; the exchange's requests are queued once."""
+    bf = BloomFilter(redismod_client, "g:bloomfilter", capacity=1000, error_rate=0.01,
+                     partitions=1, backend="redisbloom")
+    rb_key = keys.redisbloom_key("g:bloomfilter", 0)
+    reserved = redismod_client.execute_command("BF.INFO", rb_key, "CAPACITY")
+    fps = fingerprints(5, salt="lost-")
+    assert bf.add_many(fps) == [True] * 5
+    redismod_client.delete(rb_key)
+    assert bf.add_many(fps[:2] + fingerprints(1, salt="other-")) == [True] * 3
+    assert redismod_client.execute_command("BF.INFO", rb_key, "CAPACITY") == reserved
+    redismod_client.delete(rb_key)
+    assert bf.contains_many(fps[:2]) == [False, False]
+    assert redismod_client.execute_command("BF.INFO", rb_key, "CAPACITY") == reserved
+    # a script's own error is not taken for a lost filter
+    redismod_client.delete(rb_key)
+    redismod_client.set(rb_key, "not a filter")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        bf.add(fps[0])
+    assert redismod_client.get(rb_key) == b"not a filter"
+
+    s = make_scheduler(redismod_server.url, BLOOMFILTER_BACKEND="redisbloom",
+                       BLOOMFILTER_PARTITIONS=1)
+    assert s.bloom is not None
+    s.enqueue_request(Request("http://lost.test/1"))
+    s.send_pending()
+    assert [r.url for r in drain(s)] == ["http://lost.test/1"]
+    crawl_rb = keys.redisbloom_key(s.bloom.key, 0)
+    crawl_reserved = redismod_client.execute_command("BF.INFO", crawl_rb, "CAPACITY")
+    redismod_client.delete(crawl_rb)
+    s.enqueue_request(Request("http://lost.test/2"))
+    s.enqueue_request(Request("http://lost.test/3"))
+    s.send_pending()
+    assert sorted(r.url for r in drain(s)) == ["http://lost.test/2", "http://lost.test/3"]
+    assert redismod_client.execute_command("BF.INFO", crawl_rb, "CAPACITY") == crawl_reserved

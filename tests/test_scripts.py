@@ -52,3 +52,19 @@ def test_a_missing_partition_is_an_error_when_no_filter_can_be_made(
     with pytest.raises(redis.ResponseError, match="BLOOMCRAWL_NOFILTER"):
         run_scripts(redis_client, [ScriptCall(add, ["t:nofilter"], [fp("a")]),
                                    ScriptCall(add, ["t:nofilter2"], [fp("b")])])
+
+
+def test_a_single_call_that_loads_its_script_then_finds_no_filter_makes_it_again(
+        redis_client: redis.Redis) -> None:
+    """One call without a pipeline, after a restart that lost both the script cache and
+    the partition: the script is loaded, the filter made again, the call answered."""
+    bf = BloomFilter(redis_client, "t:restarted", capacity=1000, error_rate=0.01,
+                     partitions=1, backend="bitmap")
+    bf.add(fp("old"))
+    redis_client.script_flush()
+    redis_client.delete(keys.state_key("t:restarted", 0))
+    # the partition's state is made again; its bits, in the chunks, were kept
+    assert bf.contains_many([fp("old")]) == [True]
+    assert bf.add(fp("new")) is True
+    assert bf.add(fp("new")) is False
+    assert bf.info().capacity == 1000

@@ -201,12 +201,17 @@ def _run_one(client: Any, call: ScriptCall,
     def send() -> Any:
         return client.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
 
-    try:
+    def loaded() -> Any:
         try:
             return send()
         except redis.exceptions.NoScriptError:
             client.script_load(call.script.source)
             return send()
+
+    try:
+        try:
+            # a call that first loads its script may then find its filter missing
+            return loaded()
         except redis.ResponseError as exc:
             if recreate_filter is None or not is_missing_filter(exc):
                 raise

@@ -38,7 +38,7 @@ OVERFLOW_SLICES = 5
 MAX_PLANNED_SLICES = 40
 MAX_CHUNK_BYTES = 256 * 1024 * 1024
 #: "bitmap": plain Redis strings and Lua, any Redis; "redisbloom": the bf module's
-#: BF.MADD inside the same atomic scripts; "auto" picks redisbloom when loaded
+#: BF.INSERT NOCREATE inside the same atomic scripts; "auto" picks redisbloom when loaded
 BACKENDS = ("bitmap", "redisbloom")
 #: RedisBloom's scalable filter halves the error of each new sub-filter
 REDISBLOOM_TIGHTENING = 0.5

@@ -34,6 +34,8 @@ local head = redis.call('HMGET', state_key, unpack(HEAD_FIELDS))
 if not tonumber(head[1]) then
   return redis.error_reply('BLOOMCRAWL_NOFILTER no filter partition at ' .. state_key)
 end
+-- redisbloom_common.lua's check before a script's first write: the read above made it
+local function require_filter() end
 
 -- The partition, read by the first decide() or check() of the call: per slice (index
 -- 1..n) its capacity CAP, hashes K and blocks BLOCKS; the newest slice's items, and

@@ -19,6 +19,7 @@
 -- SENT_MS): queued once however often the exchange is sent. A dont_filter request made
 -- again (a retry) is a new entry with a key of its own.
 local SENT_MS = 600000
+require_filter()  -- before the exchange's acks and feedback are written
 return exchange(function(first)
   local flags = ARGV[first + 1]
   local sent_pruned = false
