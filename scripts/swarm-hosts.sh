@@ -136,8 +136,11 @@ EOF
         rm -f "$d/docker.sock"
         # nsenter --net, not `ip netns exec`: that remounts /sys, hiding the cgroup mounts
         # a UTS namespace too, so each node has its host name (h1 ...) in `docker node ls`
+        # DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1: a swarm task runs the image loaded here
+        # without asking a registry first (these hosts have none, and no route out: where a
+        # lookup hangs rather than fails, each task would wait in Preparing)
         nsenter --net="/run/netns/$(netns "$h")" unshare --uts setsid sh -c \
-            'hostname "$0"; exec "$@"' "$h" dockerd \
+            'hostname "$0"; exec "$@"' "$h" env DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 dockerd \
             --data-root "$d/data" --exec-root "$d/exec" --pidfile "$d/dockerd.pid.own" \
             -H "$(sock "$h")" --containerd "$d/containerd.sock" \
             --bip "198.19.$((BIP_BASE + n)).1/24" \
