@@ -13,6 +13,7 @@ from bloomcrawl.core import defaults, keys
 from bloomcrawl.core.bloom import BloomFilter
 from bloomcrawl.core.errors import BloomFilterError, FilterMismatchError
 from bloomcrawl.core.scripts import Script, ScriptCall
+from bloomcrawl.ops import acl
 
 from kit.data import fill, fingerprints, measure_false_positives
 from test_scheduler import drain, make_scheduler
@@ -185,3 +186,44 @@ def test_a_lost_redisbloom_filter_is_made_again_as_reserved_on_every_path(
     s.send_pending()
     assert sorted(r.url for r in drain(s)) == ["http://lost.test/2", "http://lost.test/3"]
     assert redismod_client.execute_command("BF.INFO", crawl_rb, "CAPACITY") == crawl_reserved
+
+
+def test_a_user_who_may_not_run_the_module_gets_the_bitmap_filter_under_auto(
+        redismod_server, redismod_client: redis.Redis,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The worker role of docs/scale.md lists no bf command (a Redis without the module
+    refuses their names), so on a Redis with the module (redis-stack, Redis 8) its user
+    could not make the filter auto chose: NOPERM on BF.RESERVE, and no crawl. auto now
+    makes such a user a bitmap filter and says what to grant; asked for explicitly,
+    redisbloom is refused with the same words; a user granted them gets RedisBloom."""
+    rules = acl.rules("worker", ["perm"])
+    redismod_client.execute_command("ACL", "SETUSER", "perm-worker", "reset", "on", ">pw",
+                                    *rules)
+    granted = [*rules, "+bf.reserve", "+bf.insert", "+bf.mexists", "+bf.info"]
+    redismod_client.execute_command("ACL", "SETUSER", "perm-granted", "reset", "on", ">pw",
+                                    *granted)
+    worker = redis.Redis.from_url(redismod_server.url, username="perm-worker", password="pw")
+    allowed = redis.Redis.from_url(redismod_server.url, username="perm-granted",
+                                   password="pw")
+    try:
+        with caplog.at_level(logging.WARNING, logger="bloomcrawl.core.bloom_creation"):
+            bf = BloomFilter(worker, "perm:bloomfilter", capacity=1000, error_rate=0.01,
+                             backend="auto")
+        assert bf.params.backend == "bitmap"
+        assert "may not run BF.RESERVE, BF.INSERT, BF.MEXISTS, BF.INFO (grant +bf.reserve" \
+            in caplog.text
+        assert bf.add_many([b"p" * 20, b"p" * 20]) == [True, False]
+        assert not redismod_client.keys("*bf-acl-probe*")  # the probes made nothing
+        with pytest.raises(BloomFilterError, match=r"may not run BF\.RESERVE.*\+bf\.insert"):
+            BloomFilter(worker, "perm:other", capacity=1000, error_rate=0.01,
+                        backend="redisbloom")
+        assert not redismod_client.exists(keys.meta_key("perm:other"))
+        rb = BloomFilter(allowed, "perm:granted", capacity=1000, error_rate=0.01,
+                         backend="auto")
+        assert rb.params.backend == "redisbloom"
+        assert rb.add_many([b"g" * 20, b"g" * 20]) == [True, False]
+    finally:
+        worker.close()
+        allowed.close()
+        for user in ("perm-worker", "perm-granted"):
+            redismod_client.execute_command("ACL", "DELUSER", user)

@@ -47,6 +47,44 @@ def has_redisbloom(server: Any) -> bool:
     return False
 
 
+#: what the redisbloom backend runs, each asked so that it changes nothing: an error rate
+#: out of range, NOCREATE, and lookups, all on a key of the filter's that is never made
+_REDISBLOOM_PROBES = (("BF.RESERVE", "2", "1"), ("BF.INSERT", "NOCREATE", "ITEMS", "x"),
+                      ("BF.MEXISTS", "x"), ("BF.INFO",))
+
+
+def redisbloom_refused(server: Any, key: str) -> list[str]:
+    """The bf commands the client's Redis user may not run (its ACL: the roles of
+    docs/scale.md list none, since a Redis without the module refuses their names)."""
+    probe = keys.partition_tag(key, 0) + ":bf-acl-probe"
+    refused = []
+    for command, *args in _REDISBLOOM_PROBES:
+        try:
+            server.execute_command(command, probe, *args)
+        except redis.exceptions.NoPermissionError:
+            refused.append(command)
+        except redis.ResponseError:
+            pass  # allowed: refused for its arguments, or the missing key
+    return refused
+
+
+def check_redisbloom(server: Any, key: str) -> None:
+    """:class:`BloomFilterError` unless the bf module is loaded and the client's user may
+    run what the redisbloom backend runs; before anything is stored."""
+    if not has_redisbloom(server):
+        raise BloomFilterError(
+            "Bloom filter %r uses the redisbloom backend, but Redis at %s has no bf"
+            " module loaded" % (key, describe_redis(server)))
+    if refused := redisbloom_refused(server, key):
+        raise BloomFilterError("Bloom filter %r uses the redisbloom backend, but at %s %s" % (
+            key, describe_redis(server), grant_text(refused)))
+
+
+def grant_text(refused: list[str]) -> str:
+    return "its ACL user may not run %s (grant %s)" % (
+        ", ".join(refused), " ".join("+" + c.lower() for c in refused))
+
+
 def resolve_auto_backend(server: redis.Redis, key: str, params: FilterParams) -> FilterParams:
     """auto: an existing filter keeps its backend; a new one uses RedisBloom if loaded.
 
@@ -66,6 +104,12 @@ def resolve_auto_backend(server: redis.Redis, key: str, params: FilterParams) ->
             # a revisit window is the bitmap backend's alone
             stored = ("redisbloom" if has_redisbloom(server) and not params.windowed
                       else "bitmap")
+            if stored == "redisbloom" and (refused := redisbloom_refused(server, key)):
+                logger.warning(
+                    "Bloom filter %r: Redis at %s has the bf module, but %s: the new filter"
+                    " uses the bitmap backend (BLOOMFILTER_BACKEND=bitmap asks for it)",
+                    key, describe_redis(server), grant_text(refused))
+                stored = "bitmap"
     if stored == params.backend:
         return params
     changes: dict[str, Any] = {"backend": stored}
@@ -118,6 +162,9 @@ def create_or_open(server: redis.Redis, key: str, params: FilterParams, *,
     """
     meta = keys.meta_key(key)
     with redis_errors(server):
+        new = params.backend == "redisbloom" and server.hget(meta, "params") is None
+        if new:  # before anything is stored
+            check_redisbloom(server, key)
         server.hsetnx(meta, "params", params.to_json())
         stored_raw = server.hget(meta, "params")
     assert stored_raw is not None
@@ -136,6 +183,9 @@ def create_or_open(server: redis.Redis, key: str, params: FilterParams, *,
             " untouched. Use the stored parameters, another key, or clear the filter."
             % (key, describe_redis(server), "; ".join(layout + sizing))
         )
+    if stored.backend == "redisbloom" and not new:
+        with redis_errors(server):
+            check_redisbloom(server, key)
     if sizing:
         logger.warning(
             "Bloom filter %r at %s was created with other sizing (%s): it is opened with"
@@ -171,10 +221,6 @@ def write_partitions(server: redis.Redis, key: str, params: FilterParams,
     with redis_errors(server):
         if not force and server.hget(keys.meta_key(key), "ready") == b"1":
             return
-        if params.backend == "redisbloom" and not has_redisbloom(server):
-            raise BloomFilterError(
-                "Bloom filter %r uses the redisbloom backend, but Redis at %s has no bf"
-                " module loaded" % (key, describe_redis(server)))
         recovered: dict[int, dict[str, Any]] = {}
         if force and params.backend == "bitmap":
             pipe = server.pipeline(transaction=False)
