@@ -4,7 +4,8 @@ The ACL SETUSER lines are read from the document itself, so the document
 cannot drift from what was tried: two workers crawl the demo site as
 ``bloomcrawl-worker`` (politeness scripts included), the exporter's snapshot
 runs as ``bloomcrawl-exporter`` and ``bloomcrawl throttle`` as
-``bloomcrawl-operator``; Redis's ACL LOG must stay empty.
+``bloomcrawl-operator``; Redis's ACL LOG must stay empty. On a Redis with the bf
+module, two workers crawl as ``bloomcrawl-worker`` on the bitmap filter its rights allow.
 """
 
 from __future__ import annotations
@@ -71,6 +72,16 @@ def test_the_role_users_a_published_redis_gets_are_the_documented_ones() -> None
 @pytest.fixture
 def roles(redis_client: redis.Redis) -> Iterator[dict[str, str]]:
     """The documented users on the test's redis-server: role -> URL."""
+    yield from documented_roles(redis_client)
+
+
+@pytest.fixture
+def module_roles(redismod_client: redis.Redis) -> Iterator[dict[str, str]]:
+    """The same on a redis-server with the bf module loaded (redis-stack, Redis 8)."""
+    yield from documented_roles(redismod_client)
+
+
+def documented_roles(redis_client: redis.Redis) -> Iterator[dict[str, str]]:
     users = documented_users()
     assert set(users) == {"bloomcrawl-worker", "bloomcrawl-exporter", "bloomcrawl-operator",
                           "bloomcrawl-timer"}
@@ -83,6 +94,25 @@ def roles(redis_client: redis.Redis) -> Iterator[dict[str, str]]:
            % (name, PASSWORD, port) for name in users}
     for name in users:
         redis_client.execute_command("ACL", "DELUSER", name)
+
+
+@pytest.mark.parametrize("demo_site", [{"pages": 300}], indirect=True)
+def test_the_worker_role_crawls_on_a_redis_with_the_bf_module(
+        redismod_client: redis.Redis, module_roles: dict[str, str], demo_site,
+        worker_pool: WorkerPool) -> None:
+    """The role lists no bf command, so the filter auto makes its user is a bitmap one
+    (what to grant is logged); asked once, by the worker that made the filter."""
+    redismod_client.rpush("site:start_urls", demo_site.url)
+    workers = worker_pool.start_many(2, module_roles["worker"], {"DOWNLOAD_DELAY": "0"})
+    run_workers(workers, timeout=240)
+    assert_crawled_once(demo_site, redismod_client, workers)
+    stored = redismod_client.hget("site:bloomfilter:meta", "params")
+    assert stored is not None and b'"backend": "bitmap"' in stored, stored
+    assert any("may not run BF.RESERVE" in w.text() for w in workers)
+    refused = sorted((e[b"object"], e[b"count"])
+                     for e in redismod_client.execute_command("ACL", "LOG"))
+    assert refused == [(b"bf.info", 1), (b"bf.insert", 1), (b"bf.mexists", 1),
+                       (b"bf.reserve", 1)], refused
 
 
 @pytest.mark.parametrize("demo_site", [{"pages": 300}], indirect=True)

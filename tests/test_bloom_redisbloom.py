@@ -47,6 +47,7 @@ def test_redisbloom_backend_without_the_module_is_an_error(redis_client) -> None
     with pytest.raises(BloomFilterError, match="no bf module loaded"):
         BloomFilter(redis_client, "c:bloomfilter", capacity=1000, error_rate=0.01,
                     backend="redisbloom")
+    assert redis_client.keys("*") == []  # nothing stored: its parameters neither
 
 
 def test_a_new_filter_starts_small_and_its_chain_keeps_the_error_rate(
