@@ -228,3 +228,36 @@ def test_a_user_who_may_not_run_the_module_gets_the_bitmap_filter_under_auto(
         allowed.close()
         for user in ("perm-worker", "perm-granted"):
             redismod_client.execute_command("ACL", "DELUSER", user)
+
+
+def _rights_checks(client: redis.Redis) -> tuple[int, int]:
+    """MODULE LIST calls and BF.MEXISTS calls so far: a check of the module and the
+    user's rights runs one of each (the probes' lookup)."""
+    stats = client.info("commandstats")
+    return (stats.get("cmdstat_module|list", {}).get("calls", 0),
+            stats.get("cmdstat_bf.mexists", {}).get("calls", 0))
+
+
+def test_the_module_and_the_rights_are_checked_once_a_filter_handle(
+        redismod_client: redis.Redis) -> None:
+    """auto checks the module and the user's rights for a new filter; the opener used to
+    ask again (five more round trips), and again at every re-creation of a lost
+    partition. Once a handle now: a new filter, a stored one, a lost partition."""
+    before = _rights_checks(redismod_client)
+    bf = BloomFilter(redismod_client, "once:bloomfilter", capacity=1000, error_rate=0.01,
+                     partitions=1, backend="auto")
+    assert bf.params.backend == "redisbloom"
+    made = _rights_checks(redismod_client)
+    assert (made[0] - before[0], made[1] - before[1]) == (1, 1)
+    again = BloomFilter(redismod_client, "once:bloomfilter", capacity=1000,
+                        error_rate=0.01, partitions=1, backend="auto")
+    opened = _rights_checks(redismod_client)
+    assert (opened[0] - made[0], opened[1] - made[1]) == (1, 1)
+    redismod_client.delete(keys.redisbloom_key("once:bloomfilter", 0))
+    assert again.add_many([b"o" * 20, b"o" * 20]) == [True, False]
+    assert again.params.backend == "redisbloom"
+    assert _rights_checks(redismod_client) == opened
+    explicit = BloomFilter(redismod_client, "once:explicit", capacity=1000,
+                           error_rate=0.01, partitions=1, backend="redisbloom")
+    assert explicit.params.backend == "redisbloom"
+    assert _rights_checks(redismod_client)[0] - opened[0] == 1

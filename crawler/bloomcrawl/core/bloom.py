@@ -171,8 +171,10 @@ class BloomFilter:
                                   **common)  # type: ignore[arg-type]
         self.server = server
         self.key = key
+        # whether check_redisbloom ran: once a handle, not at every recreate
+        self._redisbloom_checked = False
         if backend == "auto":
-            params = resolve_auto_backend(server, key, params)
+            params, self._redisbloom_checked = resolve_auto_backend(server, key, params)
         self.params = self._open(params)
 
     @classmethod
@@ -198,12 +200,15 @@ class BloomFilter:
     def _open(self, params: FilterParams, rewrite_partitions: bool = False) -> FilterParams:
         # a handle made by open() has no _adopt_*: it adopts nothing (and asks for
         # what is stored)
-        return create_or_open(
+        stored = create_or_open(
             self.server, self.key, params,
             adopt_partition_by=getattr(self, "_adopt_partition_by", False),
             adopt_initial_capacity=getattr(self, "_adopt_initial_capacity", False),
             strict=getattr(self, "_strict_params", False),
-            rewrite_partitions=rewrite_partitions)
+            rewrite_partitions=rewrite_partitions,
+            redisbloom_checked=getattr(self, "_redisbloom_checked", False))
+        self._redisbloom_checked = stored.backend == "redisbloom"
+        return stored
 
     # -- operations -----------------------------------------------------
 

@@ -85,8 +85,11 @@ def grant_text(refused: list[str]) -> str:
         ", ".join(refused), " ".join("+" + c.lower() for c in refused))
 
 
-def resolve_auto_backend(server: redis.Redis, key: str, params: FilterParams) -> FilterParams:
-    """auto: an existing filter keeps its backend; a new one uses RedisBloom if loaded.
+def resolve_auto_backend(server: redis.Redis, key: str,
+                         params: FilterParams) -> tuple[FilterParams, bool]:
+    """auto: an existing filter keeps its backend; a new one uses RedisBloom if loaded
+    and the client's user may run it. With the parameters, whether that was checked here
+    (:func:`check_redisbloom`'s round trips, which the opener need not run again).
 
     Either backend starts a new filter small and grows it (``initial_capacity``).
     An existing filter's backend is never a mismatch under auto: asked sizing that
@@ -99,7 +102,7 @@ def resolve_auto_backend(server: redis.Redis, key: str, params: FilterParams) ->
             try:
                 stored = json.loads(raw).get("backend", "bitmap")
             except (ValueError, AttributeError):
-                return params
+                return params, False
         else:
             # a revisit window is the bitmap backend's alone
             stored = ("redisbloom" if has_redisbloom(server) and not params.windowed
@@ -110,14 +113,15 @@ def resolve_auto_backend(server: redis.Redis, key: str, params: FilterParams) ->
                     " uses the bitmap backend (BLOOMFILTER_BACKEND=bitmap asks for it)",
                     key, describe_redis(server), grant_text(refused))
                 stored = "bitmap"
+    checked = raw is None and stored == "redisbloom"
     if stored == params.backend:
-        return params
+        return params, checked
     changes: dict[str, Any] = {"backend": stored}
     if stored == "redisbloom":
         changes["tightening"] = REDISBLOOM_TIGHTENING
         if params.bit_exponent is not None or float(params.growth) != int(params.growth):
             if raw is None:
-                return params  # cannot: a new filter stays on the bitmap backend
+                return params, False  # cannot: a new filter stays on the bitmap backend
             # the stored RedisBloom filter is opened with its own sizing, as any
             # other difference in sizing would be
             own = parse_stored_params(server, key, raw)
@@ -132,7 +136,7 @@ def resolve_auto_backend(server: redis.Redis, key: str, params: FilterParams) ->
                 if params.bit_exponent is not None else "growth %s" % (params.growth,))
     else:
         changes["tightening"] = defaults.FILTER_TIGHTENING
-    return dataclasses.replace(params, **changes)
+    return dataclasses.replace(params, **changes), checked
 
 
 def parse_stored_params(server: redis.Redis, key: str, raw: bytes | str) -> FilterParams:
@@ -150,7 +154,8 @@ def create_or_open(server: redis.Redis, key: str, params: FilterParams, *,
                    adopt_partition_by: bool = False,
                    adopt_initial_capacity: bool = False,
                    strict: bool = False,
-                   rewrite_partitions: bool = False) -> FilterParams:
+                   rewrite_partitions: bool = False,
+                   redisbloom_checked: bool = False) -> FilterParams:
     """Store ``params`` unless the filter has some already; the parameters it has.
 
     Stored parameters that differ in partitions, partitioning, bit layout or
@@ -159,11 +164,12 @@ def create_or_open(server: redis.Redis, key: str, params: FilterParams, *,
     logged.
     ``adopt_partition_by``, ``adopt_initial_capacity``: take the stored value
     rather than compare it (the opener did not choose one).
+    ``redisbloom_checked``: the opener ran :func:`check_redisbloom` on this server already.
     """
     meta = keys.meta_key(key)
     with redis_errors(server):
         new = params.backend == "redisbloom" and server.hget(meta, "params") is None
-        if new:  # before anything is stored
+        if new and not redisbloom_checked:  # before anything is stored
             check_redisbloom(server, key)
         server.hsetnx(meta, "params", params.to_json())
         stored_raw = server.hget(meta, "params")
@@ -183,7 +189,7 @@ def create_or_open(server: redis.Redis, key: str, params: FilterParams, *,
             " untouched. Use the stored parameters, another key, or clear the filter."
             % (key, describe_redis(server), "; ".join(layout + sizing))
         )
-    if stored.backend == "redisbloom" and not new:
+    if stored.backend == "redisbloom" and not new and not redisbloom_checked:
         with redis_errors(server):
             check_redisbloom(server, key)
     if sizing:
