@@ -218,6 +218,9 @@ def test_unreachable_redis_names_the_url(closed_port_url: str) -> None:
 def test_clear_removes_everything_and_filter_comes_back(redis_client: redis.Redis) -> None:
     bf = BloomFilter(redis_client, "c:bloomfilter", capacity=1000, error_rate=0.01)
     bf.add_many(fingerprints(50))
+    bf.record_calls()  # a caller's records of its last call go too
+    assert bf.add(fingerprints(51)[50]) is True
+    assert redis_client.keys("*:call:*")
     redis_client.set("unrelated", "1")
     bf.clear()
     assert redis_client.keys("*") == [b"unrelated"]

@@ -340,10 +340,11 @@ class BloomFilter:
         return filter_info(self.server, self.key, self.params)
 
     def clear(self) -> None:
-        """Delete the filter's bits, counters and metadata."""
+        """Delete the filter's bits, counters, call records and metadata."""
         with redis_errors(self.server):
             for p in range(self.params.partitions):
                 for pattern in (keys.chunk_pattern(self.key, p),
+                                keys.call_record_pattern(self.key, p),
                                 keys.generation_pattern(self.key, p),
                                 keys.generation_pattern(self.key, p, None)):
                     batch = list(self.server.scan_iter(match=pattern, count=1000))

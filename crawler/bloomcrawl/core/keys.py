@@ -105,6 +105,12 @@ def generations_field(window: int) -> str:
     return "gens" if not window else "gens:%d" % window
 
 
+def call_record_pattern(name: str, partition: int) -> str:
+    """SCAN pattern matching every caller's call record of a partition."""
+    escaped = partition_tag(name, partition).replace("{", "\\{").replace("}", "\\}")
+    return escaped + ":call:*"
+
+
 def chunk_pattern(name: str, partition: int) -> str:
     """SCAN pattern matching every bit chunk of a partition."""
     escaped = partition_tag(name, partition).replace("{", "\\{").replace("}", "\\}")
