@@ -111,9 +111,10 @@ end
 -- A lookup computes each lane's position as it tests it, and stops at the first bit
 -- unset (in a slice that does not hold the item, after a lane or two): keeping the
 -- positions in a table for the next slice would cost more than computing them again.
--- Only a new item's positions in the newest slice are kept, for the write: LB[t] the
--- byte (1-based in the block), LM[t] the bit's mask.
-local LB, LM = {}, {}
+-- A new item's lane hashes are kept for the write, which computes its positions in the
+-- newest slice as it sets them (a table of them, filled by the lookup and read by the
+-- write, cost a new item 1-3 us more at k 14-24).
+local HV2, HV3, HV4 = 0, 0, 0
 local MASK = {[0] = 128, 64, 32, 16, 8, 4, 2, 1}
 
 -- A block's GETRANGE, with its key name and offsets, costs about what reading
@@ -130,7 +131,7 @@ local WHOLE_READ_BYTES = 2048
 -- is): the newest and the one before it by items, then the older ones newest first
 -- (they are full, and no larger than the one after them, since growth >= 1). Returns
 -- true (seen), or false and the newest slice's block: key, offset, chunk, bytes,
--- whether its chunk is unallocated; LB and LM then hold the newest's lanes.
+-- whether its chunk is unallocated; HV2, HV3, HV4 then hold its lane hashes.
 -- The item is fingerprint j (from 0) of blob, the call's items, of which undecided are
 -- still to decide (this one included); its hashes: h1 the block, h2, h3, h4 the lanes'
 -- a, b, c. newest: the slice written (0: none); frozen: slices below it may be read
@@ -222,26 +223,7 @@ local function lookup(blob, j, newest, frozen, whole, looked, undecided)
       if all then return true end
     end
   end
-  if newest > 0 then  -- the newest slice's lanes, all of them, for the write
-    local k = K[newest]
-    local w = (BLOCK_BITS - BLOCK_BITS % k) / k
-    local lb, lm, lane = LB, LM, 0
-    local v, d, c2 = h2, h3 + h4, h4 + h4
-    for t = 1, k do
-      local pos
-      if QUADRATIC then
-        local x = v % 16777216 * w
-        pos = lane + (x - x % 16777216) / 16777216
-        v, d = v + d, d + c2
-      else
-        local j = t - 1
-        pos = lane + (h2 + j * h3 + j * (j - 1) / 2 * h4) % w
-      end
-      lane = lane + w
-      local r8 = pos % 8
-      lb[t], lm[t] = (pos - r8) / 8 + 1, mask[r8]
-    end
-  end
+  if newest > 0 then HV2, HV3, HV4 = h2, h3, h4 end  -- the write's lanes, from these
   return false, n_key, n_off, n_chunk, n_blk, n_unallocated
 end
 
@@ -288,8 +270,24 @@ local function decide(blob, flags)
         end
         -- set the item's bits in blk; write back only the span of bytes that changed
         local parts, np, lo, cur_bi, cur_val = nil, 0, 0, 0, 0
-        for t = 1, K[n] do
-          local bi, m = LB[t], LM[t]
+        local k = K[n]
+        local w = (BLOCK_BITS - BLOCK_BITS % k) / k
+        local mask, lane = MASK, 0
+        local h2, h3, h4 = HV2, HV3, HV4
+        local v, d, c2 = h2, h3 + h4, h4 + h4
+        for t = 1, k do
+          local pos
+          if QUADRATIC then
+            local x = v % 16777216 * w
+            pos = lane + (x - x % 16777216) / 16777216
+            v, d = v + d, d + c2
+          else
+            local i = t - 1
+            pos = lane + (h2 + i * h3 + i * (i - 1) / 2 * h4) % w
+          end
+          lane = lane + w
+          local r8 = pos % 8
+          local bi, m = (pos - r8) / 8 + 1, mask[r8]
           local val
           if bi == cur_bi then val = cur_val else val = byte(blk, bi) end
           if val % (m + m) < m then
