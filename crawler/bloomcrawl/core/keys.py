@@ -93,11 +93,15 @@ def generation_chunk_key(name: str, partition: int, generation: int, slice_index
                                slice_index, chunk)
 
 
+def _escaped_tag(name: str, partition: int) -> str:
+    """The partition's hash tag with its braces escaped for a SCAN pattern."""
+    return partition_tag(name, partition).replace("{", "\\{").replace("}", "\\}")
+
+
 def generation_pattern(name: str, partition: int, window: int | None = 0) -> str:
     """SCAN pattern matching every key of a partition's revisit-window generations: of
     one ring, or (``window`` None) of the named windows' rings."""
-    escaped = partition_tag(name, partition).replace("{", "\\{").replace("}", "\\}")
-    return escaped + (":w*" if window is None else _ring(window) + "*")
+    return _escaped_tag(name, partition) + (":w*" if window is None else _ring(window) + "*")
 
 
 def generations_field(window: int) -> str:
@@ -107,14 +111,12 @@ def generations_field(window: int) -> str:
 
 def call_record_pattern(name: str, partition: int) -> str:
     """SCAN pattern matching every caller's call record of a partition."""
-    escaped = partition_tag(name, partition).replace("{", "\\{").replace("}", "\\}")
-    return escaped + ":call:*"
+    return _escaped_tag(name, partition) + ":call:*"
 
 
 def chunk_pattern(name: str, partition: int) -> str:
     """SCAN pattern matching every bit chunk of a partition."""
-    escaped = partition_tag(name, partition).replace("{", "\\{").replace("}", "\\}")
-    return escaped + ":s*:c*"
+    return _escaped_tag(name, partition) + ":s*:c*"
 
 
 def queue_key(queue: str, filter_name: str, partition: int) -> str:
