@@ -39,18 +39,19 @@ import redis  # noqa: E402
 
 from bloomcrawl.core import keys  # noqa: E402
 from bloomcrawl.core.bloom import BloomFilter  # noqa: E402
+from bloomcrawl.core.scripts import BACKEND_PRELUDES, Script  # noqa: E402
 
 from kit.redis import RedisServer  # noqa: E402
 
 LUA = "crawler/bloomcrawl/core/lua/"
-SCRIPT = ("bloom_common.lua", "bloom_add.lua")
+SCRIPT = (BACKEND_PRELUDES["bitmap"], "bloom_add.lua")
 PHASES = ("new", "seen")
 
 
 def source(version: str) -> str:
-    """The add script as ``Script.for_backend('bitmap', 'bloom_add.lua')`` joins it."""
+    """The bitmap add script as the product joins it (``tree``: the one it runs)."""
     if version == "tree":
-        return "\n".join((ROOT / LUA / name).read_text() for name in SCRIPT)
+        return Script.for_backend("bitmap", "bloom_add.lua").source
     try:
         return "\n".join(subprocess.run(
             ["git", "-C", str(ROOT), "show", "%s:%s%s" % (version, LUA, name)],
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.items, args.batch, args.rounds) < 1:
         parser.error("--items, --batch and --rounds must be at least 1")
     versions = {"old": source(args.old), "new": source(args.new)}
-    if args.old == args.new:
+    if versions["old"] == versions["new"]:  # two SHAs, so SLOWLOG tells the calls apart
         versions["new"] += "\n-- the same script, loaded again under another SHA"
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)

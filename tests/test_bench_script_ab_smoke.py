@@ -47,3 +47,11 @@ def test_an_unknown_revision_is_named() -> None:
     assert result.returncode != 0
     assert "no bloom_common.lua and bloom_add.lua at git revision 'no-such-revision'" \
         in result.stderr
+
+
+def test_a_revision_whose_script_is_the_trees_is_still_told_apart() -> None:
+    """HEAD against an unchanged tree: one script text, loaded under two SHAs (under one,
+    SLOWLOG would hold each call twice for each version)."""
+    result = run("--old", "HEAD", "--items", "200", "--batch", "40", "--rounds", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "both answered every call alike" in result.stdout
