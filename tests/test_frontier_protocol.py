@@ -48,12 +48,13 @@ def test_a_lease_call_sent_twice_loses_nothing(frontier: Frontier,
 
 def test_an_exchange_with_the_lease_partition_and_no_want_only_acks(
         frontier: Frontier) -> None:
-    """``lease_from`` with ``want`` 0: the acks ride in that partition's call, nothing is
-    leased, and the reply says when a host of the partition is ready, after the acks:
-    a.test/2 now. Every call of an exchange says it for its partition."""
+    """``lease_from`` with ``want`` and ``ahead`` 0: the acks ride in that partition's
+    call, nothing is leased, and the reply says when a host of the partition is ready,
+    after the acks: a.test/2 now. Every call of an exchange says it for its partition.
+    (``want`` 0 with ``ahead``: test_politeness.py)"""
     frontier.exchange(outgoing("http://a.test/1", "http://a.test/2"), {})
     [lease] = frontier.lease(0, 1)
-    done = frontier.exchange([], {0: [lease.token]}, lease_from=0, want=0, ahead=3)
+    done = frontier.exchange([], {0: [lease.token]}, lease_from=0, want=0, ahead=0)
     assert (done.leases, done.ready_in, done.waits) == ([], 0.0, {})
     [lease] = frontier.lease(0, 1)  # the want-0 exchange leased nothing
     assert lease.payload == b'{"url": "http://a.test/2"}'

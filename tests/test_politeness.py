@@ -295,6 +295,29 @@ def test_a_lease_ahead_comes_only_from_hosts_without_a_delay(redis_client: redis
     assert len(a.exchange((), {}, lease_from=home(solo), want=1).leases) == 1
 
 
+def test_a_lease_of_requests_ahead_only_comes_from_hosts_without_a_delay(
+        redis_client: redis.Redis) -> None:
+    """``want`` 0 with ``ahead`` (an exchange that goes anyway topping up the requests a
+    worker holds): a paced host gives nothing, one without a delay at most half its
+    free slots, down to the last request asked for: with one slot free, none."""
+    polite = Politeness(delay=0.0, concurrency=8)
+    a = worker(redis_client, "a", polite)
+    fast = "f0.test"
+    slow = next(h for h in ("s%d.test" % i for i in range(60)) if home(h) != home(fast))
+    set_policy(redis_client, a.keys, polite, home(slow), slow, delay=5.0)
+    a.exchange(outgoing(a, *("http://%s/%d" % (h, i) for h in (slow, fast) for i in range(10))),
+               {})
+    assert a.exchange((), {}, lease_from=home(slow), want=0, ahead=20).leases == []
+    got = a.exchange((), {}, lease_from=home(fast), want=0, ahead=20).leases
+    assert [host_of(json.loads(x.payload)["url"]) for x in got] == [fast] * 4  # half of 8
+    # 4 free: 2 of 2 asked; 2 free: 1 of 1; 1 free: none of 1
+    assert [len(a.exchange((), {}, lease_from=home(fast), want=0, ahead=n).leases)
+            for n in (2, 1, 1)] == [2, 1, 0]
+    # `want` is still given, from the paced host too
+    [paced] = a.exchange((), {}, lease_from=home(slow), want=1, ahead=5).leases
+    assert paced.paced and host_of(json.loads(paced.payload)["url"]) == slow
+
+
 def test_a_worker_alone_in_the_crawl_leases_all_free_slots_ahead(
         redis_client: redis.Redis) -> None:
     """Each stats call tells a worker whether it is the only one alive (presence): alone,

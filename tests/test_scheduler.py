@@ -618,3 +618,68 @@ def test_a_poll_of_a_busy_worker_sends_no_counts_alone(
         assert s.server.hget(s.frontier.keys.stats, "pages") == b"1"
     finally:
         loop.stop()
+
+
+def test_an_exchange_that_goes_anyway_tops_up_the_leased_requests(
+        redis_server, redis_client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ack timer's exchange of a worker whose engine still has a leased request also
+    leases what the worker's pace wants ahead, in the same call: the engine, dry a
+    moment later, would otherwise start an exchange of its own (Redis woken once more).
+    Too few wanted ahead (MIN_TOP_UP) and it leases nothing."""
+    from bloomcrawl.crawl.exchanges import ACK_DELAY_UNPACED, MIN_TOP_UP
+
+    s = make_scheduler(redis_server.url, BLOOMFILTER_PARTITIONS=1, SCHEDULER_PREFETCH=2,
+                       CONCURRENT_REQUESTS_PER_DOMAIN=32)
+    loop = s.loop
+    for i in range(40):
+        s.enqueue_request(Request("http://a.test/%d" % i))
+    s.send_pending()
+    first = s.next_request()  # the engine's lease: two, one of them still ready
+    assert first is not None and loop.book.ready() == 1
+    clock = on_a_clock(s, monkeypatch)
+    pace_wants = {"ahead": MIN_TOP_UP - 1}
+    monkeypatch.setattr(loop, "_demand", lambda: (1, pace_wants["ahead"]))
+    try:
+        finish(s, first)
+        clock.advance(ACK_DELAY_UNPACED)  # the ack timer: too few wanted ahead
+        assert not loop.outbox.owes() and loop.book.ready() == 1
+        second = s.next_request()
+        assert second is not None and not loop.book.ready()
+        pace_wants["ahead"] = 8
+        s.enqueue_request(Request("http://a.test/link"))  # of a page still crawled
+        loop.outbox.count("pages", 1)
+        loop.poller._poll()  # the poll sends the link, and tops up the engine's requests
+        assert not loop.outbox.owes()
+        assert loop.book.ready() == 9  # want and ahead, as ahead: a.test has no delay
+        finish(s, second)
+        clock.advance(ACK_DELAY_UNPACED)
+        assert not loop.outbox.owes()  # the ack went, with the requests wanted ahead
+        assert loop.book.ready() == 18
+        leased = drain(s)
+        assert {r.url for r in leased} <= {"http://a.test/%d" % i for i in range(40)} | {
+            "http://a.test/link"}
+        assert len({r.url for r in leased}) == len(leased)
+    finally:
+        loop.stop()
+
+
+def test_a_poll_while_leased_requests_wait_for_the_engine_sends_nothing_alone(
+        redis_server, redis_client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine asked for a request and got none (starved), then a lease came: until it
+    asks again it is not starved. A poll then sends no exchange for counts alone, and
+    asks nothing of the frontier's size: the engine has work."""
+    s = make_scheduler(redis_server.url, SCHEDULER_PREFETCH=2)
+    loop = s.loop
+    for i in range(2):
+        s.enqueue_request(Request("http://a.test/%d" % i))
+    s.send_pending()
+    assert s.next_request() is not None and loop.book.ready() == 1
+    on_a_clock(s, monkeypatch)
+    loop.starved = True  # as after a lease the engine did not ask for yet
+    try:
+        loop.outbox.count("pages", 1)
+        loop.poller._poll()
+        assert loop.outbox.owes() and not loop.outbox.exchanging  # the count waits
+        assert loop.frontier_size is None
+    finally:
+        loop.stop()

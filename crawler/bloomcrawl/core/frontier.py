@@ -266,7 +266,7 @@ class Frontier:
 
         With ``lease_from``, that partition's acks ride in the same script call
         as the lease of up to ``want`` requests from it (and ``ahead`` more from hosts
-        without a delay, which may wait in the worker; ``want`` 0: acks only). ``stats`` are
+        without a delay, which may wait in the worker; both 0: acks only). ``stats`` are
         ``(number, counts)`` of this worker's exchanges, numbered 1, 2, 3...:
         each number is added to the shared stats once, however often it is
         sent (resend the counts of a failed exchange under its own number).

@@ -22,7 +22,7 @@ from bloomcrawl.core.errors import FilterFullError
 from bloomcrawl.crawl.duplicates import DuplicateLog
 from bloomcrawl.crawl.idle import IDLE_RECHECK_S
 from bloomcrawl.crawl.lease import ENTRY_META_KEY, LOCAL_META_KEY
-from bloomcrawl.crawl.outbox import filtered_seeds
+from bloomcrawl.crawl.outbox import count_decisions, filtered_seeds
 from bloomcrawl.crawl.redis_io import call_later, log_unexpected, redis_failed
 from bloomcrawl.crawl.serialization import entry_id, request_from_json
 from bloomcrawl.crawl.timing import Pace, SoonestCall, lease_demand
@@ -68,6 +68,12 @@ ACK_DELAY_UNPACED = 0.15
 #: would each ask for it then, and all but one find nothing. At most a quarter of the
 #: lease timeout
 LEASE_LATER_S = 0.5
+#: an exchange that goes anyway (acks, links, reports) while the engine still has leased
+#: requests leases, in the same call, what the pace wants ahead (LEASE_AHEAD_S) when that
+#: is at least this many: from hosts without a delay only (``want`` 0). Else the engine,
+#: dry a moment later, starts an exchange of its own: Redis woken once more for the same
+#: work
+MIN_TOP_UP = 4
 
 
 class ExchangeLoop:
@@ -183,11 +189,16 @@ class ExchangeLoop:
         probe: list[int] = []
         want, ahead = self._demand()
         ready = self.readiness.ready_now()
-        if lease and want and not self.book.ready() and ready:
+        empty = not self.book.ready()
+        if lease and want and empty and ready:
             order = self.readiness.lease_order(ready, first=self.outbox.ack_partition())
             lease_from, probe = order[0], order[1:]
-        elif lease and want and not self.book.ready():
+        elif lease and want and empty:
             self._wake_when_ready()  # no host is ready yet: ask when the first one is
+        elif ahead >= MIN_TOP_UP and ready and self.outbox.owes() and not self.closing:
+            # an exchange that goes anyway tops up the engine's requests (MIN_TOP_UP)
+            lease_from = self.readiness.lease_order(ready, first=self.outbox.ack_partition())[0]
+            want, ahead = 0, want + ahead
         self._send(lease_from, want=want, ahead=ahead, check_idle=check_idle, probe=probe)
 
     def send_now(self) -> None:
@@ -236,22 +247,11 @@ class ExchangeLoop:
         else:
             self.seen.remember((e.fingerprint for e in batch.outgoing if not e.dont_filter),
                                sent=len(batch.outgoing))
-        if done.queued:
-            self.outbox.count_later("queued", done.queued)
-        if done.revisited:
-            self.stats.inc_value("bloomcrawl/revisited", done.revisited)
-            self.outbox.count_later("revisited", done.revisited)
-        if done.filtered:
-            self.stats.inc_value("dupefilter/filtered", done.filtered)
-            self.stats.inc_value("bloomfilter/filtered", done.filtered)
-            self.outbox.count("filtered", done.filtered)
+        count_decisions(self.outbox, self.stats, batch, done)
         if done.filtered and self.duplicates.active:
             self.duplicates.filtered(batch, done.queued_fingerprints)
         for url in filtered_seeds(batch, done.queued_fingerprints):
             self.poller.start_urls.filtered(url)
-        if batch.duplicates:  # counted shared by the outbox
-            self.stats.inc_value("dupefilter/filtered", batch.duplicates)
-            self.stats.inc_value("bloomcrawl/filtered_locally", batch.duplicates)
         if reply.frontier_size is not None:
             self.frontier_size = reply.frontier_size
             if reply.frontier_size == 0 and self.starved:
@@ -423,7 +423,10 @@ class Poller:
         # every poll. While leases flow the engine is "starved" for a moment after each
         # page, which is not a reason to read the start list again.
         now = time.monotonic()
-        dry = loop.starved and now - self._found_at >= FLOWING_S
+        # starved with leased requests ready: the engine has not asked since they came
+        # (it is busy with responses); it gets them when it asks, no exchange needed
+        starved = loop.starved and not loop.book.ready()
+        dry = starved and now - self._found_at >= FLOWING_S
         if dry or loop.outbox.has_start_acks() or now - self._read_at >= MAX_POLL_DELAY:
             self._read_at = now
             d = self.start_urls.read()
@@ -434,8 +437,8 @@ class Poller:
         # only wake Redis once more. What no timer will send (links, acks, reports) goes.
         outbox = loop.outbox
         writes = outbox.requests() or outbox.ack_partition() is not None or outbox.has_feedback()
-        if loop.starved or (writes and not loop.flush_pending()):
-            loop.exchange(lease=loop.starved, check_idle=loop.starved)
+        if starved or (writes and not loop.flush_pending()):
+            loop.exchange(lease=starved, check_idle=starved)
         self._schedule(self._delay)
         self._delay = min(MAX_POLL_DELAY, self._delay * 2)
 

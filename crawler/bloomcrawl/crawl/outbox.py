@@ -26,6 +26,7 @@ from bloomcrawl.core.politeness import Feedback
 from bloomcrawl.crawl.stats_book import StatsBook
 
 if TYPE_CHECKING:
+    from scrapy.statscollectors import StatsCollector
     from twisted.internet.defer import Deferred
     from twisted.python.failure import Failure
 
@@ -101,6 +102,24 @@ def filtered_seeds(batch: Batch, queued: list[bytes]) -> list[str]:
         else:
             filtered.append(url)
     return filtered
+
+
+def count_decisions(outbox: Outbox, stats: StatsCollector, batch: Batch,
+                    done: Exchanged) -> None:
+    """What the filter decided of ``batch``'s requests, counted in the worker's stats
+    and, shared, with a later exchange (requests queued only with stats that go anyway)."""
+    if done.queued:
+        outbox.count_later("queued", done.queued)
+    if done.revisited:
+        stats.inc_value("bloomcrawl/revisited", done.revisited)
+        outbox.count_later("revisited", done.revisited)
+    if done.filtered:
+        stats.inc_value("dupefilter/filtered", done.filtered)
+        stats.inc_value("bloomfilter/filtered", done.filtered)
+        outbox.count("filtered", done.filtered)
+    if batch.duplicates:  # counted shared by the outbox when it left them out
+        stats.inc_value("dupefilter/filtered", batch.duplicates)
+        stats.inc_value("bloomcrawl/filtered_locally", batch.duplicates)
 
 
 class Outbox:
@@ -351,7 +370,7 @@ class Outbox:
                                  feedback=batch.feedback)
         reply = Reply(batch, done, list(done.leases), ready_in=dict(done.waits))
         if batch.lease_from is not None:
-            if len(done.leases) < batch.want:
+            if len(done.leases) < (batch.want or batch.ahead):  # want 0: a top-up
                 reply.ready_in[batch.lease_from] = done.ready_in
             # fewer than asked: lease the rest from the other partitions one at a
             # time, so a worker never holds more than it asked for (a lease it

@@ -4,8 +4,8 @@
 -- KEYS[1] filter partition state (not read here), KEYS[2] leases hash, KEYS[3] deadlines
 -- zset, KEYS[4] lease counter, KEYS[5..10] politeness (polite_common)
 -- ARGV[1] politeness cfg, ARGV[2] queue type, ARGV[3] feedback triples, ARGV[4] acks,
--- ARGV[5] how many to lease (0: none), ARGV[6] lease ms, ARGV[7] token prefix (the
--- worker), ARGV[8] a random number in [0, 1) (the delay jitter), ARGV[9]
+-- ARGV[5] how many to lease (0: only those ahead, if any), ARGV[6] lease ms, ARGV[7]
+-- token prefix (the worker), ARGV[8] a random number in [0, 1) (the delay jitter), ARGV[9]
 -- "<ahead>:<horizon ms>:<share>": how many more to lease from hosts without a delay, the
 -- horizon of paced hosts leased for later, and 1/share of a host's free slots is the most
 -- those may take (lease_ready), then the feedback triples (kind, host, value) and the tokens to ack

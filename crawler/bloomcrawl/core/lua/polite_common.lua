@@ -313,7 +313,7 @@ local function lease_ready(leases, deadlines, counter, want, ahead, horizon, lea
     -- another host ready now besides this one
     local several = #r > 2 and tonumber(r[4]) <= PR.now
     local take, need = 1, want - n
-    if delay == 0 and most - n > 1 and (not several or need <= 0) then
+    if delay == 0 and (most - n > 1 or need <= 0) and (not several or need <= 0) then
       local free = conc - tonumber(redis.call('HGET', PR.busy, host) or '0')
       local due = math.max(0, math.min(need, free))
       -- ahead, at most 1/share of the free slots the host had when this call first
@@ -405,10 +405,11 @@ local function exchange(enqueue)
   at = at + acks
   local out = {enqueue and enqueue(at) or '', ''}
   end_leases(KEYS[2], KEYS[3], ack_from, at - 1)
-  if want > 0 then
-    -- ARGV[9]: "<ahead>:<horizon ms>:<share>"
-    local ahead, horizon, share = string.match(ARGV[9], '^(%d+):(%d+):(%d+)$')
-    lease_ready(KEYS[2], KEYS[3], KEYS[4], want, tonumber(ahead), tonumber(horizon),
+  -- ARGV[9]: "<ahead>:<horizon ms>:<share>"
+  local ahead, horizon, share = string.match(ARGV[9], '^(%d+):(%d+):(%d+)$')
+  ahead = tonumber(ahead)
+  if want > 0 or ahead > 0 then
+    lease_ready(KEYS[2], KEYS[3], KEYS[4], want, ahead, tonumber(horizon),
                 tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), out, tonumber(share))
   end
   out[2] = ready_wait()
