@@ -683,3 +683,39 @@ def test_a_poll_while_leased_requests_wait_for_the_engine_sends_nothing_alone(
         assert loop.frontier_size is None
     finally:
         loop.stop()
+
+
+def test_a_worker_waiting_on_a_hosts_delay_sends_its_acks_by_their_timer(
+        redis_server, redis_client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every partition's soonest host is ready at a known time (a delay): the engine asking
+    for work sends nothing before then (no lease is possible), its acks leave by their
+    timer; a poll asks Redis nothing either (requests are queued: the frontier is not
+    empty, and the wake timer leases then)."""
+    from bloomcrawl.crawl.exchanges import ACK_DELAY
+
+    s = make_scheduler(redis_server.url, BLOOMFILTER_PARTITIONS=1, SCHEDULER_PREFETCH=2,
+                       DOWNLOAD_DELAY=0.5, CONCURRENT_REQUESTS_PER_DOMAIN=2,
+                       RANDOMIZE_DOWNLOAD_DELAY=False)
+    loop = s.loop
+    for i in range(3):
+        s.enqueue_request(Request("http://a.test/%d" % i))
+    s.send_pending()
+    first = s.next_request()  # one of two asked: a.test's next is in 0.5 s
+    assert first is not None and not loop.book.ready()
+    assert loop.readiness.waiting_for_time() and not loop.readiness.ready_now()
+    clock = on_a_clock(s, monkeypatch)
+    sizes: list[int] = []
+    size = s.frontier.size
+    monkeypatch.setattr(s.frontier, "size", lambda **kw: sizes.append(1) or size(**kw))
+    try:
+        finish(s, first)
+        assert s.next_request() is None  # starved: nothing is ready to lease
+        assert loop.outbox.owes() and loop.flush_pending()  # the ack waits for its timer
+        loop.frontier_size = 0  # as a stale reading would say
+        loop.poller._poll()
+        assert (loop.frontier_size, sizes) == (None, [])
+        assert loop.outbox.owes()
+        clock.advance(ACK_DELAY)
+        assert not loop.outbox.owes()  # the timer sent it
+    finally:
+        loop.stop()

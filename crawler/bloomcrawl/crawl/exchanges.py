@@ -199,6 +199,10 @@ class ExchangeLoop:
             # an exchange that goes anyway tops up the engine's requests (MIN_TOP_UP)
             lease_from = self.readiness.lease_order(ready, first=self.outbox.ack_partition())[0]
             want, ahead = 0, want + ahead
+        if (lease_from is None and not check_idle and self.flush_pending()
+                and not self.readiness.waiting_for_others() and not self.outbox.has_feedback()
+                and self.outbox.requests() < MAX_BATCH):
+            return  # no lease, and every partition waits for a time: owed goes by its timer
         self._send(lease_from, want=want, ahead=ahead, check_idle=check_idle, probe=probe)
 
     def send_now(self) -> None:
@@ -426,6 +430,11 @@ class Poller:
         # starved with leased requests ready: the engine has not asked since they came
         # (it is busy with responses); it gets them when it asks, no exchange needed
         starved = loop.starved and not loop.book.ready()
+        # a partition whose host is ready at a known time has requests queued: the frontier
+        # is not empty, and the wake timer leases then; no need to ask Redis its size
+        timed = loop.readiness.waiting_for_time()
+        if starved and timed:
+            loop.frontier_size = None
         dry = starved and now - self._found_at >= FLOWING_S
         if dry or loop.outbox.has_start_acks() or now - self._read_at >= MAX_POLL_DELAY:
             self._read_at = now
@@ -437,8 +446,9 @@ class Poller:
         # only wake Redis once more. What no timer will send (links, acks, reports) goes.
         outbox = loop.outbox
         writes = outbox.requests() or outbox.ack_partition() is not None or outbox.has_feedback()
-        if starved or (writes and not loop.flush_pending()):
-            loop.exchange(lease=starved, check_idle=starved)
+        ask = starved and (not timed or bool(loop.readiness.ready_now()))
+        if ask or (writes and not loop.flush_pending()):
+            loop.exchange(lease=starved, check_idle=starved and not timed)
         self._schedule(self._delay)
         self._delay = min(MAX_POLL_DELAY, self._delay * 2)
 

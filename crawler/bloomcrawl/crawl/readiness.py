@@ -42,6 +42,12 @@ class PartitionReadiness:
         """Partitions with nothing this worker can see: other workers may have queued since."""
         return [p for p, at in enumerate(self._ready_at) if at == INF]
 
+    def waiting_for_time(self) -> bool:
+        """A partition's soonest host is ready at a known time to come: it has requests
+        queued, and this worker asks it then."""
+        now = time.monotonic()
+        return any(now < at < INF for at in self._ready_at)
+
     def ready_in(self, partition: int, wait: float | None) -> None:
         """The partition's soonest host is ready in ``wait`` s (None: none waits for a time)."""
         self._ready_at[partition] = INF if wait is None else time.monotonic() + wait
