@@ -707,14 +707,21 @@ def test_a_worker_waiting_on_a_hosts_delay_sends_its_acks_by_their_timer(
     sizes: list[int] = []
     size = s.frontier.size
     monkeypatch.setattr(s.frontier, "size", lambda **kw: sizes.append(1) or size(**kw))
+    poller = loop.poller
     try:
         finish(s, first)
+        # the I/O thread as in a crawl (the wake timer needs it), though nothing may go to it
+        monkeypatch.setattr(loop.io, "_pool", object())
+        poller._read_at = poller._found_at = time.monotonic()  # no start URL read due
         assert s.next_request() is None  # starved: nothing is ready to lease
         assert loop.outbox.owes() and loop.flush_pending()  # the ack waits for its timer
+        assert loop._wake_call.pending()  # the lease, for when a.test is ready
+        loop._wake_call.cancel()
         loop.frontier_size = 0  # as a stale reading would say
-        loop.poller._poll()
+        poller._poll()
         assert (loop.frontier_size, sizes) == (None, [])
-        assert loop.outbox.owes()
+        assert loop.outbox.owes() and loop._wake_call.pending()
+        monkeypatch.setattr(loop.io, "_pool", None)
         clock.advance(ACK_DELAY)
         assert not loop.outbox.owes()  # the timer sent it
     finally:

@@ -199,10 +199,12 @@ class ExchangeLoop:
             # an exchange that goes anyway tops up the engine's requests (MIN_TOP_UP)
             lease_from = self.readiness.lease_order(ready, first=self.outbox.ack_partition())[0]
             want, ahead = 0, want + ahead
-        if (lease_from is None and not check_idle and self.flush_pending()
+        if (lease_from is None and not ready and not check_idle and self.flush_pending()
                 and not self.readiness.waiting_for_others() and not self.outbox.has_feedback()
                 and self.outbox.requests() < MAX_BATCH):
-            return  # no lease, and every partition waits for a time: owed goes by its timer
+            # every partition waits for a known time: owed goes by its timer, a lease then
+            self._wake_when_ready()
+            return
         self._send(lease_from, want=want, ahead=ahead, check_idle=check_idle, probe=probe)
 
     def send_now(self) -> None:
@@ -449,6 +451,8 @@ class Poller:
         ask = starved and (not timed or bool(loop.readiness.ready_now()))
         if ask or (writes and not loop.flush_pending()):
             loop.exchange(lease=starved, check_idle=starved and not timed)
+        elif starved:
+            loop._wake_when_ready()  # the lease when the soonest host is ready
         self._schedule(self._delay)
         self._delay = min(MAX_POLL_DELAY, self._delay * 2)
 
