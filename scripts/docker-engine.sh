@@ -54,9 +54,11 @@ start)
     waited=0
     until engine_up; do
         # our own child: alive is enough here, since for its first moments its
-        # command line is still this shell's or setsid's, not dockerd's (a dead
-        # child is a zombie, with an empty command line)
-        if ! tr '\0' ' ' <"/proc/$spawned/cmdline" 2>/dev/null | grep -q .; then
+        # command line is still this shell's or setsid's, not dockerd's. Dead is
+        # gone or a zombie (state Z in /proc/<pid>/stat); an empty command line
+        # is not proof: it also reads empty for a moment while the child execs
+        state=$(sed 's/.*) //' "/proc/$spawned/stat" 2>/dev/null | cut -d' ' -f1)
+        if [ -z "$state" ] || [ "$state" = Z ] || [ "$state" = X ]; then
             echo "dockerd exited; last lines of $LOG:" >&2
             tail -n 20 "$LOG" >&2
             rm -f "$PIDFILE"
